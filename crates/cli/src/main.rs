@@ -1,0 +1,5 @@
+//! The `ldm7` command.
+
+fn main() {
+    println!("ldm7");
+}

@@ -1,0 +1,1 @@
+//! The product queue (placeholder while the implementation lands).

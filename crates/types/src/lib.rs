@@ -1,0 +1,22 @@
+//! The vocabulary of ldm7: feedtypes, product signatures, timestamps, product metadata
+//! ([`ProdInfo`]) and product classes (feed + pattern + time range).
+//!
+//! This crate is sans-IO: no sockets, threads, clocks or randomness. Wire and printed forms
+//! follow `docs/spec/ldm-formats.md` §3 (feedtypes) and §5 (printed forms).
+
+pub mod feedtype;
+pub mod prodinfo;
+pub mod signature;
+pub mod time;
+
+pub use feedtype::FeedType;
+pub use prodinfo::ProdInfo;
+pub use signature::Signature;
+pub use time::Timestamp;
+
+/// Longest origin host name LDM accepts (`HOSTNAMESIZE`, ldm6-protocol.md §3).
+pub const ORIGIN_LEN_MAX: usize = 64;
+/// Longest product identifier LDM accepts (`KEYSIZE`, ldm6-protocol.md §3).
+pub const IDENT_LEN_MAX: usize = 255;
+/// Longest product-class pattern LDM accepts (`MAXPATTERN`, ldm6-protocol.md §3).
+pub const PATTERN_LEN_MAX: usize = 255;
