@@ -1,0 +1,905 @@
+//! The queue itself: creation, opening, insertion with eviction, snapshots and statistics.
+//!
+//! Invariants, kept by doing every change in one LMDB write transaction:
+//! - `used_bytes <= capacity_bytes` and `product_count <= capacity_slots`;
+//! - insertion times (the `products` keys) strictly increase in insertion order;
+//! - every product has exactly one `signatures` entry pointing at its key, and no other entries
+//!   exist, so a signature is present at most once;
+//! - the `state` record's totals equal the sums over `products`.
+//!
+//! Readers work in LMDB read transactions (snapshots): a product a reader holds stays intact
+//! even while a writer evicts it, because LMDB never reuses pages a live snapshot can see.
+//! A `kill -9` at any moment leaves the last committed transaction: never a torn product.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use heed::byteorder::BigEndian;
+use heed::types::{Bytes, Str, U64};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, PutFlags, RoTxn, WithoutTls};
+use ldm7_types::{ProdInfo, Signature, Timestamp};
+
+use crate::notify::Notifier;
+use crate::record::{self, CorruptRecord, InvalidProduct, RecordView};
+
+/// Name of the LMDB data file inside the queue directory.
+pub const DATA_FILE: &str = "data.mdb";
+/// Name of the LMDB lock file inside the queue directory.
+pub const LOCK_FILE: &str = "lock.mdb";
+/// Name of the wake-up file inside the queue directory.
+pub const NOTIFY_FILE: &str = "notify";
+
+/// Version of the `config` and `state` records.
+const META_FORMAT_VERSION: u32 = 1;
+/// Records at or below this size are copied into place with `MDB_APPEND`, which packs leaf
+/// pages full; larger ones (LMDB overflow pages) are written straight into the map.
+const APPEND_COPY_LEN_MAX: usize = 2048;
+/// How many times an insert retries after LMDB reports the map full.
+const MAP_FULL_RETRIES_MAX: usize = 3;
+/// Most LMDB reader slots (processes and threads reading at once).
+const READERS_MAX: u32 = 1022;
+
+type ProductsTable = Database<U64<BigEndian>, Bytes>;
+type SignaturesTable = Database<Bytes, U64<BigEndian>>;
+type MetaTable = Database<Str, Bytes>;
+
+/// The two fixed capacities of a queue, set when it is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Most bytes of stored products (metadata and data).
+    pub bytes: u64,
+    /// Most products.
+    pub slots: u64,
+}
+
+impl Capacity {
+    /// LDM's default slot count for a byte size: one slot per 140,000 bytes (ldm-formats.md §4).
+    pub fn default_slots(bytes: u64) -> u64 {
+        (bytes / 140_000).max(1)
+    }
+}
+
+/// What an insert did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// The product is in the queue.
+    Inserted {
+        /// Its insertion time (the queue key; unique).
+        insertion: Timestamp,
+        /// Its queue sequence number.
+        queue_seq: u64,
+        /// How many old products were evicted to make room.
+        evicted: u32,
+    },
+    /// A product with the same signature is already in the queue; nothing changed.
+    Duplicate {
+        /// Insertion time of the product already present.
+        existing: Timestamp,
+    },
+}
+
+/// Failure to create a queue.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The path exists and `force` was not given.
+    #[error("{0} already exists: use --force to replace the product queue there")]
+    Exists(PathBuf),
+    /// The path exists but is not a product queue; `force` never deletes such a thing.
+    #[error("{0} exists and is not a product queue: choose another path or remove it yourself")]
+    NotAQueue(PathBuf),
+    /// A capacity is zero or too large.
+    #[error("invalid capacity: {0}")]
+    Capacity(String),
+    /// Filesystem or LMDB failure.
+    #[error("cannot create product queue {path}: {source}")]
+    Storage {
+        /// The queue path.
+        path: PathBuf,
+        /// The cause.
+        source: StorageError,
+    },
+}
+
+/// Failure to open a queue.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Nothing at the path.
+    #[error("no product queue at {0}: create one with `ldm7 queue create --path {0}`")]
+    Missing(PathBuf),
+    /// Something at the path, but not a queue this version understands.
+    #[error("{path} is not a usable product queue: {why}")]
+    NotAQueue {
+        /// The queue path.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// Filesystem or LMDB failure.
+    #[error("cannot open product queue {path}: {source}")]
+    Storage {
+        /// The queue path.
+        path: PathBuf,
+        /// The cause.
+        source: StorageError,
+    },
+}
+
+/// Failure to insert (a duplicate is not a failure: see [`InsertOutcome::Duplicate`]).
+#[derive(Debug, thiserror::Error)]
+pub enum InsertError {
+    /// The product's metadata is unusable.
+    #[error("invalid product: {0}")]
+    Invalid(#[from] InvalidProduct),
+    /// The product alone is larger than the queue (LDM's `PQ_BIG`).
+    #[error(
+        "product of {record_len} bytes (with metadata) does not fit a queue of {capacity_bytes} bytes: create a larger queue"
+    )]
+    TooBig {
+        /// Bytes the product needs.
+        record_len: u64,
+        /// The queue's byte capacity.
+        capacity_bytes: u64,
+    },
+    /// LMDB's file is full even after evicting: a reader holds a very old snapshot.
+    #[error("the queue file is full: a reader is holding an old snapshot open; stop stuck readers and retry")]
+    MapFull,
+    /// Filesystem or LMDB failure.
+    #[error("product queue storage failure: {0}")]
+    Storage(#[from] StorageError),
+}
+
+/// A failure of the storage layer (LMDB, the filesystem) or a damaged record.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// LMDB or I/O failure.
+    #[error(transparent)]
+    Lmdb(#[from] heed::Error),
+    /// Filesystem failure.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// A stored record does not parse.
+    #[error("damaged product record: {0}")]
+    Corrupt(#[from] CorruptRecord),
+    /// A meta record does not parse.
+    #[error("damaged queue metadata: {0}")]
+    Meta(String),
+}
+
+/// A product queue: a directory holding an LMDB environment and the wake-up file.
+///
+/// Cheap to share between threads (`&Queue`); open it once per process.
+#[derive(Debug)]
+pub struct Queue {
+    env: Env<WithoutTls>,
+    products: ProductsTable,
+    signatures: SignaturesTable,
+    meta: MetaTable,
+    capacity: Capacity,
+    notifier: Notifier,
+    path: PathBuf,
+}
+
+impl Queue {
+    /// Creates a queue at `path` (a directory). Refuses an existing path unless `force`, and
+    /// even then replaces only a product queue.
+    pub fn create(path: &Path, capacity: Capacity, force: bool) -> Result<Self, CreateError> {
+        if capacity.bytes == 0 || capacity.slots == 0 {
+            return Err(CreateError::Capacity("size and slots must both be at least 1".into()));
+        }
+        if capacity.bytes > (1 << 46) {
+            return Err(CreateError::Capacity(format!("{} bytes is more than 64 TiB", capacity.bytes)));
+        }
+        let storage = |source: StorageError| CreateError::Storage { path: path.to_owned(), source };
+        if path.exists() {
+            if !force {
+                return Err(CreateError::Exists(path.to_owned()));
+            }
+            remove_queue_files(path)?;
+        }
+        fs::create_dir_all(path).map_err(|error| storage(error.into()))?;
+        let env = open_env(path, Some(capacity)).map_err(storage)?;
+        let mut txn = env.write_txn().map_err(|error| storage(error.into()))?;
+        let created = (|| -> Result<_, heed::Error> {
+            let products = env.create_database(&mut txn, Some("products"))?;
+            let signatures = env.create_database(&mut txn, Some("signatures"))?;
+            let meta: MetaTable = env.create_database(&mut txn, Some("meta"))?;
+            let created_micros = Timestamp::from_system_time(SystemTime::now()).as_unix_micros();
+            meta.put(&mut txn, "config", &ConfigRecord { capacity, created_micros }.encode())?;
+            meta.put(&mut txn, "state", &State::default().encode())?;
+            Ok((products, signatures, meta))
+        })();
+        let (products, signatures, meta) = created.map_err(|error| storage(error.into()))?;
+        txn.commit().map_err(|error| storage(error.into()))?;
+        let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
+        Ok(Self { env, products, signatures, meta, capacity, notifier, path: path.to_owned() })
+    }
+
+    /// Opens an existing queue for reading and inserting.
+    pub fn open(path: &Path) -> Result<Self, OpenError> {
+        let data_path = path.join(DATA_FILE);
+        if !path.exists() {
+            return Err(OpenError::Missing(path.to_owned()));
+        }
+        if !data_path.is_file() {
+            return Err(OpenError::NotAQueue {
+                path: path.to_owned(),
+                why: format!("{} is missing", data_path.display()),
+            });
+        }
+        let storage = |source: StorageError| OpenError::Storage { path: path.to_owned(), source };
+        let not_a_queue = |why: String| OpenError::NotAQueue { path: path.to_owned(), why };
+        // LMDB keeps the map size in its file: open with that, then read our capacity.
+        let env = open_env(path, None).map_err(storage)?;
+        let txn = env.read_txn().map_err(|error| storage(error.into()))?;
+        let products: Option<ProductsTable> =
+            env.open_database(&txn, Some("products")).map_err(|error| storage(error.into()))?;
+        let signatures: Option<SignaturesTable> =
+            env.open_database(&txn, Some("signatures")).map_err(|error| storage(error.into()))?;
+        let meta: Option<MetaTable> = env.open_database(&txn, Some("meta")).map_err(|error| storage(error.into()))?;
+        let (Some(products), Some(signatures), Some(meta)) = (products, signatures, meta) else {
+            return Err(not_a_queue("a table is missing".into()));
+        };
+        let config = {
+            let bytes = meta
+                .get(&txn, "config")
+                .map_err(|error| storage(error.into()))?
+                .ok_or_else(|| not_a_queue("it has no queue configuration".into()))?;
+            ConfigRecord::decode(bytes).map_err(not_a_queue)?
+        };
+        let capacity = config.capacity;
+        // Committing (not dropping) the read transaction keeps the table handles it opened.
+        txn.commit().map_err(|error| storage(error.into()))?;
+        // Readers killed while reading leave stale LMDB reader slots; clear them.
+        env.clear_stale_readers().map_err(|error| storage(error.into()))?;
+        let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
+        Ok(Self { env, products, signatures, meta, capacity, notifier, path: path.to_owned() })
+    }
+
+    /// The queue's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The queue's capacities.
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// Inserts a product, evicting the oldest products first if it does not fit. `info.size`
+    /// must equal `data.len()`. The insertion time is the current clock, bumped by 1 µs past
+    /// the newest product when the clock has not moved on (or moved back).
+    pub fn insert(&self, info: &ProdInfo, data: &[u8]) -> Result<InsertOutcome, InsertError> {
+        self.insert_at(Timestamp::from_system_time(SystemTime::now()), info, data)
+    }
+
+    /// [`Queue::insert`] with the clock reading given (tests and replays).
+    pub fn insert_at(&self, now: Timestamp, info: &ProdInfo, data: &[u8]) -> Result<InsertOutcome, InsertError> {
+        let record_len = record::record_len(info, data.len())?;
+        if record_len as u64 > self.capacity.bytes {
+            return Err(InsertError::TooBig { record_len: record_len as u64, capacity_bytes: self.capacity.bytes });
+        }
+        let mut reserve_bytes = 0u64;
+        for attempt in 0..=MAP_FULL_RETRIES_MAX {
+            match self.try_insert(now, info, data, record_len, reserve_bytes) {
+                Err(StorageError::Lmdb(heed::Error::Mdb(heed::MdbError::MapFull)))
+                    if attempt < MAP_FULL_RETRIES_MAX =>
+                {
+                    // Pages still visible to old snapshots cannot be reused yet; clear readers
+                    // that died and evict more than strictly needed to free whole pages.
+                    self.env.clear_stale_readers().map_err(StorageError::from)?;
+                    reserve_bytes = (reserve_bytes * 2).max(self.capacity.bytes / 8);
+                }
+                Err(StorageError::Lmdb(heed::Error::Mdb(heed::MdbError::MapFull))) => return Err(InsertError::MapFull),
+                Err(error) => return Err(error.into()),
+                Ok(outcome) => {
+                    if matches!(outcome, InsertOutcome::Inserted { .. }) {
+                        self.notifier.notify();
+                    }
+                    return Ok(outcome);
+                }
+            }
+        }
+        Err(InsertError::MapFull)
+    }
+
+    fn try_insert(
+        &self,
+        now: Timestamp,
+        info: &ProdInfo,
+        data: &[u8],
+        record_len: usize,
+        reserve_bytes: u64,
+    ) -> Result<InsertOutcome, StorageError> {
+        let mut txn = self.env.write_txn()?;
+        if let Some(existing) = self.signatures.get(&txn, info.signature.as_bytes())? {
+            return Ok(InsertOutcome::Duplicate { existing: Timestamp::from_unix_micros(existing as i64) });
+        }
+        let mut state = self.state(&txn)?;
+        let mut evicted = 0u32;
+        let bytes_limit = self.capacity.bytes.saturating_sub(reserve_bytes).max(record_len as u64);
+        while state.product_count > 0
+            && (state.product_count + 1 > self.capacity.slots || state.used_bytes + record_len as u64 > bytes_limit)
+        {
+            self.evict_oldest(&mut txn, &mut state, now)?;
+            evicted += 1;
+        }
+        let now_micros = u64::try_from(now.as_unix_micros()).unwrap_or(0);
+        let key = now_micros.max(state.last_key + 1);
+        let queue_seq = state.next_queue_seq;
+        let mut header = Vec::with_capacity(record_len.min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
+        record::write_header(&mut header, info, queue_seq);
+        if record_len <= APPEND_COPY_LEN_MAX {
+            header.extend_from_slice(data);
+            self.products.put_with_flags(&mut txn, PutFlags::APPEND, &key, &header)?;
+        } else {
+            self.products.put_reserved(&mut txn, &key, record_len, |space| {
+                space.write_all(&header)?;
+                space.write_all(data)
+            })?;
+        }
+        self.signatures.put(&mut txn, info.signature.as_bytes(), &key)?;
+        state.used_bytes += record_len as u64;
+        state.product_count += 1;
+        state.next_queue_seq += 1;
+        state.last_key = key;
+        state.inserted_count += 1;
+        self.meta.put(&mut txn, "state", &state.encode())?;
+        txn.commit()?;
+        Ok(InsertOutcome::Inserted { insertion: Timestamp::from_unix_micros(key as i64), queue_seq, evicted })
+    }
+
+    fn evict_oldest(&self, txn: &mut heed::RwTxn<'_>, state: &mut State, now: Timestamp) -> Result<(), StorageError> {
+        let Some((key, bytes)) = self.products.first(txn)? else {
+            return Err(StorageError::Meta("state counts products but the table is empty".into()));
+        };
+        let view = RecordView::parse(bytes)?;
+        let record_len = bytes.len() as u64;
+        let signature = view.signature;
+        // Minimum virtual residence time (ldm-formats.md §4): now − min(creation, insertion).
+        let since_micros = view.arrival_micros.min(key as i64);
+        let residence_micros = now.as_unix_micros().saturating_sub(since_micros);
+        if state.mvrt_micros < 0 || residence_micros < state.mvrt_micros {
+            state.mvrt_micros = residence_micros;
+            state.mvrt_used_bytes = state.used_bytes;
+            state.mvrt_used_slots = state.product_count;
+        }
+        self.products.delete(txn, &key)?;
+        self.signatures.delete(txn, &signature)?;
+        state.used_bytes -= record_len.min(state.used_bytes);
+        state.product_count -= 1;
+        state.evicted_count += 1;
+        Ok(())
+    }
+
+    /// A consistent read-only view of the queue. Keep it short-lived: while it is open, pages it
+    /// can see are not reused.
+    pub fn snapshot(&self) -> Result<Snapshot<'_>, StorageError> {
+        Ok(Snapshot { queue: self, txn: self.env.read_txn()? })
+    }
+
+    /// The change counter; pass it to [`Queue::wait_for_change`] after finding nothing new.
+    pub fn changes(&self) -> u32 {
+        self.notifier.changes()
+    }
+
+    /// Sleeps until a product is inserted (in any process) after `changes` was read, or
+    /// `timeout` passes. May return early; callers re-check the queue.
+    pub fn wait_for_change(&self, changes: u32, timeout: Option<Duration>) {
+        self.notifier.wait(changes, timeout);
+    }
+
+    /// Follows the queue from insertion time `from` (inclusive).
+    pub fn follow(&self, from: Timestamp) -> Follower<'_> {
+        Follower {
+            queue: self,
+            next_key: u64::try_from(from.as_unix_micros()).unwrap_or(0),
+            last_seq: None,
+            skipped: 0,
+        }
+    }
+
+    /// Usage statistics (what `ldm7 queue info` shows).
+    pub fn stats(&self) -> Result<QueueStats, StorageError> {
+        let snapshot = self.snapshot()?;
+        let state = self.state(&snapshot.txn)?;
+        let oldest = self.products.first(&snapshot.txn)?.map(|(key, _)| Timestamp::from_unix_micros(key as i64));
+        let newest = self.products.last(&snapshot.txn)?.map(|(key, _)| Timestamp::from_unix_micros(key as i64));
+        let config = self.config(&snapshot.txn)?;
+        let file_bytes = fs::metadata(self.path.join(DATA_FILE)).map(|metadata| metadata.len()).unwrap_or(0);
+        let info = self.env.info();
+        Ok(QueueStats {
+            capacity: self.capacity,
+            used_bytes: state.used_bytes,
+            product_count: state.product_count,
+            oldest_insertion: oldest,
+            newest_insertion: newest,
+            inserted_count: state.inserted_count,
+            evicted_count: state.evicted_count,
+            mvrt: (state.mvrt_micros >= 0).then(|| MinimumResidence {
+                residence: Duration::from_micros(state.mvrt_micros as u64),
+                used_bytes: state.mvrt_used_bytes,
+                used_slots: state.mvrt_used_slots,
+            }),
+            created: Timestamp::from_unix_micros(config.created_micros),
+            map_bytes: info.map_size as u64,
+            file_bytes,
+            readers: info.number_of_readers,
+        })
+    }
+
+    /// Reads every product and cross-checks the tables and totals (what `ldm7 queue check` does).
+    pub fn check(&self) -> Result<CheckReport, StorageError> {
+        let snapshot = self.snapshot()?;
+        let txn = &snapshot.txn;
+        let state = self.state(txn)?;
+        let mut report = CheckReport::default();
+        let mut problem = |text: String| {
+            if report.problems.len() < CHECK_PROBLEMS_MAX {
+                report.problems.push(text);
+            }
+        };
+        let mut previous: Option<(u64, u64)> = None;
+        let mut used_bytes = 0u64;
+        for entry in self.products.iter(txn)? {
+            let (key, bytes) = entry?;
+            report.product_count += 1;
+            used_bytes += bytes.len() as u64;
+            let view = match RecordView::parse(bytes) {
+                Ok(view) => view,
+                Err(error) => {
+                    problem(format!("product at insertion time {key}: {error}"));
+                    continue;
+                }
+            };
+            if let Err(error) = view.prod_info() {
+                problem(format!("product at insertion time {key}: {error}"));
+            }
+            if let Some((previous_key, previous_seq)) = previous
+                && (key <= previous_key || view.queue_seq <= previous_seq)
+            {
+                problem(format!("product at insertion time {key} is out of order"));
+            }
+            previous = Some((key, view.queue_seq));
+            match self.signatures.get(txn, &view.signature)? {
+                Some(indexed) if indexed == key => {}
+                Some(indexed) => problem(format!(
+                    "signature {} of the product at {key} points at {indexed}",
+                    Signature(view.signature)
+                )),
+                None => {
+                    problem(format!("signature {} of the product at {key} is not indexed", Signature(view.signature)))
+                }
+            }
+        }
+        report.signature_count = self.signatures.len(txn)?;
+        report.used_bytes = used_bytes;
+        if report.signature_count != report.product_count {
+            problem(format!("{} signatures for {} products", report.signature_count, report.product_count));
+        }
+        if state.product_count != report.product_count || state.used_bytes != used_bytes {
+            problem(format!(
+                "totals say {} products and {} bytes; the table holds {} and {}",
+                state.product_count, state.used_bytes, report.product_count, used_bytes
+            ));
+        }
+        if used_bytes > self.capacity.bytes || report.product_count > self.capacity.slots {
+            problem(format!(
+                "over capacity: {} bytes in {} products, capacity {} bytes and {} slots",
+                used_bytes, report.product_count, self.capacity.bytes, self.capacity.slots
+            ));
+        }
+        if let Some((last_key, _)) = previous
+            && last_key > state.last_key
+        {
+            problem(format!("newest product {last_key} is after the recorded last insertion {}", state.last_key));
+        }
+        Ok(report)
+    }
+
+    fn state(&self, txn: &RoTxn<'_>) -> Result<State, StorageError> {
+        let bytes =
+            self.meta.get(txn, "state")?.ok_or_else(|| StorageError::Meta("the state record is missing".into()))?;
+        State::decode(bytes).map_err(StorageError::Meta)
+    }
+
+    fn config(&self, txn: &RoTxn<'_>) -> Result<ConfigRecord, StorageError> {
+        let bytes =
+            self.meta.get(txn, "config")?.ok_or_else(|| StorageError::Meta("the config record is missing".into()))?;
+        ConfigRecord::decode(bytes).map_err(StorageError::Meta)
+    }
+}
+
+/// Most problems a check lists (it still counts past them).
+const CHECK_PROBLEMS_MAX: usize = 100;
+
+/// The result of [`Queue::check`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Products read.
+    pub product_count: u64,
+    /// Signature index entries.
+    pub signature_count: u64,
+    /// Sum of the stored record sizes.
+    pub used_bytes: u64,
+    /// What is wrong (empty when the queue is sound); at most 100 are listed.
+    pub problems: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether the queue passed.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Usage statistics of a queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The fixed capacities.
+    pub capacity: Capacity,
+    /// Bytes of stored products.
+    pub used_bytes: u64,
+    /// Products stored.
+    pub product_count: u64,
+    /// Insertion time of the oldest product.
+    pub oldest_insertion: Option<Timestamp>,
+    /// Insertion time of the newest product.
+    pub newest_insertion: Option<Timestamp>,
+    /// Products inserted since creation.
+    pub inserted_count: u64,
+    /// Products evicted since creation.
+    pub evicted_count: u64,
+    /// The minimum virtual residence time, once anything was evicted.
+    pub mvrt: Option<MinimumResidence>,
+    /// When the queue was created.
+    pub created: Timestamp,
+    /// Size of the LMDB memory map.
+    pub map_bytes: u64,
+    /// Size of the data file (sparse: disk use may be less).
+    pub file_bytes: u64,
+    /// LMDB reader slots in use.
+    pub readers: u32,
+}
+
+/// The shortest time any product stayed before eviction, with the usage at that moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MinimumResidence {
+    /// The residence time.
+    pub residence: Duration,
+    /// Bytes in use then.
+    pub used_bytes: u64,
+    /// Products stored then.
+    pub used_slots: u64,
+}
+
+/// A consistent read-only view of the queue (an LMDB read transaction).
+pub struct Snapshot<'q> {
+    queue: &'q Queue,
+    txn: RoTxn<'q, WithoutTls>,
+}
+
+impl std::fmt::Debug for Snapshot<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Snapshot").field("queue", &self.queue.path).finish()
+    }
+}
+
+impl<'q> Snapshot<'q> {
+    /// The first product inserted at or after `from`.
+    pub fn product_at_or_after(&self, from: Timestamp) -> Result<Option<Product<'_>>, StorageError> {
+        let key = u64::try_from(from.as_unix_micros()).unwrap_or(0);
+        self.queue.products.get_greater_than_or_equal_to(&self.txn, &key)?.map(Product::from_entry).transpose()
+    }
+
+    /// The product with this signature.
+    pub fn product_by_signature(&self, signature: &Signature) -> Result<Option<Product<'_>>, StorageError> {
+        let Some(key) = self.queue.signatures.get(&self.txn, signature.as_bytes())? else {
+            return Ok(None);
+        };
+        self.queue.products.get(&self.txn, &key)?.map(|bytes| Product::from_entry((key, bytes))).transpose()
+    }
+
+    /// Products inserted at or after `from`, oldest first.
+    pub fn products_from(
+        &self,
+        from: Timestamp,
+    ) -> Result<impl Iterator<Item = Result<Product<'_>, StorageError>> + '_, StorageError> {
+        let key = u64::try_from(from.as_unix_micros()).unwrap_or(0);
+        let range = self.queue.products.range(&self.txn, &(key..))?;
+        Ok(range.map(|entry| Product::from_entry(entry?)))
+    }
+
+    /// Products inserted before `before`, newest first (for "the last N products").
+    pub fn products_before_reversed(
+        &self,
+        before: Timestamp,
+    ) -> Result<impl Iterator<Item = Result<Product<'_>, StorageError>> + '_, StorageError> {
+        let key = u64::try_from(before.as_unix_micros()).unwrap_or(0);
+        let range = self.queue.products.rev_range(&self.txn, &(..key))?;
+        Ok(range.map(|entry| Product::from_entry(entry?)))
+    }
+}
+
+/// A product read from a snapshot; `data` borrows the queue's memory map (no copy).
+#[derive(Clone, Debug)]
+pub struct Product<'s> {
+    /// When it was inserted into this queue (its key).
+    pub insertion: Timestamp,
+    /// Its queue sequence number (consecutive products have consecutive numbers, so a gap
+    /// shows products evicted before a reader got to them).
+    pub queue_seq: u64,
+    /// Its metadata.
+    pub info: ProdInfo,
+    /// Its bytes.
+    pub data: &'s [u8],
+}
+
+impl<'s> Product<'s> {
+    fn from_entry((key, bytes): (u64, &'s [u8])) -> Result<Self, StorageError> {
+        let view = RecordView::parse(bytes)?;
+        Ok(Self {
+            insertion: Timestamp::from_unix_micros(key as i64),
+            queue_seq: view.queue_seq,
+            info: view.prod_info()?,
+            data: view.data,
+        })
+    }
+
+    /// An owned copy (outlives the snapshot).
+    pub fn to_owned_product(&self) -> OwnedProduct {
+        OwnedProduct {
+            insertion: self.insertion,
+            queue_seq: self.queue_seq,
+            info: self.info.clone(),
+            data: self.data.to_vec(),
+        }
+    }
+}
+
+/// A product copied out of the queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedProduct {
+    /// When it was inserted into this queue.
+    pub insertion: Timestamp,
+    /// Its queue sequence number.
+    pub queue_seq: u64,
+    /// Its metadata.
+    pub info: ProdInfo,
+    /// Its bytes.
+    pub data: Vec<u8>,
+}
+
+/// A reader's position: follows new products in insertion order, blocking while there are none.
+#[derive(Debug)]
+pub struct Follower<'q> {
+    queue: &'q Queue,
+    next_key: u64,
+    last_seq: Option<u64>,
+    skipped: u64,
+}
+
+impl Follower<'_> {
+    /// Waits up to `timeout` (`None`: forever) for the next product and hands it to `visit`
+    /// inside a snapshot, without copying. Returns `None` if nothing arrived in time.
+    pub fn next_with<R>(
+        &mut self,
+        timeout: Option<Duration>,
+        visit: impl FnOnce(&Product<'_>) -> R,
+    ) -> Result<Option<R>, StorageError> {
+        let deadline = timeout.map(|timeout| std::time::Instant::now() + timeout);
+        loop {
+            let changes = self.queue.changes();
+            {
+                let snapshot = self.queue.snapshot()?;
+                let from = Timestamp::from_unix_micros(self.next_key as i64);
+                if let Some(product) = snapshot.product_at_or_after(from)? {
+                    if let Some(last_seq) = self.last_seq {
+                        self.skipped += product.queue_seq.saturating_sub(last_seq + 1);
+                    }
+                    self.last_seq = Some(product.queue_seq);
+                    self.next_key = u64::try_from(product.insertion.as_unix_micros()).unwrap_or(0) + 1;
+                    return Ok(Some(visit(&product)));
+                }
+            }
+            let remaining = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(std::time::Instant::now()) {
+                    Some(remaining) if !remaining.is_zero() => Some(remaining),
+                    _ => return Ok(None),
+                },
+            };
+            self.queue.wait_for_change(changes, remaining);
+        }
+    }
+
+    /// Like [`Follower::next_with`], returning a copy.
+    pub fn next_owned(&mut self, timeout: Option<Duration>) -> Result<Option<OwnedProduct>, StorageError> {
+        self.next_with(timeout, |product| product.to_owned_product())
+    }
+
+    /// Products evicted before this follower reached them.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The insertion time the next product will be at or after.
+    pub fn position(&self) -> Timestamp {
+        Timestamp::from_unix_micros(self.next_key as i64)
+    }
+}
+
+/// Opens the LMDB environment with the map size `capacity` needs.
+/// `None` keeps the size recorded in an existing file.
+fn open_env(path: &Path, capacity: Option<Capacity>) -> Result<Env<WithoutTls>, StorageError> {
+    let mut options = EnvOpenOptions::new().read_txn_without_tls();
+    options.max_dbs(4).max_readers(READERS_MAX);
+    if let Some(capacity) = capacity {
+        options.map_size(map_bytes(capacity));
+    }
+    // SAFETY: NO_SYNC skips fsync at commit. LMDB's commit order (data pages, then the meta
+    // page) is still what the page cache holds, so a killed process never leaves a torn
+    // transaction; only an operating-system crash can lose the newest commits — the same
+    // durability as LDM's memory-mapped queue. WRITE_MAP writes pages in place through the map;
+    // our code never writes through a pointer into it.
+    #[allow(unsafe_code)]
+    unsafe {
+        options.flags(EnvFlags::NO_SYNC | EnvFlags::WRITE_MAP)
+    };
+    // SAFETY: the directory is used only through LMDB by processes of this crate, which keep
+    // LMDB's lock file; heed refuses to open one environment twice in a process.
+    #[allow(unsafe_code)]
+    let env = unsafe { options.open(path) }?;
+    Ok(env)
+}
+
+/// The LMDB map size for a capacity: room for B-tree pages, page rounding of large values,
+/// and pages held by snapshots, on top of the products themselves. The file is sparse.
+fn map_bytes(capacity: Capacity) -> usize {
+    const PAGE: u64 = 4096;
+    let bytes = capacity.bytes + capacity.bytes / 2 + capacity.slots.saturating_mul(256) + (64 << 20);
+    usize::try_from(bytes.div_ceil(PAGE) * PAGE).unwrap_or(usize::MAX)
+}
+
+/// Removes the files of the queue at `path` (and the directory if it then is empty). Refuses
+/// anything that is not a queue.
+fn remove_queue_files(path: &Path) -> Result<(), CreateError> {
+    let storage = |error: io::Error| CreateError::Storage { path: path.to_owned(), source: error.into() };
+    if !path.is_dir() {
+        return Err(CreateError::NotAQueue(path.to_owned()));
+    }
+    let known = [DATA_FILE, LOCK_FILE, NOTIFY_FILE];
+    for entry in fs::read_dir(path).map_err(storage)? {
+        let name = entry.map_err(storage)?.file_name();
+        if !known.iter().any(|known| name == *known) {
+            return Err(CreateError::NotAQueue(path.to_owned()));
+        }
+    }
+    for name in known {
+        match fs::remove_file(path.join(name)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(storage(error)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The `config` meta record: fixed at creation.
+struct ConfigRecord {
+    capacity: Capacity,
+    created_micros: i64,
+}
+
+impl ConfigRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(28);
+        out.extend_from_slice(&META_FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.capacity.bytes.to_le_bytes());
+        out.extend_from_slice(&self.capacity.slots.to_le_bytes());
+        out.extend_from_slice(&self.created_micros.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let words = MetaWords::new(bytes, 28)?;
+        Ok(Self {
+            capacity: Capacity { bytes: words.u64_at(4), slots: words.u64_at(12) },
+            created_micros: words.u64_at(20) as i64,
+        })
+    }
+}
+
+/// The `state` meta record: totals and counters, rewritten by every insert.
+#[derive(Clone, Copy, Debug)]
+struct State {
+    used_bytes: u64,
+    product_count: u64,
+    next_queue_seq: u64,
+    last_key: u64,
+    inserted_count: u64,
+    evicted_count: u64,
+    mvrt_micros: i64,
+    mvrt_used_bytes: u64,
+    mvrt_used_slots: u64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            used_bytes: 0,
+            product_count: 0,
+            next_queue_seq: 0,
+            last_key: 0,
+            inserted_count: 0,
+            evicted_count: 0,
+            mvrt_micros: -1,
+            mvrt_used_bytes: 0,
+            mvrt_used_slots: 0,
+        }
+    }
+}
+
+const STATE_LEN: usize = 4 + 9 * 8;
+
+impl State {
+    fn encode(&self) -> [u8; STATE_LEN] {
+        let mut out = [0u8; STATE_LEN];
+        out[..4].copy_from_slice(&META_FORMAT_VERSION.to_le_bytes());
+        let words = [
+            self.used_bytes,
+            self.product_count,
+            self.next_queue_seq,
+            self.last_key,
+            self.inserted_count,
+            self.evicted_count,
+            self.mvrt_micros as u64,
+            self.mvrt_used_bytes,
+            self.mvrt_used_slots,
+        ];
+        for (index, word) in words.iter().enumerate() {
+            out[4 + 8 * index..12 + 8 * index].copy_from_slice(&word.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let words = MetaWords::new(bytes, STATE_LEN)?;
+        let word = |index: usize| words.u64_at(4 + 8 * index);
+        Ok(Self {
+            used_bytes: word(0),
+            product_count: word(1),
+            next_queue_seq: word(2),
+            last_key: word(3),
+            inserted_count: word(4),
+            evicted_count: word(5),
+            mvrt_micros: word(6) as i64,
+            mvrt_used_bytes: word(7),
+            mvrt_used_slots: word(8),
+        })
+    }
+}
+
+/// A length- and version-checked meta record.
+struct MetaWords<'a>(&'a [u8]);
+
+impl<'a> MetaWords<'a> {
+    fn new(bytes: &'a [u8], len: usize) -> Result<Self, String> {
+        if bytes.len() != len {
+            return Err(format!("meta record has {} bytes, expected {len}", bytes.len()));
+        }
+        let version = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if version != META_FORMAT_VERSION {
+            return Err(format!(
+                "queue format version {version} is not supported (this program reads {META_FORMAT_VERSION})"
+            ));
+        }
+        Ok(Self(bytes))
+    }
+
+    fn u64_at(&self, offset: usize) -> u64 {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&self.0[offset..offset + 8]);
+        u64::from_le_bytes(word)
+    }
+}

@@ -1,0 +1,250 @@
+//! Product-queue behaviour: capacities, eviction, duplicates, cursors, checks, and a property
+//! test against a simple in-memory model.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use ldm7_pq::{Capacity, CreateError, InsertError, InsertOutcome, OpenError, Queue};
+use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
+use proptest::prelude::*;
+
+fn product(ident: &str, data: &[u8]) -> ProdInfo {
+    ProdInfo {
+        arrival: Timestamp::from_unix_micros(1_434_326_400_000_000),
+        signature: Signature::md5_of(data),
+        origin: "origin.example".into(),
+        feedtype: FeedType::NGRID,
+        seqno: 1,
+        ident: ident.into(),
+        size: data.len() as u32,
+    }
+}
+
+/// Stored size of a product made by `product` (header 48 + origin + ident + data).
+fn stored_len(ident: &str, data_len: usize) -> u64 {
+    (48 + "origin.example".len() + ident.len() + data_len) as u64
+}
+
+#[test]
+fn insert_read_and_duplicate() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("q");
+    let queue = Queue::create(&path, Capacity { bytes: 1 << 20, slots: 100 }, false).unwrap();
+    let info = product("a", b"hello");
+    let outcome = queue.insert(&info, b"hello").unwrap();
+    let InsertOutcome::Inserted { insertion, queue_seq: 0, evicted: 0 } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(queue.insert(&info, b"hello").unwrap(), InsertOutcome::Duplicate { existing: insertion });
+
+    let snapshot = queue.snapshot().unwrap();
+    let found = snapshot.product_by_signature(&info.signature).unwrap().unwrap();
+    assert_eq!(found.info, info);
+    assert_eq!(found.data, b"hello");
+    assert_eq!(found.insertion, insertion);
+    drop(snapshot);
+
+    let stats = queue.stats().unwrap();
+    assert_eq!(stats.product_count, 1);
+    assert_eq!(stats.used_bytes, stored_len("a", 5));
+    assert!(queue.check().unwrap().is_ok());
+}
+
+#[test]
+fn create_refuses_to_overwrite_and_open_reports_missing() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("q");
+    let capacity = Capacity { bytes: 1 << 20, slots: 10 };
+    drop(Queue::create(&path, capacity, false).unwrap());
+    assert!(matches!(Queue::create(&path, capacity, false), Err(CreateError::Exists(_))));
+    drop(Queue::create(&path, capacity, true).unwrap());
+    let other = directory.path().join("not-a-queue");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("precious"), b"x").unwrap();
+    assert!(matches!(Queue::create(&other, capacity, true), Err(CreateError::NotAQueue(_))));
+    assert!(other.join("precious").exists());
+    assert!(matches!(Queue::open(&directory.path().join("absent")), Err(OpenError::Missing(_))));
+    assert!(matches!(Queue::open(&other), Err(OpenError::NotAQueue { .. })));
+}
+
+#[test]
+fn too_big_and_invalid_products_are_refused_and_nothing_changes() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1000, slots: 10 }, false).unwrap();
+    let data = vec![7u8; 2000];
+    assert!(matches!(queue.insert(&product("big", &data), &data), Err(InsertError::TooBig { .. })));
+    let mut wrong_size = product("x", b"abc");
+    wrong_size.size = 4;
+    assert!(matches!(queue.insert(&wrong_size, b"abc"), Err(InsertError::Invalid(_))));
+    assert_eq!(queue.stats().unwrap().product_count, 0);
+}
+
+#[test]
+fn oldest_products_are_evicted_by_slots_and_by_bytes() {
+    let directory = tempfile::tempdir().unwrap();
+    let capacity = Capacity { bytes: 4 * stored_len("p0", 100), slots: 3 };
+    let queue = Queue::create(&directory.path().join("q"), capacity, false).unwrap();
+    for index in 0..5u8 {
+        let data = vec![index; 100];
+        queue.insert(&product(&format!("p{index}"), &data), &data).unwrap();
+    }
+    let snapshot = queue.snapshot().unwrap();
+    let idents: Vec<String> =
+        snapshot.products_from(Timestamp::ZERO).unwrap().map(|product| product.unwrap().info.ident).collect();
+    assert_eq!(idents, ["p2", "p3", "p4"]);
+    drop(snapshot);
+    let stats = queue.stats().unwrap();
+    assert_eq!(stats.evicted_count, 2);
+    assert!(stats.mvrt.is_some());
+    // A product of three times the size needs the byte capacity of three old ones.
+    let data = vec![9u8; 300];
+    let outcome = queue.insert(&product("p5", &data), &data).unwrap();
+    assert!(matches!(outcome, InsertOutcome::Inserted { evicted: 2, .. }), "{outcome:?}");
+    assert!(queue.check().unwrap().is_ok());
+}
+
+#[test]
+fn insertion_times_are_unique_even_when_the_clock_stands_still_or_goes_back() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1 << 20, slots: 100 }, false).unwrap();
+    let now = Timestamp::from_unix_micros(2_000_000_000_000_000);
+    let mut keys = Vec::new();
+    for (index, clock) in [now, now, now.saturating_sub(Duration::from_secs(10)), now].into_iter().enumerate() {
+        let data = [index as u8];
+        match queue.insert_at(clock, &product("x", &data), &data).unwrap() {
+            InsertOutcome::Inserted { insertion, .. } => keys.push(insertion.as_unix_micros()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(keys.windows(2).all(|pair| pair[0] < pair[1]), "{keys:?}");
+}
+
+#[test]
+fn follower_sees_products_in_order_and_waits_for_new_ones() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("q");
+    let queue = Queue::create(&path, Capacity { bytes: 1 << 20, slots: 100 }, false).unwrap();
+    queue.insert(&product("first", b"1"), b"1").unwrap();
+    let mut follower = queue.follow(Timestamp::ZERO);
+    let first = follower.next_owned(Some(Duration::from_millis(10))).unwrap().unwrap();
+    assert_eq!(first.info.ident, "first");
+    assert!(follower.next_owned(Some(Duration::from_millis(10))).unwrap().is_none());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(30));
+            queue.insert(&product("second", b"2"), b"2").unwrap();
+        });
+        let second = follower.next_owned(Some(Duration::from_secs(10))).unwrap().unwrap();
+        assert_eq!(second.info.ident, "second");
+    });
+    assert_eq!(follower.skipped(), 0);
+}
+
+#[test]
+fn follower_counts_products_evicted_before_it_read_them() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1 << 20, slots: 2 }, false).unwrap();
+    queue.insert(&product("a", b"a"), b"a").unwrap();
+    let mut follower = queue.follow(Timestamp::ZERO);
+    follower.next_owned(None).unwrap().unwrap();
+    for name in ["b", "c", "d", "e"] {
+        queue.insert(&product(name, name.as_bytes()), name.as_bytes()).unwrap();
+    }
+    assert_eq!(follower.next_owned(None).unwrap().unwrap().info.ident, "d");
+    assert_eq!(follower.skipped(), 2);
+}
+
+#[test]
+fn a_snapshot_keeps_an_evicted_product_readable() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1 << 20, slots: 1 }, false).unwrap();
+    let data = vec![1u8; 50_000];
+    queue.insert(&product("old", &data), &data).unwrap();
+    let snapshot = queue.snapshot().unwrap();
+    let old = snapshot.product_at_or_after(Timestamp::ZERO).unwrap().unwrap();
+    for index in 0..20u8 {
+        let other = vec![index + 2; 50_000];
+        queue.insert(&product("new", &other), &other).unwrap();
+    }
+    assert!(old.data.iter().all(|&byte| byte == 1));
+    assert_eq!(old.info.ident, "old");
+}
+
+#[test]
+fn reopen_keeps_products_and_capacity() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("q");
+    let capacity = Capacity { bytes: 10_000_000, slots: 50 };
+    {
+        let queue = Queue::create(&path, capacity, false).unwrap();
+        queue.insert(&product("kept", b"kept"), b"kept").unwrap();
+    }
+    let queue = Queue::open(&path).unwrap();
+    assert_eq!(queue.capacity(), capacity);
+    assert_eq!(queue.stats().unwrap().product_count, 1);
+}
+
+/// One step of the model test.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Insert a product of this size with this content id (equal ids are duplicates).
+    Insert { size: usize, content: u8 },
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let size = prop_oneof![0usize..200, 200usize..5000, 5000usize..40_000];
+    prop::collection::vec((size, 0u8..60).prop_map(|(size, content)| Step::Insert { size, content }), 1..120)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// The queue behaves like a FIFO of (signature, length) bounded by bytes and slots.
+    #[test]
+    fn queue_matches_model(steps in steps(), bytes in 20_000u64..120_000, slots in 1u64..40) {
+        let directory = tempfile::tempdir().unwrap();
+        let queue = Queue::create(&directory.path().join("q"), Capacity { bytes, slots }, false).unwrap();
+        let mut model: VecDeque<(Signature, u64)> = VecDeque::new();
+        for step in steps {
+            let Step::Insert { size, content } = step;
+            let data = vec![content; size];
+            let mut info = product("model", &data);
+            info.signature = Signature::md5_of(&[content, (size % 251) as u8]);
+            let stored = stored_len("model", size);
+            let result = queue.insert(&info, &data);
+            if stored > bytes {
+                let too_big = matches!(result, Err(InsertError::TooBig { .. }));
+                prop_assert!(too_big);
+                continue;
+            }
+            if model.iter().any(|(signature, _)| *signature == info.signature) {
+                let duplicate = matches!(result, Ok(InsertOutcome::Duplicate { .. }));
+                prop_assert!(duplicate);
+                continue;
+            }
+            let mut used: u64 = model.iter().map(|(_, len)| len).sum();
+            let mut evicted = 0;
+            while !model.is_empty() && (model.len() as u64 + 1 > slots || used + stored > bytes) {
+                used -= model.pop_front().unwrap().1;
+                evicted += 1;
+            }
+            model.push_back((info.signature, stored));
+            let outcome = result.unwrap();
+            let is_expected = matches!(outcome, InsertOutcome::Inserted { evicted: actual, .. } if actual == evicted);
+            prop_assert!(is_expected, "{:?}", outcome);
+
+            let stats = queue.stats().unwrap();
+            prop_assert!(stats.used_bytes <= bytes);
+            prop_assert!(stats.product_count <= slots);
+            prop_assert_eq!(stats.product_count, model.len() as u64);
+            prop_assert_eq!(stats.used_bytes, model.iter().map(|(_, len)| len).sum::<u64>());
+        }
+        let snapshot = queue.snapshot().unwrap();
+        let stored: Vec<Signature> =
+            snapshot.products_from(Timestamp::ZERO).unwrap().map(|product| product.unwrap().info.signature).collect();
+        let expected: Vec<Signature> = model.iter().map(|(signature, _)| *signature).collect();
+        prop_assert_eq!(&stored, &expected);
+        let unique: HashSet<_> = stored.iter().collect();
+        prop_assert_eq!(unique.len(), stored.len());
+        drop(snapshot);
+        prop_assert!(queue.check().unwrap().is_ok());
+    }
+}
