@@ -17,7 +17,8 @@
 //! The queue's `products` table maps the insertion time (big-endian u64 microseconds, unique) to
 //! this record; `docs/queue.md` describes the whole layout.
 
-use ldm7_types::{FeedType, IDENT_LEN_MAX, ORIGIN_LEN_MAX, ProdInfo, Signature, Timestamp};
+use ldm7_types::prodinfo::InvalidProdInfo;
+use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 
 /// Version written in byte 0 of every record.
 pub(crate) const RECORD_FORMAT_VERSION: u8 = 1;
@@ -27,15 +28,9 @@ pub(crate) const HEADER_LEN: usize = 48;
 /// Why a product cannot be stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidProduct {
-    /// The origin host name is longer than LDM allows.
-    #[error("origin {0:?} is longer than {ORIGIN_LEN_MAX} bytes")]
-    OriginTooLong(String),
-    /// The ident is longer than LDM allows.
-    #[error("product identifier is longer than {IDENT_LEN_MAX} bytes ({0} bytes)")]
-    IdentTooLong(usize),
-    /// The ident is empty: LDM requires one.
-    #[error("product identifier is empty")]
-    IdentEmpty,
+    /// The metadata breaks one of LDM's limits.
+    #[error(transparent)]
+    Info(#[from] InvalidProdInfo),
     /// `info.size` disagrees with the data handed over.
     #[error("product info says {declared} bytes but {actual} bytes of data were given")]
     SizeMismatch {
@@ -48,15 +43,7 @@ pub enum InvalidProduct {
 
 /// Checks `info` against `data` and returns the record length.
 pub(crate) fn record_len(info: &ProdInfo, data_len: usize) -> Result<usize, InvalidProduct> {
-    if info.origin.len() > ORIGIN_LEN_MAX {
-        return Err(InvalidProduct::OriginTooLong(info.origin.clone()));
-    }
-    if info.ident.len() > IDENT_LEN_MAX {
-        return Err(InvalidProduct::IdentTooLong(info.ident.len()));
-    }
-    if info.ident.is_empty() {
-        return Err(InvalidProduct::IdentEmpty);
-    }
+    info.validate()?;
     if usize::try_from(info.size).ok() != Some(data_len) {
         return Err(InvalidProduct::SizeMismatch { declared: info.size, actual: data_len });
     }
@@ -220,11 +207,11 @@ mod tests {
         let mut info = sample();
         assert!(matches!(record_len(&info, 4), Err(InvalidProduct::SizeMismatch { .. })));
         info.ident.clear();
-        assert_eq!(record_len(&info, 3), Err(InvalidProduct::IdentEmpty));
+        assert_eq!(record_len(&info, 3), Err(InvalidProduct::Info(InvalidProdInfo::IdentEmpty)));
         info.ident = "x".repeat(256);
-        assert_eq!(record_len(&info, 3), Err(InvalidProduct::IdentTooLong(256)));
+        assert_eq!(record_len(&info, 3), Err(InvalidProduct::Info(InvalidProdInfo::IdentTooLong(256))));
         info.ident = "x".into();
         info.origin = "o".repeat(65);
-        assert!(matches!(record_len(&info, 3), Err(InvalidProduct::OriginTooLong(_))));
+        assert!(matches!(record_len(&info, 3), Err(InvalidProduct::Info(InvalidProdInfo::OriginTooLong(_)))));
     }
 }

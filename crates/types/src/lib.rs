@@ -4,11 +4,13 @@
 //! This crate is sans-IO: no sockets, threads, clocks or randomness. Wire and printed forms
 //! follow `docs/spec/ldm-formats.md` §3 (feedtypes) and §5 (printed forms).
 
+pub mod class;
 pub mod feedtype;
 pub mod prodinfo;
 pub mod signature;
 pub mod time;
 
+pub use class::{Pattern, ProdClass, ProdSpec};
 pub use feedtype::FeedType;
 pub use prodinfo::ProdInfo;
 pub use signature::Signature;
