@@ -1,0 +1,1 @@
+//! Sans-IO FMTP v3 codec, sender and receiver state machines.
