@@ -1,0 +1,5 @@
+//! The FMTP driver: sockets, pacing and batching around the sans-IO state machines of
+//! `ldm7-fmtp-proto` (ARCHITECTURE.md, "The sans-IO boundary"). The driver makes no protocol
+//! decisions.
+
+pub mod udp;

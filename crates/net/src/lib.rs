@@ -1,0 +1,1 @@
+//! Path services, host configuration and the namespace lab.
