@@ -1,5 +1,125 @@
-//! The `ldm7` command.
+//! `ldm7`: one binary for the product queue and its tools. Invoked as `pqinsert`, `pqcat`,
+//! `notifyme`, `pqcreate`, `pqmon` or `pqcheck` it behaves as that classic LDM command.
+//!
+//! Exit codes: 0 ok, 1 bad usage or input, 2 runtime failure.
+
+mod bench;
+mod cat;
+mod common;
+mod demo;
+mod exit;
+mod insert;
+mod queue_cmd;
+mod sizes;
+mod trace;
+mod watch;
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::exit::{CmdResult, runtime};
+
+/// Reliable distribution of near-real-time data products (LDM-compatible).
+#[derive(Parser, Debug)]
+#[command(name = "ldm7", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create, inspect and check product queues.
+    #[command(subcommand)]
+    Queue(queue_cmd::QueueCommand),
+    /// Insert files into the queue, or replay a trace (pqinsert).
+    Insert(insert::InsertArgs),
+    /// Write products in the queue to standard output (pqcat).
+    Cat(cat::CatArgs),
+    /// Follow the queue and print a line per new product (a local notifyme).
+    Watch(watch::WatchArgs),
+    /// Run the demo: replay the NGRID hour into a fresh queue while a watcher follows it.
+    Demo(demo::DemoArgs),
+    /// Measure performance.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Queue insert and read rates, and cross-process wake-up latency.
+    Queue(bench::BenchQueueArgs),
+}
+
+/// A classic command: its own name, the arguments of one subcommand.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Legacy<T: Args> {
+    #[command(flatten)]
+    args: T,
+}
 
 fn main() {
-    println!("ldm7");
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let name = argv
+        .first()
+        .and_then(|arg0| Path::new(arg0).file_name())
+        .and_then(|name| name.to_str())
+        .unwrap_or("ldm7")
+        .to_owned();
+    let result = match name.as_str() {
+        "pqinsert" => legacy::<insert::InsertArgs>("pqinsert", argv).map(|args| insert::run(&args)),
+        "pqcat" => legacy::<cat::CatArgs>("pqcat", argv).map(|args| cat::run(&args)),
+        "notifyme" => legacy::<watch::WatchArgs>("notifyme", argv).map(|args| watch::run(&args)),
+        "pqcreate" => legacy::<queue_cmd::CreateArgs>("pqcreate", argv)
+            .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Create(args))),
+        "pqmon" => legacy::<queue_cmd::InfoArgs>("pqmon", argv)
+            .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Info(args))),
+        "pqcheck" => legacy::<queue_cmd::PathArgs>("pqcheck", argv)
+            .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Check(args))),
+        _ => parse::<Cli>(argv).map(|cli| dispatch(cli.command)),
+    };
+    let code = match result {
+        Err(code) => code,
+        Ok(Ok(())) => 0,
+        Ok(Err(failure)) => {
+            eprintln!("{name}: error: {failure}");
+            failure.exit_code()
+        }
+    };
+    std::process::exit(code);
+}
+
+fn dispatch(command: Command) -> CmdResult {
+    match command {
+        Command::Queue(command) => queue_cmd::run(&command),
+        Command::Insert(args) => insert::run(&args),
+        Command::Cat(args) => cat::run(&args),
+        Command::Watch(args) => watch::run(&args),
+        Command::Demo(args) => demo::run(&args),
+        Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
+    }
+}
+
+fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<T, i32> {
+    use clap::CommandFactory;
+    use clap::FromArgMatches;
+    let command = Legacy::<T>::command().name(name);
+    match command.try_get_matches_from(argv).and_then(|matches| Legacy::<T>::from_arg_matches(&matches)) {
+        Ok(parsed) => Ok(parsed.args),
+        Err(error) => Err(report_usage(error)),
+    }
+}
+
+fn parse<P: Parser>(argv: Vec<OsString>) -> Result<P, i32> {
+    P::try_parse_from(argv).map_err(report_usage)
+}
+
+/// Prints a clap error or help; usage errors exit 1 (clap's own default would be 2, which here
+/// means a runtime failure).
+fn report_usage(error: clap::Error) -> i32 {
+    let _ = error.print();
+    if error.use_stderr() { 1 } else { 0 }
 }

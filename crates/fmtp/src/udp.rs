@@ -162,7 +162,9 @@ impl MulticastSender {
         let transmit = Transmit { destination: self.group, ecn: None, contents, segment_size, src_ip: None };
         loop {
             self.socket.writable().await?;
-            match self.socket.try_io(Interest::WRITABLE, || self.state.try_send(UdpSockRef::from(&self.socket), &transmit))
+            match self
+                .socket
+                .try_io(Interest::WRITABLE, || self.state.try_send(UdpSockRef::from(&self.socket), &transmit))
             {
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
                 other => return other,
@@ -202,9 +204,9 @@ impl MulticastReceiver {
         }
         socket.bind(&group.into()).map_err(io("bind"))?;
         match (group.ip(), config.interface, source) {
-            (IpAddr::V4(group_ip), IpAddr::V4(interface), Some(IpAddr::V4(source))) => socket
-                .join_ssm_v4(&source, &group_ip, &interface)
-                .map_err(io("IP_ADD_SOURCE_MEMBERSHIP"))?,
+            (IpAddr::V4(group_ip), IpAddr::V4(interface), Some(IpAddr::V4(source))) => {
+                socket.join_ssm_v4(&source, &group_ip, &interface).map_err(io("IP_ADD_SOURCE_MEMBERSHIP"))?
+            }
             (IpAddr::V4(group_ip), IpAddr::V4(interface), _) => {
                 socket.join_multicast_v4(&group_ip, &interface).map_err(io("IP_ADD_MEMBERSHIP"))?
             }
@@ -236,7 +238,9 @@ impl MulticastReceiver {
     pub async fn recv_batch(&self, buffers: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
         loop {
             self.socket.readable().await?;
-            match self.socket.try_io(Interest::READABLE, || self.state.recv(UdpSockRef::from(&self.socket), buffers, meta))
+            match self
+                .socket
+                .try_io(Interest::READABLE, || self.state.recv(UdpSockRef::from(&self.socket), buffers, meta))
             {
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
                 other => return other,
@@ -286,7 +290,10 @@ mod tests {
     }
 
     fn free_port() -> u16 {
-        StdUdpSocket::bind("127.0.0.1:0").and_then(|socket| socket.local_addr()).map(|addr| addr.port()).unwrap_or(38801)
+        StdUdpSocket::bind("127.0.0.1:0")
+            .and_then(|socket| socket.local_addr())
+            .map(|addr| addr.port())
+            .unwrap_or(38801)
     }
 
     #[tokio::test]
@@ -307,7 +314,8 @@ mod tests {
         while seen.len() < segments {
             let mut meta = [RecvMeta::default(); 4];
             let mut buffers: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-            let count = receiver.recv_batch_timeout(&mut buffers, &mut meta, Duration::from_secs(5)).await.expect("recv");
+            let count =
+                receiver.recv_batch_timeout(&mut buffers, &mut meta, Duration::from_secs(5)).await.expect("recv");
             assert!(count > 0, "no datagram within 5 s");
             drop(buffers);
             for (buffer, meta) in storage.iter().zip(&meta).take(count) {

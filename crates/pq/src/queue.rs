@@ -280,11 +280,22 @@ impl Queue {
         self.insert_at(Timestamp::from_system_time(SystemTime::now()), info, data)
     }
 
-    /// [`Queue::insert`] with the clock reading given (tests and replays).
-    pub fn insert_at(&self, now: Timestamp, info: &ProdInfo, data: &[u8]) -> Result<InsertOutcome, InsertError> {
-        let record_len = record::record_len(info, data.len())?;
+    /// Checks, without inserting, that a product with this metadata (and `info.size` bytes of
+    /// data) is valid and fits the queue; returns the bytes it would occupy. Tools use it to
+    /// refuse a batch before inserting any of it.
+    pub fn check_fits(&self, info: &ProdInfo) -> Result<usize, InsertError> {
+        let record_len = record::record_len(info, info.size as usize)?;
         if record_len as u64 > self.capacity.bytes {
             return Err(InsertError::TooBig { record_len: record_len as u64, capacity_bytes: self.capacity.bytes });
+        }
+        Ok(record_len)
+    }
+
+    /// [`Queue::insert`] with the clock reading given (tests and replays).
+    pub fn insert_at(&self, now: Timestamp, info: &ProdInfo, data: &[u8]) -> Result<InsertOutcome, InsertError> {
+        let record_len = self.check_fits(info)?;
+        if usize::try_from(info.size).ok() != Some(data.len()) {
+            return Err(InvalidProduct::SizeMismatch { declared: info.size, actual: data.len() }.into());
         }
         let mut reserve_bytes = 0u64;
         for attempt in 0..=MAP_FULL_RETRIES_MAX {

@@ -1,0 +1,56 @@
+//! Exit codes and the error type of the `ldm7` command: 0 ok, 1 bad usage or input, 2 runtime
+//! failure. Every error says what was wrong and what to do.
+
+use std::fmt;
+
+/// The class of a failure, which decides the exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Bad usage or input: exit 1.
+    Input,
+    /// The work failed while running: exit 2.
+    Runtime,
+}
+
+/// A failure with its class.
+#[derive(Debug)]
+pub struct Failure {
+    /// Exit class.
+    pub class: Class,
+    /// What went wrong, with context.
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    /// The process exit code.
+    pub fn exit_code(&self) -> i32 {
+        match self.class {
+            Class::Input => 1,
+            Class::Runtime => 2,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+/// Result of a subcommand.
+pub type CmdResult<T = ()> = Result<T, Failure>;
+
+/// Marks an error as bad input (exit 1).
+pub fn input(error: impl Into<anyhow::Error>) -> Failure {
+    Failure { class: Class::Input, error: error.into() }
+}
+
+/// Marks an error as a runtime failure (exit 2).
+pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
+    Failure { class: Class::Runtime, error: error.into() }
+}
+
+/// Shorthand: a bad-input failure from a message.
+pub fn bad_input(message: impl fmt::Display) -> Failure {
+    input(anyhow::anyhow!("{message}"))
+}

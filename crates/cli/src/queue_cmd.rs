@@ -1,0 +1,197 @@
+//! `ldm7 queue create | info | check` (pqcreate, pqmon, pqcheck).
+
+use std::path::PathBuf;
+
+use ldm7_pq::{Capacity, CreateError, Queue, QueueStats};
+
+use crate::common::{now, open_queue, queue_path};
+use crate::exit::{CmdResult, bad_input, input, runtime};
+use crate::sizes::parse_size;
+
+/// `ldm7 queue …`
+#[derive(clap::Subcommand, Debug)]
+pub enum QueueCommand {
+    /// Create a product queue (pqcreate).
+    Create(CreateArgs),
+    /// Show capacity, usage and ages (pqmon).
+    Info(InfoArgs),
+    /// Verify every record and index of a queue (pqcheck); exit 2 if damaged.
+    Check(PathArgs),
+}
+
+/// Arguments of `queue create`.
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    /// Where to create the queue [default: $LDM7_QUEUE or ./ldm7.pq].
+    #[arg(long, short = 'q', visible_alias = "queue", value_name = "PATH")]
+    pub path: Option<PathBuf>,
+    /// Capacity in bytes: K/M/G = 10^3/10^6/10^9 as in LDM, or KiB/MiB/GiB.
+    #[arg(long, short = 's', default_value = "500M", value_parser = parse_size)]
+    pub size: u64,
+    /// Most products the queue holds [default: size / 140000, LDM's rule].
+    #[arg(long, short = 'S')]
+    pub slots: Option<u64>,
+    /// Replace an existing queue at the path (never anything that is not a queue).
+    #[arg(long, short = 'c', visible_alias = "clobber")]
+    pub force: bool,
+}
+
+/// Arguments of `queue info`.
+#[derive(clap::Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub path: PathArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The queue path alone.
+#[derive(clap::Args, Debug)]
+pub struct PathArgs {
+    /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
+    #[arg(long, short = 'q', visible_alias = "queue", value_name = "PATH")]
+    pub path: Option<PathBuf>,
+}
+
+/// Runs a queue subcommand.
+pub fn run(command: &QueueCommand) -> CmdResult {
+    match command {
+        QueueCommand::Create(args) => create(args),
+        QueueCommand::Info(args) => info(args),
+        QueueCommand::Check(args) => check(args),
+    }
+}
+
+fn create(args: &CreateArgs) -> CmdResult {
+    let path = queue_path(args.path.as_deref());
+    if args.size == 0 {
+        return Err(bad_input("queue size must be at least 1 byte: give --size, e.g. --size 500M"));
+    }
+    let slots = args.slots.unwrap_or_else(|| Capacity::default_slots(args.size));
+    if slots == 0 {
+        return Err(bad_input("slots must be at least 1: give --slots, e.g. --slots 100000"));
+    }
+    let queue =
+        Queue::create(&path, Capacity { bytes: args.size, slots }, args.force).map_err(|error| match error {
+            CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) => input(error),
+            CreateError::Storage { .. } => runtime(error),
+        })?;
+    let capacity = queue.capacity();
+    println!("created product queue {}: {} bytes, {} slots", path.display(), capacity.bytes, capacity.slots);
+    Ok(())
+}
+
+fn info(args: &InfoArgs) -> CmdResult {
+    let path = queue_path(args.path.path.as_deref());
+    let queue = open_queue(&path)?;
+    let stats = queue.stats().map_err(runtime)?;
+    if args.json {
+        println!("{}", info_json(&path, &stats));
+    } else {
+        print!("{}", info_text(&path, &stats));
+    }
+    Ok(())
+}
+
+fn check(args: &PathArgs) -> CmdResult {
+    let path = queue_path(args.path.as_deref());
+    let queue = open_queue(&path)?;
+    let report = queue.check().map_err(runtime)?;
+    println!(
+        "{}: {} products, {} signatures, {} bytes",
+        path.display(),
+        report.product_count,
+        report.signature_count,
+        report.used_bytes
+    );
+    if report.is_ok() {
+        println!("queue is sound");
+        return Ok(());
+    }
+    for problem in &report.problems {
+        println!("problem: {problem}");
+    }
+    Err(runtime(anyhow::anyhow!(
+        "queue {} has {} problem(s): recreate it with `ldm7 queue create --force` (its products are lost)",
+        path.display(),
+        report.problems.len()
+    )))
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 { 0.0 } else { 100.0 * part as f64 / whole as f64 }
+}
+
+fn age_secs(stats: &QueueStats) -> Option<f64> {
+    stats.oldest_insertion.map(|oldest| now().saturating_duration_since(oldest).as_secs_f64())
+}
+
+fn info_text(path: &std::path::Path, stats: &QueueStats) -> String {
+    let time = |t: Option<ldm7_types::Timestamp>| t.map(|t| t.to_string()).unwrap_or_else(|| "-".into());
+    let mut text = String::new();
+    let mut line = |label: &str, value: String| text.push_str(&format!("{label:<22} {value}\n"));
+    line("queue", path.display().to_string());
+    line("capacity", format!("{} bytes, {} slots", stats.capacity.bytes, stats.capacity.slots));
+    line(
+        "used",
+        format!(
+            "{} bytes ({:.1}%), {} slots ({:.1}%)",
+            stats.used_bytes,
+            percent(stats.used_bytes, stats.capacity.bytes),
+            stats.product_count,
+            percent(stats.product_count, stats.capacity.slots)
+        ),
+    );
+    line("products", stats.product_count.to_string());
+    line("oldest insertion", time(stats.oldest_insertion));
+    line("newest insertion", time(stats.newest_insertion));
+    line("age of oldest", age_secs(stats).map(|age| format!("{age:.3} s")).unwrap_or_else(|| "-".into()));
+    line(
+        "min. residence (MVRT)",
+        match stats.mvrt {
+            Some(mvrt) => format!(
+                "{:.3} s (at {} bytes, {} slots)",
+                mvrt.residence.as_secs_f64(),
+                mvrt.used_bytes,
+                mvrt.used_slots
+            ),
+            None => "- (nothing evicted yet: the queue has never been full)".into(),
+        },
+    );
+    line("inserted / evicted", format!("{} / {}", stats.inserted_count, stats.evicted_count));
+    line("created", stats.created.to_string());
+    line("file", format!("{} bytes (map {} bytes)", stats.file_bytes, stats.map_bytes));
+    line("readers", stats.readers.to_string());
+    text
+}
+
+fn info_json(path: &std::path::Path, stats: &QueueStats) -> String {
+    let time = |t: Option<ldm7_types::Timestamp>| t.map(|t| format!("\"{t}\"")).unwrap_or_else(|| "null".into());
+    let number = |value: Option<f64>| value.map(|v| format!("{v:.6}")).unwrap_or_else(|| "null".into());
+    let path_text = path.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        concat!(
+            "{{\"queue\":\"{}\",\"capacity_bytes\":{},\"capacity_slots\":{},\"used_bytes\":{},\"used_slots\":{},",
+            "\"product_count\":{},\"oldest_insertion\":{},\"newest_insertion\":{},\"oldest_age_s\":{},",
+            "\"mvrt_s\":{},\"inserted_count\":{},\"evicted_count\":{},\"created\":\"{}\",\"file_bytes\":{},",
+            "\"map_bytes\":{},\"readers\":{}}}"
+        ),
+        path_text,
+        stats.capacity.bytes,
+        stats.capacity.slots,
+        stats.used_bytes,
+        stats.product_count,
+        stats.product_count,
+        time(stats.oldest_insertion),
+        time(stats.newest_insertion),
+        number(age_secs(stats)),
+        number(stats.mvrt.map(|mvrt| mvrt.residence.as_secs_f64())),
+        stats.inserted_count,
+        stats.evicted_count,
+        stats.created,
+        stats.file_bytes,
+        stats.map_bytes,
+        stats.readers,
+    )
+}
