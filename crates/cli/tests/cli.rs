@@ -1,0 +1,240 @@
+//! The `ldm7` command as users run it: real processes, a real queue in a temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
+
+fn ldm7(args: &[&str]) -> Output {
+    Command::new(LDM7).args(args).env_remove("LDM7_QUEUE").output().expect("run ldm7")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn ok(args: &[&str]) -> String {
+    let output = ldm7(args);
+    assert!(output.status.success(), "ldm7 {args:?} failed: {}{}", text(&output.stdout), text(&output.stderr));
+    text(&output.stdout)
+}
+
+fn fails_with(code: i32, args: &[&str]) -> String {
+    let output = ldm7(args);
+    assert_eq!(output.status.code(), Some(code), "ldm7 {args:?}: {}{}", text(&output.stdout), text(&output.stderr));
+    text(&output.stderr)
+}
+
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().expect("tempdir") }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn queue(&self, size: &str) -> String {
+        let queue = self.path("q.pq").display().to_string();
+        ok(&["queue", "create", "--path", &queue, "--size", size, "--slots", "1000"]);
+        queue
+    }
+    fn file(&self, name: &str, contents: &[u8]) -> String {
+        let path = self.path(name);
+        std::fs::write(&path, contents).expect("write");
+        path.display().to_string()
+    }
+}
+
+fn product_count(queue: &str) -> u64 {
+    let info = ok(&["queue", "info", "--json", "--path", queue]);
+    let field = info.split("\"product_count\":").nth(1).expect("product_count field");
+    field.split(|c: char| !c.is_ascii_digit()).next().expect("number").parse().expect("count")
+}
+
+fn shared(relative: &str) -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(relative);
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipping: {} not found", path.display());
+        None
+    }
+}
+
+#[test]
+fn create_info_check_and_overwrite_refusal() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue("10M");
+    let info = ok(&["queue", "info", "--path", &queue]);
+    assert!(info.contains("10000000 bytes, 1000 slots"), "{info}");
+    assert!(info.contains("products               0"), "{info}");
+    assert!(ok(&["queue", "check", "--path", &queue]).contains("queue is sound"));
+    let error = fails_with(1, &["queue", "create", "--path", &queue, "--size", "1M"]);
+    assert!(error.contains("--force"), "{error}");
+    ok(&["queue", "create", "--path", &queue, "--size", "2M", "--force"]);
+    assert!(ok(&["queue", "info", "--path", &queue]).contains("2000000 bytes"));
+    let not_queue = scratch.file("precious.txt", b"keep me");
+    fails_with(1, &["queue", "create", "--path", &not_queue, "--size", "1M", "--force"]);
+    assert_eq!(std::fs::read(&not_queue).expect("read"), b"keep me");
+}
+
+#[test]
+fn insert_then_cat_is_byte_identical() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue("10M");
+    let first = scratch.file("first.bin", &(0..=255u8).cycle().take(100_000).collect::<Vec<_>>());
+    let second = scratch.file("second.txt", b"hello world\n");
+    ok(&["insert", "-q", &queue, "-f", "NEXRAD3", "-s", "7", &first, &second]);
+    let output = ldm7(&["cat", "-q", &queue]);
+    assert!(output.status.success());
+    let mut expected = std::fs::read(&first).expect("read");
+    expected.extend_from_slice(b"hello world\n");
+    assert_eq!(output.stdout, expected);
+    let lines = ok(&["cat", "-q", &queue, "--info", "-p", "^second"]);
+    assert_eq!(lines.lines().count(), 1, "{lines}");
+    assert!(lines.trim_start().starts_with("12 "), "{lines}");
+    assert!(lines.ends_with(" NEXRAD3 007  second.txt\n"), "{lines}");
+    assert!(ok(&["cat", "-q", &queue, "--info", "-f", "NGRID"]).is_empty());
+    assert_eq!(ok(&["cat", "-q", &queue, "--info", "--last", "1"]).lines().count(), 1);
+}
+
+#[test]
+fn duplicates_are_reported_not_errors() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue("10M");
+    let file = scratch.file("a", b"same bytes");
+    ok(&["insert", "-q", &queue, &file]);
+    let output = ldm7(&["insert", "-q", &queue, &file]);
+    assert!(output.status.success());
+    assert!(text(&output.stderr).contains("duplicate"), "{}", text(&output.stderr));
+    assert_eq!(product_count(&queue), 1);
+    // -i: the signature comes from the ident, so different data with the same ident is a duplicate.
+    let other = scratch.file("b", b"other bytes");
+    ok(&["insert", "-q", &queue, "-i", "-p", "ID", &file]);
+    ok(&["insert", "-q", &queue, "-i", "-p", "ID", &other]);
+    assert_eq!(product_count(&queue), 2);
+}
+
+#[test]
+fn classic_name_pqinsert_works() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue("10M");
+    let link = scratch.path("pqinsert");
+    std::os::unix::fs::symlink(LDM7, &link).expect("symlink");
+    let file = scratch.file("data", b"via pqinsert");
+    let output = Command::new(&link).args(["-q", &queue, "-f", "EXP", "-p", "CLASSIC", &file]).output().expect("run");
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(ok(&["cat", "-q", &queue, "--info"]).contains(" EXP 000  CLASSIC"));
+    let usage = Command::new(&link).arg("--bogus").output().expect("run");
+    assert_eq!(usage.status.code(), Some(1));
+}
+
+#[test]
+fn bad_input_is_refused_and_nothing_inserted() {
+    let scratch = Scratch::new();
+    let missing = scratch.path("missing.pq").display().to_string();
+    let file = scratch.file("small", b"x");
+    let error = fails_with(1, &["insert", "-q", &missing, &file]);
+    assert!(error.contains("ldm7 queue create"), "{error}");
+
+    let queue = scratch.queue("100K");
+    let big = scratch.file("big", &vec![7u8; 200_000]);
+    let error = fails_with(1, &["insert", "-q", &queue, &file, &big]);
+    assert!(error.contains("larger queue"), "{error}");
+    let error = fails_with(1, &["insert", "-q", &queue, "-f", "NOSUCHFEED", &file]);
+    assert!(error.contains("unknown feedtype"), "{error}");
+    let unreadable = scratch.path("no-such-file").display().to_string();
+    let error = fails_with(1, &["insert", "-q", &queue, &file, &unreadable]);
+    assert!(error.contains("cannot read"), "{error}");
+    assert_eq!(product_count(&queue), 0);
+    fails_with(1, &["cat", "-q", &queue, "-p", "(unclosed"]);
+    fails_with(1, &["queue", "create", "--path", &queue, "--size", "12X"]);
+    fails_with(1, &["no-such-command"]);
+}
+
+#[test]
+fn replay_and_watch_across_processes() {
+    let Some(trace) = shared("data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
+    let scratch = Scratch::new();
+    let queue = scratch.queue("200M");
+    let watcher = Command::new(LDM7)
+        .args(["watch", "-q", &queue, "-f", "NEXRAD3", "--count", "500", "--timeout", "60"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start watcher");
+    std::thread::sleep(Duration::from_millis(300));
+    let summary = ok(&["insert", "-q", &queue, "--replay", &trace.display().to_string(), "--speed", "0"]);
+    assert!(summary.contains("replayed 500 products"), "{summary}");
+    let output = watcher.wait_with_output().expect("watcher");
+    assert!(output.status.success());
+    let lines = text(&output.stdout);
+    assert_eq!(lines.lines().count(), 500);
+    assert!(lines.lines().all(|line| line.contains(" NEXRAD3 ")), "{lines}");
+    assert_eq!(product_count(&queue), 500);
+}
+
+#[test]
+fn bench_queue_runs_tiny() {
+    let scratch = Scratch::new();
+    let dir = scratch.path("bench");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let output = ok(&[
+        "bench",
+        "queue",
+        "--dir",
+        &dir.display().to_string(),
+        "--queue-bytes",
+        "20000000",
+        "--volume-bytes",
+        "4000000",
+        "--repeat",
+        "1",
+        "--wakeups",
+        "50",
+        "--sizes",
+        "1000,30000",
+    ]);
+    assert!(output.contains("wake-up"), "{output}");
+}
+
+/// kill -9 of an inserting `ldm7 insert --replay` at random moments never damages the queue.
+#[test]
+fn killed_inserter_leaves_a_sound_queue() {
+    let Some(trace) = shared("data/traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt") else { return };
+    let scratch = Scratch::new();
+    // The NGRID hour holds a 54 MB product: the queue must be larger than that.
+    let queue = scratch.queue("100M");
+    let observer = ldm7_pq::Queue::open(Path::new(&queue)).expect("open the queue to observe it");
+    let inserted = || observer.stats().map(|stats| stats.inserted_count).unwrap_or(0);
+    let mut delays = 20u64;
+    for round in 0..50 {
+        let mut child = Command::new(LDM7)
+            .args(["insert", "-q", &queue, "--replay", &trace.display().to_string(), "--speed", "0"])
+            .args(["--seed", &round.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start inserter");
+        // Wait until this round is inserting, then kill it at a pseudo-random moment.
+        let before = inserted();
+        let started = std::time::Instant::now();
+        while inserted() == before {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "round {round}: the inserter inserted nothing in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        delays = (delays * 37 + 11) % 181;
+        std::thread::sleep(Duration::from_millis(delays));
+        child.kill().expect("kill -9");
+        child.wait().expect("reap");
+        let check = ldm7(&["queue", "check", "--path", &queue]);
+        assert!(check.status.success(), "round {round}: {}{}", text(&check.stdout), text(&check.stderr));
+    }
+    assert!(product_count(&queue) > 0);
+}
