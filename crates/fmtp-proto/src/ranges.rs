@@ -1,0 +1,157 @@
+//! A set of byte ranges `[start, end)`: which bytes of a product a receiver holds, or has
+//! requested. Ranges are kept sorted, disjoint and non-adjacent, so in-order arrival keeps the
+//! set at one range and appends are O(1).
+
+/// Sorted, disjoint, non-adjacent half-open ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RangeSet {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl RangeSet {
+    /// Adds `[start, end)`; returns how many bytes were not in the set before.
+    pub(crate) fn insert(&mut self, start: u64, end: u64) -> u64 {
+        if start >= end {
+            return 0;
+        }
+        if let Some(last) = self.ranges.last_mut() {
+            if start > last.1 {
+                self.ranges.push((start, end));
+                return end - start;
+            }
+            if start >= last.0 && start <= last.1 && end >= last.1 {
+                let added = end - last.1;
+                last.1 = end;
+                return added;
+            }
+        } else {
+            self.ranges.push((start, end));
+            return end - start;
+        }
+        // General case: merge every range that overlaps or touches [start, end).
+        let first = self.ranges.partition_point(|r| r.1 < start);
+        let mut last = first;
+        let mut overlap = 0;
+        let (mut merged_start, mut merged_end) = (start, end);
+        while last < self.ranges.len() && self.ranges[last].0 <= end {
+            let (a, b) = self.ranges[last];
+            overlap += b.min(end).saturating_sub(a.max(start));
+            merged_start = merged_start.min(a);
+            merged_end = merged_end.max(b);
+            last += 1;
+        }
+        self.ranges.splice(first..last, [(merged_start, merged_end)]);
+        (end - start) - overlap
+    }
+
+    /// Whether every byte of `[start, end)` is in the set.
+    pub(crate) fn contains(&self, start: u64, end: u64) -> bool {
+        if start >= end {
+            return true;
+        }
+        let at = self.ranges.partition_point(|r| r.1 <= start);
+        self.ranges.get(at).is_some_and(|&(a, b)| a <= start && end <= b)
+    }
+
+    /// The parts of `[start, end)` not in the set, in order.
+    pub(crate) fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::new();
+        let mut cursor = start;
+        let first = self.ranges.partition_point(|r| r.1 <= start);
+        for &(a, b) in &self.ranges[first..] {
+            if a >= end || cursor >= end {
+                break;
+            }
+            if a > cursor {
+                gaps.push((cursor, a));
+            }
+            cursor = cursor.max(b);
+        }
+        if cursor < end {
+            gaps.push((cursor, end));
+        }
+        gaps
+    }
+
+    /// Removes `[start, end)` from the set.
+    #[cfg(test)]
+    pub(crate) fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.ranges.len() + 1);
+        for &(a, b) in &self.ranges {
+            if b <= start || a >= end {
+                kept.push((a, b));
+                continue;
+            }
+            if a < start {
+                kept.push((a, start));
+            }
+            if b > end {
+                kept.push((end, b));
+            }
+        }
+        self.ranges = kept;
+    }
+
+    /// Bytes in the set.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> u64 {
+        self.ranges.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// Number of separate ranges.
+    #[cfg(test)]
+    pub(crate) fn range_count(&self) -> usize {
+        self.ranges.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn merges_and_counts_new_bytes() {
+        let mut set = RangeSet::default();
+        assert_eq!(set.insert(0, 10), 10);
+        assert_eq!(set.insert(20, 30), 10);
+        assert_eq!(set.insert(5, 25), 10);
+        assert_eq!(set.range_count(), 1);
+        assert_eq!(set.insert(0, 30), 0);
+        assert!(set.contains(3, 30));
+        assert!(!set.contains(3, 31));
+        assert_eq!(set.gaps(0, 40), vec![(30, 40)]);
+        set.remove(10, 12);
+        assert_eq!(set.gaps(0, 40), vec![(10, 12), (30, 40)]);
+        assert_eq!(set.len(), 28);
+    }
+
+    proptest! {
+        #[test]
+        fn behaves_like_a_bitmap(ops in proptest::collection::vec((0u64..200, 0u64..40, any::<bool>()), 0..60)) {
+            let mut set = RangeSet::default();
+            let mut bits = [false; 240];
+            for (start, len, add) in ops {
+                let end = start + len;
+                if add {
+                    let fresh = bits[start as usize..end as usize].iter().filter(|b| !**b).count() as u64;
+                    prop_assert_eq!(set.insert(start, end), fresh);
+                    bits[start as usize..end as usize].fill(true);
+                } else {
+                    set.remove(start, end);
+                    bits[start as usize..end as usize].fill(false);
+                }
+                prop_assert_eq!(set.len(), bits.iter().filter(|b| **b).count() as u64);
+                let gaps: u64 = set.gaps(0, 240).iter().map(|(a, b)| b - a).sum();
+                prop_assert_eq!(gaps, 240 - set.len());
+                for window in set.ranges.windows(2) {
+                    prop_assert!(window[0].1 < window[1].0);
+                }
+                prop_assert_eq!(set.contains(start, end), bits[start as usize..end as usize].iter().all(|b| *b));
+            }
+        }
+    }
+}

@@ -1,0 +1,855 @@
+//! The FMTP receiver state machine (ldm7-multicast.md §3.9), sans-IO.
+//!
+//! Role: assemble products from multicast BOP/MEM_DATA/EOP, detect losses from byte offsets
+//! and product indexes, ask the sender over the TCP connection for what is missing, and report
+//! every product as delivered (byte-exact) or missed — never silently lost.
+//!
+//! Invariants and rules (where they differ from the reference, why):
+//! * Paths deliver in order (RESEARCH.md §2), and the sender multicasts products one after
+//!   another; hence a multicast message of offset `o` means the bytes before `o` that have not
+//!   arrived are lost, and a message of a newer product means older products' multicast is
+//!   over. Both trigger requests at once (the reference waits for EOP or its EOP timer).
+//! * Missing bytes are requested once each: RETX_REQ ranges are coalesced up to
+//!   [`ReceiverConfig::request_len_max`] (default 45 blocks = 65160 bytes, the largest whole
+//!   number of blocks a 16-bit `payloadlen` holds; the reference sends one request per block,
+//!   which `request_len_max = 1448` reproduces). The reference sender serves
+//!   `[start rounded down to a block, start + len)`, so a coalesced request is valid for it.
+//! * A product is complete when its BOP is known and every byte `[0, size)` arrived; the EOP is
+//!   not needed (the reference waits for it and asks for it when lost). Completion sends
+//!   RETX_END and emits [`ReceiverEvent::Delivered`].
+//! * Blocks that arrive before their product's BOP are kept (bounded by
+//!   [`ReceiverConfig::early_bytes_max`]) while BOP_REQ is outstanding, and used when the
+//!   RETX_BOP arrives (RESEARCH.md §3: dropping them multiplied retransmissions). Holes of a
+//!   product are requested only once its size is known.
+//! * A jump in product indexes sends BOP_REQ for every skipped index (at most
+//!   [`ReceiverConfig::index_gap_max`]; older skipped ones are reported as one
+//!   [`ReceiverEvent::IndexGap`]). Indexes are compared in serial arithmetic; a jump of exactly
+//!   2³¹ is invalid and counted as malformed.
+//! * Receive timer, per product with a known size: fires when no multicast message for it came
+//!   for `slack + factor × (bytes still expected × 8 / rate)`; then the tail is requested and
+//!   EOP_REQ sent (lost tail and lost EOP, §3.9). An overall
+//!   [`ReceiverConfig::incomplete_timeout`] abandons a product that never completes.
+//! * RETX_REJ abandons the product: [`MissReason::Rejected`]. Every abandoned product except a
+//!   rejected one also sends RETX_END, so that the sender need not hold it for this receiver.
+//! * A receiver cannot know of products lost whole before the first index it sees, nor of
+//!   products lost whole after the newest index it has seen until a newer one arrives; LDM's
+//!   backlog request and backstop cover those.
+//! * Requests are not repeated (TCP is reliable and the sender answers every request with
+//!   data, RETX_BOP/RETX_EOP or RETX_REJ); after a reconnection [`Receiver::stream_reset`]
+//!   re-issues the outstanding ones.
+//! * Bounds: in-flight products and bytes (oldest incomplete product abandoned:
+//!   [`MissReason::Evicted`]), product size ([`MissReason::TooLarge`]), early bytes; each hit
+//!   is counted and reported as [`ReceiverEvent::BoundHit`].
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::ConfigError;
+use crate::index::ProductIndex;
+use crate::ranges::RangeSet;
+use crate::time::{Instant, WallClock, WallTime, transmission_time};
+use crate::wire::{self, Body, Bop, Message, REQUEST_LEN_MAX};
+
+/// The receive timer: how long a product may go without multicast progress before its tail
+/// and EOP are requested.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReceiveTimer {
+    /// The multicast rate the bytes still expected are assumed to arrive at (bits/s, > 0).
+    pub rate_bits_per_s: u64,
+    /// Multiplier of the expected transfer time (≥ 0).
+    pub factor: f64,
+    /// Added to the scaled transfer time (network jitter, sender scheduling).
+    pub slack: Duration,
+}
+
+impl Default for ReceiveTimer {
+    /// The reference waits 20 × size / 20 000 000 s (1 µs per byte, §3.9): 20 Mbit/s × 2.5.
+    fn default() -> Self {
+        Self { rate_bits_per_s: 20_000_000, factor: 2.5, slack: Duration::from_millis(100) }
+    }
+}
+
+/// Receiver settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceiverConfig {
+    /// The receive timer.
+    pub receive_timer: ReceiveTimer,
+    /// Largest RETX_REQ length (1..=65535; 1448 reproduces the reference's one request per
+    /// block).
+    pub request_len_max: u16,
+    /// Bound: products being received at once.
+    pub in_flight_products_max: usize,
+    /// Bound: bytes held for products being received (buffers of known size + early blocks).
+    pub in_flight_bytes_max: u64,
+    /// Bound: largest product accepted (≤ `in_flight_bytes_max`); larger ones are missed.
+    pub product_size_max: u32,
+    /// Bound: bytes of blocks held for products whose BOP is still unknown.
+    pub early_bytes_max: u64,
+    /// Bound: products requested for one jump of the product index.
+    pub index_gap_max: u32,
+    /// A product not complete this long after it was first seen is abandoned (the sender's
+    /// deadline, 300 s by default, normally rejects it before).
+    pub incomplete_timeout: Duration,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        Self {
+            receive_timer: ReceiveTimer::default(),
+            request_len_max: REQUEST_LEN_MAX,
+            in_flight_products_max: 1024,
+            in_flight_bytes_max: 512 << 20,
+            product_size_max: 256 << 20,
+            early_bytes_max: 16 << 20,
+            index_gap_max: 256,
+            incomplete_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Something the application should know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReceiverEvent {
+    /// A product arrived whole.
+    Delivered(Delivery),
+    /// A product will not arrive over FMTP: fetch it another way (LDM: REQUEST_PRODUCT).
+    Missed {
+        /// The product.
+        index: ProductIndex,
+        /// Why.
+        reason: MissReason,
+    },
+    /// Products `first..=last` were skipped by a jump of the product index too large to
+    /// request one by one ([`ReceiverConfig::index_gap_max`]); none of them was requested.
+    IndexGap {
+        /// The oldest skipped index.
+        first: ProductIndex,
+        /// The newest skipped index not requested.
+        last: ProductIndex,
+    },
+    /// A bound was hit (also counted in [`ReceiverCounters::bound_hits`]).
+    BoundHit {
+        /// Which bound.
+        bound: ReceiverBound,
+        /// The product concerned, if one.
+        index: Option<ProductIndex>,
+    },
+}
+
+/// A delivered product.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The product index.
+    pub index: ProductIndex,
+    /// The BOP metadata (LDM: the MD5 signature).
+    pub metadata: Vec<u8>,
+    /// The product bytes.
+    pub data: Vec<u8>,
+    /// The BOP start time (sender's wall clock).
+    pub start_time: WallTime,
+    /// When the product completed.
+    pub completed_at: Instant,
+    /// Data blocks that came by retransmission (RETX_DATA adding new bytes); 0 means
+    /// "multicast-itself-sufficient" (RESEARCH.md §5).
+    pub retransmitted_blocks: u32,
+    /// Completion wall time − start time, in nanoseconds; may be slightly negative when the
+    /// two hosts' clocks disagree.
+    pub latency_ns: i64,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("index", &self.index)
+            .field("size", &self.data.len())
+            .field("metadata_len", &self.metadata.len())
+            .field("start_time", &self.start_time)
+            .field("completed_at", &self.completed_at)
+            .field("retransmitted_blocks", &self.retransmitted_blocks)
+            .field("latency_ns", &self.latency_ns)
+            .finish()
+    }
+}
+
+/// Why a product was missed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MissReason {
+    /// The sender answered RETX_REJ (its deadline passed).
+    Rejected,
+    /// Not complete within [`ReceiverConfig::incomplete_timeout`].
+    TimedOut,
+    /// Abandoned to respect the in-flight bounds (the oldest incomplete product goes first).
+    Evicted,
+    /// Larger than [`ReceiverConfig::product_size_max`].
+    TooLarge,
+}
+
+/// The receiver's named bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReceiverBound {
+    /// [`ReceiverConfig::in_flight_products_max`].
+    InFlightProducts,
+    /// [`ReceiverConfig::in_flight_bytes_max`].
+    InFlightBytes,
+    /// [`ReceiverConfig::product_size_max`].
+    ProductSize,
+    /// [`ReceiverConfig::early_bytes_max`] (blocks dropped, requested later).
+    EarlyBytes,
+    /// [`ReceiverConfig::index_gap_max`].
+    IndexGap,
+}
+
+/// Monotonic counters: read them any time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverCounters {
+    /// Datagrams handled.
+    pub datagrams: u64,
+    /// Datagram bytes handled.
+    pub datagram_bytes: u64,
+    /// Stream messages handled.
+    pub stream_messages: u64,
+    /// Stream bytes handled (whole frames).
+    pub stream_bytes: u64,
+    /// Datagrams or frames that did not parse (or carried an invalid index jump).
+    pub malformed: u64,
+    /// Messages of a type the sender must not send on that channel.
+    pub unexpected: u64,
+    /// Messages that brought nothing new (duplicate blocks, BOPs, messages of finished
+    /// products).
+    pub duplicates: u64,
+    /// Data blocks that did not fit the product (past its size).
+    pub out_of_range: u64,
+    /// A repeated BOP that disagreed with the first (§3.4: an error).
+    pub bop_mismatches: u64,
+    /// RETX_REQ sent.
+    pub retx_requests: u64,
+    /// Bytes asked for by RETX_REQ.
+    pub retx_request_bytes: u64,
+    /// BOP_REQ sent.
+    pub bop_requests: u64,
+    /// EOP_REQ sent.
+    pub eop_requests: u64,
+    /// RETX_END sent.
+    pub retx_ends: u64,
+    /// RETX_DATA blocks that brought new bytes.
+    pub retx_blocks: u64,
+    /// RETX_REJ received for a product being received.
+    pub rejects: u64,
+    /// Products delivered.
+    pub delivered: u64,
+    /// Products missed (all reasons).
+    pub missed: u64,
+    /// Products skipped by an index jump and not requested.
+    pub index_gap_products: u64,
+    /// Times a bound was hit.
+    pub bound_hits: u64,
+}
+
+/// The FMTP receiver. See the crate documentation for the polling order.
+#[derive(Debug)]
+pub struct Receiver {
+    config: ReceiverConfig,
+    wall_clock: WallClock,
+    now: Instant,
+    /// The newest index seen on multicast and its key. Keys unwrap indexes: key(i) = key of
+    /// the newest + serial difference.
+    newest: Option<(ProductIndex, i64)>,
+    products: BTreeMap<i64, Incoming>,
+    timers: BTreeSet<(Instant, i64, TimerKind)>,
+    in_flight_bytes: u64,
+    early_bytes: u64,
+    transmits: VecDeque<Message<'static>>,
+    events: VecDeque<ReceiverEvent>,
+    counters: ReceiverCounters,
+}
+
+impl Receiver {
+    /// A receiver that has seen nothing.
+    pub fn new(config: ReceiverConfig) -> Result<Self, ConfigError> {
+        let timer = &config.receive_timer;
+        if timer.rate_bits_per_s == 0 || !(timer.factor.is_finite() && timer.factor >= 0.0) {
+            return Err(ConfigError("receive timer needs a positive rate and a finite factor ≥ 0".into()));
+        }
+        if config.request_len_max == 0 || config.in_flight_products_max == 0 || config.index_gap_max == 0 {
+            return Err(ConfigError(
+                "request_len_max, in_flight_products_max and index_gap_max must be at least 1".into(),
+            ));
+        }
+        if u64::from(config.product_size_max) > config.in_flight_bytes_max {
+            return Err(ConfigError(format!(
+                "product_size_max ({}) exceeds in_flight_bytes_max ({}): raise in_flight_bytes_max",
+                config.product_size_max, config.in_flight_bytes_max
+            )));
+        }
+        Ok(Self {
+            config,
+            wall_clock: WallClock::default(),
+            now: Instant::ZERO,
+            newest: None,
+            products: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            in_flight_bytes: 0,
+            early_bytes: 0,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: ReceiverCounters::default(),
+        })
+    }
+
+    /// Anchors wall-clock time (for latencies) to the monotonic clock: `wall` was read at
+    /// `now`. The default maps `Instant::ZERO` to the Unix epoch.
+    pub fn set_wall_clock(&mut self, now: Instant, wall: WallTime) {
+        self.wall_clock = WallClock { instant: now, wall };
+    }
+
+    /// Handles one multicast datagram (BOP, MEM_DATA or EOP; anything else is counted and
+    /// ignored, §3.3).
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.advance(now);
+        self.counters.datagrams += 1;
+        self.counters.datagram_bytes += datagram.len() as u64;
+        let message = match Message::parse(datagram) {
+            Ok(message) => message,
+            Err(_) => {
+                self.counters.malformed += 1;
+                return;
+            }
+        };
+        if !message.message_type().is_multicast() {
+            self.counters.unexpected += 1;
+            return;
+        }
+        let Some(key) = self.observe_multicast(message.index, matches!(message.body, Body::Bop(_))) else {
+            return;
+        };
+        match message.body {
+            Body::Bop(bop) => self.on_bop(key, &bop, false),
+            Body::MemData { offset, data } => self.on_data(key, offset, data, false),
+            Body::Eop => self.on_eop(key),
+            _ => unreachable!("is_multicast checked above"),
+        }
+    }
+
+    /// Handles one message from the sender's TCP connection (RETX_DATA, RETX_BOP, RETX_EOP,
+    /// RETX_REJ; anything else is counted as unexpected).
+    pub fn handle_stream(&mut self, now: Instant, message: &Message<'_>) {
+        self.advance(now);
+        self.counters.stream_messages += 1;
+        self.counters.stream_bytes += message.buffer_len() as u64;
+        if !matches!(message.body, Body::RetxData { .. } | Body::RetxBop(_) | Body::RetxEop | Body::RetxRej) {
+            self.counters.unexpected += 1;
+            return;
+        }
+        let Some(key) = self.known_key(message.index) else {
+            // Finished, abandoned or never requested: nothing to do (e.g. the EOP_REQ the
+            // reference sends after RETX_END is answered RETX_REJ, capture fmtp-ldm7).
+            self.counters.duplicates += 1;
+            return;
+        };
+        match message.body {
+            Body::RetxData { offset, data } => self.on_data(key, offset, data, true),
+            Body::RetxBop(bop) => self.on_bop(key, &bop, true),
+            Body::RetxEop => self.on_eop(key),
+            Body::RetxRej => {
+                self.counters.rejects += 1;
+                self.abandon(key, MissReason::Rejected);
+            }
+            _ => unreachable!("checked above"),
+        }
+    }
+
+    /// Parses one stream frame (from [`wire::split_frame`]) and handles it; a frame that does
+    /// not parse is counted and returned as an error.
+    pub fn handle_stream_frame(&mut self, now: Instant, frame: &[u8]) -> Result<(), wire::Error> {
+        match Message::parse(frame) {
+            Ok(message) => {
+                self.handle_stream(now, &message);
+                Ok(())
+            }
+            Err(error) => {
+                self.advance(now);
+                self.counters.malformed += 1;
+                Err(error)
+            }
+        }
+    }
+
+    /// Processes timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
+    }
+
+    /// The TCP connection to the sender was re-established (after the driver's handshake):
+    /// requests in flight on the old connection and their answers are lost, so every
+    /// outstanding BOP_REQ and RETX_REQ is issued again. Messages still queued in
+    /// [`Receiver::poll_transmit`] stay queued for the new connection.
+    pub fn stream_reset(&mut self, now: Instant) {
+        self.advance(now);
+        let keys: Vec<i64> = self.products.keys().copied().collect();
+        for key in keys {
+            let Some(product) = self.products.get_mut(&key) else { continue };
+            product.requested = RangeSet::default();
+            product.eop_requested = false;
+            let index = product.index;
+            match product.bop.as_ref().map(|b| u64::from(b.size)) {
+                Some(size) => {
+                    let end = if product.ended { size } else { product.multicast_end.min(size) };
+                    self.request_missing(key, 0, end);
+                }
+                None => {
+                    self.request(Message { index, body: Body::BopReq });
+                    self.counters.bop_requests += 1;
+                }
+            }
+        }
+    }
+
+    /// The next message to send on the TCP connection (BOP_REQ, RETX_REQ, EOP_REQ,
+    /// RETX_END), in the order decided. Emit it with [`Message::emit_to_vec`].
+    pub fn poll_transmit(&mut self) -> Option<Message<'static>> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<ReceiverEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Receiver::handle_timeout`] next (`None`: no timer). The instant may be
+    /// early (timers are re-evaluated lazily); calling then is harmless.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|(at, _, _)| *at)
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &ReceiverCounters {
+        &self.counters
+    }
+
+    /// Products being received.
+    pub fn in_flight_products(&self) -> usize {
+        self.products.len()
+    }
+
+    /// Bytes held for products being received.
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.in_flight_bytes
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Helpers.
+
+    fn advance(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+        while let Some(&(at, key, kind)) = self.timers.first() {
+            if at > self.now {
+                break;
+            }
+            self.timers.pop_first();
+            match kind {
+                TimerKind::Abandon => self.abandon(key, MissReason::TimedOut),
+                TimerKind::Receive => self.receive_timer_fired(key),
+            }
+        }
+    }
+
+    /// The key of a product being received, if the index is one.
+    fn known_key(&self, index: ProductIndex) -> Option<i64> {
+        let (newest, newest_key) = self.newest?;
+        let key = newest_key + i64::from(index.serial_difference(newest)?);
+        self.products.contains_key(&key).then_some(key)
+    }
+
+    /// Index bookkeeping for a multicast message (§3.9): a newer index ends older products'
+    /// multicast and requests skipped indexes; returns the product's key, creating its entry,
+    /// or `None` when the message concerns a finished product or is invalid.
+    fn observe_multicast(&mut self, index: ProductIndex, is_bop: bool) -> Option<i64> {
+        let Some((newest, newest_key)) = self.newest else {
+            self.newest = Some((index, 0));
+            self.create(0, index, false, !is_bop);
+            return Some(0);
+        };
+        let Some(difference) = index.serial_difference(newest) else {
+            self.counters.malformed += 1;
+            return None;
+        };
+        let key = newest_key + i64::from(difference);
+        if difference <= 0 {
+            if self.products.contains_key(&key) {
+                return Some(key);
+            }
+            self.counters.duplicates += 1;
+            return None;
+        }
+        // Everything older has finished its multicast: request what it still lacks.
+        let older: Vec<i64> = self.products.iter().filter(|(_, p)| !p.ended).map(|(k, _)| *k).collect();
+        for older_key in older {
+            self.end_multicast(older_key);
+        }
+        self.newest = Some((index, key));
+        let skipped = (difference - 1) as u32;
+        let requested = skipped.min(self.config.index_gap_max);
+        if skipped > requested {
+            let first = newest.next();
+            let last = newest.wrapping_add(skipped - requested);
+            self.counters.index_gap_products += u64::from(skipped - requested);
+            self.bound_hit(ReceiverBound::IndexGap, None);
+            self.events.push_back(ReceiverEvent::IndexGap { first, last });
+        }
+        for back in (1..=requested).rev() {
+            let gap_key = key - i64::from(back);
+            self.create(gap_key, index.wrapping_add(back.wrapping_neg()), true, true);
+        }
+        self.create(key, index, false, !is_bop);
+        self.products.contains_key(&key).then_some(key)
+    }
+
+    /// Starts receiving a product; `ended` when its multicast is already over; `request_bop`
+    /// when its BOP was not seen.
+    fn create(&mut self, key: i64, index: ProductIndex, ended: bool, request_bop: bool) {
+        while self.products.len() >= self.config.in_flight_products_max {
+            let Some(oldest) = self.products.keys().next().copied() else { break };
+            self.bound_hit(ReceiverBound::InFlightProducts, Some(index));
+            self.abandon(oldest, MissReason::Evicted);
+        }
+        let abandon_at = self.now + self.config.incomplete_timeout;
+        self.timers.insert((abandon_at, key, TimerKind::Abandon));
+        self.products.insert(key, Incoming::new(index, self.now, abandon_at, ended));
+        if request_bop {
+            self.request(Message { index, body: Body::BopReq });
+            self.counters.bop_requests += 1;
+        }
+    }
+
+    fn on_bop(&mut self, key: i64, bop: &Bop<'_>, retransmitted: bool) {
+        let now = self.now;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        if !retransmitted {
+            product.last_multicast = now;
+        }
+        if let Some(known) = &product.bop {
+            if known.size != bop.product_size || known.metadata != bop.metadata || known.start_time != bop.start_time {
+                self.counters.bop_mismatches += 1;
+            } else {
+                self.counters.duplicates += 1;
+            }
+            return;
+        }
+        let index = product.index;
+        if bop.product_size > self.config.product_size_max {
+            self.bound_hit(ReceiverBound::ProductSize, Some(index));
+            self.abandon(key, MissReason::TooLarge);
+            return;
+        }
+        let size = u64::from(bop.product_size);
+        // This product's early blocks are already counted and move into its buffer.
+        let own_early = product.early_bytes;
+        while self.in_flight_bytes - own_early + size > self.config.in_flight_bytes_max {
+            // The oldest other product that holds memory goes (product_size_max ≤
+            // in_flight_bytes_max, so evicting enough always succeeds).
+            let victim = self.products.iter().find(|(k, p)| **k != key && p.held_bytes() > 0).map(|(k, _)| *k);
+            let Some(victim) = victim else { break };
+            self.bound_hit(ReceiverBound::InFlightBytes, Some(index));
+            self.abandon(victim, MissReason::Evicted);
+        }
+        let Some(product) = self.products.get_mut(&key) else { return };
+        // The early blocks move into the product's buffer.
+        let mut data = vec![0; bop.product_size as usize];
+        let mut received = RangeSet::default();
+        let mut out_of_range = 0;
+        for (offset, block) in product.early.drain(..) {
+            let end = u64::from(offset) + block.len() as u64;
+            if end > size {
+                out_of_range += 1;
+                continue;
+            }
+            data[offset as usize..end as usize].copy_from_slice(&block);
+            received.insert(u64::from(offset), end);
+        }
+        self.counters.out_of_range += out_of_range;
+        self.early_bytes -= product.early_bytes;
+        self.in_flight_bytes = self.in_flight_bytes - product.early_bytes + size;
+        product.early_bytes = 0;
+        product.data = data;
+        product.received = received;
+        product.bop =
+            Some(BopInfo { start_time: bop.start_time, size: bop.product_size, metadata: bop.metadata.to_vec() });
+        if self.complete_if_done(key) {
+            return;
+        }
+        let Some(product) = self.products.get(&key) else { return };
+        if product.ended {
+            self.request_missing(key, 0, size);
+        } else {
+            let multicast_end = product.multicast_end.min(size);
+            self.request_missing(key, 0, multicast_end);
+            self.schedule_receive_timer(key);
+        }
+    }
+
+    fn on_data(&mut self, key: i64, offset: u32, data: &[u8], retransmitted: bool) {
+        let now = self.now;
+        let early_bytes_max = self.config.early_bytes_max;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let start = u64::from(offset);
+        let end = start + data.len() as u64;
+        let previous_end = product.multicast_end;
+        if !retransmitted {
+            product.last_multicast = now;
+            product.multicast_end = product.multicast_end.max(end);
+        }
+        let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) else {
+            // BOP unknown: keep the block (bounded) until the RETX_BOP arrives.
+            if product.received.contains(start, end) {
+                self.counters.duplicates += 1;
+            } else if self.early_bytes + data.len() as u64 > early_bytes_max {
+                let (index, first) = (product.index, !product.early_bound_hit);
+                product.early_bound_hit = true;
+                if first {
+                    self.bound_hit(ReceiverBound::EarlyBytes, Some(index));
+                } else {
+                    self.counters.bound_hits += 1;
+                }
+            } else {
+                product.received.insert(start, end);
+                product.early.push((offset, data.to_vec()));
+                product.early_bytes += data.len() as u64;
+                self.early_bytes += data.len() as u64;
+                self.in_flight_bytes += data.len() as u64;
+                if retransmitted {
+                    product.retransmitted_blocks += 1;
+                    self.counters.retx_blocks += 1;
+                }
+            }
+            return;
+        };
+        if end > size {
+            self.counters.out_of_range += 1;
+            return;
+        }
+        if product.received.insert(start, end) == 0 {
+            self.counters.duplicates += 1;
+            return;
+        }
+        product.data[start as usize..end as usize].copy_from_slice(data);
+        if retransmitted {
+            product.retransmitted_blocks += 1;
+            self.counters.retx_blocks += 1;
+        }
+        if self.complete_if_done(key) {
+            return;
+        }
+        if !retransmitted && start > previous_end {
+            // In-order path: what lies between the previous block and this one is lost.
+            self.request_missing(key, previous_end, start);
+        }
+    }
+
+    fn on_eop(&mut self, key: i64) {
+        if let Some(product) = self.products.get_mut(&key) {
+            product.eop_seen = true;
+        }
+        self.end_multicast(key);
+    }
+
+    /// The product's multicast is over (EOP, RETX_EOP, a newer product, or the receive
+    /// timer): request everything still missing.
+    fn end_multicast(&mut self, key: i64) {
+        let Some(product) = self.products.get_mut(&key) else { return };
+        product.ended = true;
+        if let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) {
+            self.request_missing(key, 0, size);
+        }
+    }
+
+    fn receive_timer_fired(&mut self, key: i64) {
+        let timer = self.config.receive_timer;
+        let now = self.now;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        product.receive_timer = None;
+        let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) else { return };
+        if product.ended {
+            // Its tail was requested when the multicast ended.
+            return;
+        }
+        let due = receive_due(&timer, product.last_multicast, size.saturating_sub(product.multicast_end));
+        if due > now {
+            product.receive_timer = Some(due);
+            self.timers.insert((due, key, TimerKind::Receive));
+            return;
+        }
+        let (index, eop_seen, eop_requested) = (product.index, product.eop_seen, product.eop_requested);
+        product.eop_requested = true;
+        self.end_multicast(key);
+        if !eop_seen && !eop_requested && self.products.contains_key(&key) {
+            self.request(Message { index, body: Body::EopReq });
+            self.counters.eop_requests += 1;
+        }
+    }
+
+    fn schedule_receive_timer(&mut self, key: i64) {
+        let timer = self.config.receive_timer;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) else { return };
+        if product.receive_timer.is_some() {
+            return;
+        }
+        let due = receive_due(&timer, product.last_multicast, size.saturating_sub(product.multicast_end));
+        product.receive_timer = Some(due);
+        self.timers.insert((due, key, TimerKind::Receive));
+    }
+
+    /// Requests the bytes of `[start, end)` neither received nor requested yet, coalesced.
+    fn request_missing(&mut self, key: i64, start: u64, end: u64) {
+        let chunk = u64::from(self.config.request_len_max);
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let index = product.index;
+        let mut requests = Vec::new();
+        for (gap_start, gap_end) in product.received.gaps(start, end) {
+            for (from, to) in product.requested.gaps(gap_start, gap_end) {
+                let mut at = from;
+                while at < to {
+                    let len = chunk.min(to - at);
+                    // at < size ≤ u32::MAX and len ≤ request_len_max ≤ u16::MAX.
+                    requests.push(Message { index, body: Body::RetxReq { offset: at as u32, len: len as u16 } });
+                    at += len;
+                }
+                product.requested.insert(from, to);
+                self.counters.retx_request_bytes += to - from;
+            }
+        }
+        self.counters.retx_requests += requests.len() as u64;
+        self.transmits.extend(requests);
+    }
+
+    /// Delivers the product if it is complete; returns whether it was.
+    fn complete_if_done(&mut self, key: i64) -> bool {
+        let complete = self
+            .products
+            .get(&key)
+            .is_some_and(|p| p.bop.as_ref().is_some_and(|bop| p.received.contains(0, u64::from(bop.size))));
+        if !complete {
+            return false;
+        }
+        let product = self.remove(key).expect("checked above");
+        let bop = product.bop.expect("checked above");
+        let latency_ns = self.wall_clock.wall_at(self.now).signed_nanos_since(bop.start_time);
+        self.request(Message { index: product.index, body: Body::RetxEnd });
+        self.counters.retx_ends += 1;
+        self.counters.delivered += 1;
+        self.events.push_back(ReceiverEvent::Delivered(Delivery {
+            index: product.index,
+            metadata: bop.metadata,
+            data: product.data,
+            start_time: bop.start_time,
+            completed_at: self.now,
+            retransmitted_blocks: product.retransmitted_blocks,
+            latency_ns,
+        }));
+        true
+    }
+
+    /// Gives up a product: Missed event, and RETX_END unless the sender rejected it.
+    fn abandon(&mut self, key: i64, reason: MissReason) {
+        let Some(product) = self.remove(key) else { return };
+        if reason != MissReason::Rejected {
+            self.request(Message { index: product.index, body: Body::RetxEnd });
+            self.counters.retx_ends += 1;
+        }
+        self.counters.missed += 1;
+        self.events.push_back(ReceiverEvent::Missed { index: product.index, reason });
+    }
+
+    fn remove(&mut self, key: i64) -> Option<Incoming> {
+        let product = self.products.remove(&key)?;
+        self.timers.remove(&(product.abandon_at, key, TimerKind::Abandon));
+        if let Some(at) = product.receive_timer {
+            self.timers.remove(&(at, key, TimerKind::Receive));
+        }
+        self.in_flight_bytes -= product.held_bytes();
+        self.early_bytes -= product.early_bytes;
+        Some(product)
+    }
+
+    fn request(&mut self, message: Message<'static>) {
+        self.transmits.push_back(message);
+    }
+
+    fn bound_hit(&mut self, bound: ReceiverBound, index: Option<ProductIndex>) {
+        self.counters.bound_hits += 1;
+        self.events.push_back(ReceiverEvent::BoundHit { bound, index });
+    }
+}
+
+fn receive_due(timer: &ReceiveTimer, last_multicast: Instant, remaining_bytes: u64) -> Instant {
+    let transfer = transmission_time(remaining_bytes, timer.rate_bits_per_s);
+    let scaled = Duration::try_from_secs_f64(transfer.as_secs_f64() * timer.factor).unwrap_or(Duration::MAX);
+    last_multicast + timer.slack + scaled
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    Receive,
+    Abandon,
+}
+
+#[derive(Debug)]
+struct BopInfo {
+    start_time: WallTime,
+    size: u32,
+    metadata: Vec<u8>,
+}
+
+/// A product being received.
+#[derive(Debug)]
+struct Incoming {
+    index: ProductIndex,
+    bop: Option<BopInfo>,
+    /// The product bytes (`size` long once the BOP is known, empty before).
+    data: Vec<u8>,
+    /// Blocks that arrived before the BOP: (offset, bytes).
+    early: Vec<(u32, Vec<u8>)>,
+    early_bytes: u64,
+    early_bound_hit: bool,
+    received: RangeSet,
+    requested: RangeSet,
+    /// End of the furthest multicast block seen.
+    multicast_end: u64,
+    /// Last multicast message for this product (or creation).
+    last_multicast: Instant,
+    /// The multicast of this product is over (EOP, a newer product, or the receive timer).
+    ended: bool,
+    eop_seen: bool,
+    eop_requested: bool,
+    retransmitted_blocks: u32,
+    receive_timer: Option<Instant>,
+    abandon_at: Instant,
+}
+
+impl Incoming {
+    /// Bytes of memory this product accounts for.
+    fn held_bytes(&self) -> u64 {
+        self.data.len() as u64 + self.early_bytes
+    }
+
+    fn new(index: ProductIndex, now: Instant, abandon_at: Instant, ended: bool) -> Self {
+        Self {
+            index,
+            bop: None,
+            data: Vec::new(),
+            early: Vec::new(),
+            early_bytes: 0,
+            early_bound_hit: false,
+            received: RangeSet::default(),
+            requested: RangeSet::default(),
+            multicast_end: 0,
+            last_multicast: now,
+            ended,
+            eop_seen: false,
+            eop_requested: false,
+            retransmitted_blocks: 0,
+            receive_timer: None,
+            abandon_at,
+        }
+    }
+}

@@ -1,0 +1,1127 @@
+//! The FMTP sender state machine (ldm7-multicast.md §3.8), sans-IO.
+//!
+//! Role: number products sequentially, multicast each as BOP, 1448-byte data blocks and EOP,
+//! paced by a token bucket; serve every connected receiver's repair requests from the stored
+//! product until the product's retransmission deadline; tell the application when a product may
+//! be released.
+//!
+//! Invariants:
+//! * Products are multicast strictly one after another, in index order (receivers rely on it:
+//!   a message of a newer product means older products' multicast is over).
+//! * Data block `k` of a product starts at `k × 1448` and carries 1448 bytes except the last.
+//! * A product is retained from [`Sender::enqueue`] until it is released: when every receiver
+//!   connected when its BOP was multicast (plus every receiver that asked for repairs of it
+//!   since) has sent RETX_END or disconnected, or when its deadline passes, or when the
+//!   retained-products bound evicts it. Any request for a product that is not retained is
+//!   answered RETX_REJ (§3.8).
+//! * At release, receivers that had not finished get RETX_EOP (§3.8: "sends RETX_EOP over TCP to
+//!   every receiver that has not sent RETX_END"); their queued repairs of that product are
+//!   dropped; a receiver whose queued repairs were dropped without being owed a RETX_EOP gets
+//!   RETX_REJ.
+//! * Repairs for one receiver are sent in request order (a RETX_EOP answering an EOP_REQ comes
+//!   after the data requested before it); receivers are served round-robin, one message each.
+//! * Every queue has a bound ([`SenderConfig`]); hitting one increments a counter and emits
+//!   [`SenderEvent::BoundHit`] once per episode.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::ops::Bound::{Excluded, Unbounded};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ConfigError;
+use crate::index::ProductIndex;
+use crate::pacing::{Pacing, TokenBucket};
+use crate::time::{Instant, WallClock, WallTime, transmission_time};
+use crate::wire::{self, BLOCK_LEN, Body, Bop, HEADER_LEN, METADATA_LEN_MAX, Message, MessageType, Packet};
+
+/// A receiver (one retransmission TCP connection), numbered by the driver. Ids must not be
+/// reused while the old connection is still known to the sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReceiverId(pub u64);
+
+impl fmt::Display for ReceiverId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "receiver {}", self.0)
+    }
+}
+
+/// The bytes of a product, read block by block when the sender multicasts or repairs it. The
+/// sender never copies a product except into the outgoing message buffer.
+///
+/// Implemented for in-memory buffers (`bytes::Bytes`, `Arc<[u8]>`, `Vec<u8>`, `Box<[u8]>`,
+/// `&'static [u8]`). The production source (the product queue) implements it by reading the
+/// product's region on demand and returns [`DataUnavailable`] once the product was evicted; a
+/// zero-copy in-memory handle can also be wrapped with `Bytes::from_owner`.
+pub trait ProductData: Send {
+    /// Product length in bytes.
+    fn len(&self) -> u64;
+
+    /// Whether the product is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `out` with the product bytes `[offset, offset + out.len())`; the sender only asks
+    /// for ranges inside `[0, len())`.
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable>;
+}
+
+/// The product's bytes can no longer be read (for example, evicted from the product queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("product bytes are no longer available")]
+pub struct DataUnavailable;
+
+fn read_slice(bytes: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
+    let start = usize::try_from(offset).map_err(|_| DataUnavailable)?;
+    let source = start.checked_add(out.len()).and_then(|end| bytes.get(start..end)).ok_or(DataUnavailable)?;
+    out.copy_from_slice(source);
+    Ok(())
+}
+
+macro_rules! slice_product_data {
+    ($($ty:ty),*) => {$(
+        impl ProductData for $ty {
+            fn len(&self) -> u64 {
+                <[u8]>::len(self) as u64
+            }
+            fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
+                read_slice(self, offset, out)
+            }
+        }
+    )*};
+}
+
+slice_product_data!(bytes::Bytes, Arc<[u8]>, Vec<u8>, Box<[u8]>, &'static [u8]);
+
+/// A product handed to the sender: its bytes and the BOP metadata (LDM: the 16-byte MD5
+/// signature, §3.4).
+pub struct Product {
+    data: Box<dyn ProductData>,
+    metadata: Vec<u8>,
+}
+
+impl Product {
+    /// A product from its bytes and metadata (at most 1430 bytes, checked by
+    /// [`Sender::enqueue`]).
+    pub fn new(data: impl ProductData + 'static, metadata: impl Into<Vec<u8>>) -> Self {
+        Self { data: Box::new(data), metadata: metadata.into() }
+    }
+
+    /// Product length in bytes.
+    pub fn size(&self) -> u64 {
+        self.data.len()
+    }
+
+    /// The BOP metadata.
+    pub fn metadata(&self) -> &[u8] {
+        &self.metadata
+    }
+}
+
+impl fmt::Debug for Product {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Product").field("size", &self.size()).field("metadata_len", &self.metadata.len()).finish()
+    }
+}
+
+/// How long after its EOP a product stays available for repairs (RESEARCH.md §3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeadlinePolicy {
+    /// A per-feed constant (the adopted form; the reference default is 300 s).
+    Constant(Duration),
+    /// The early form `max(f_snd × size × 8 / rate, max RTT)`, floored at `min`. The rate is
+    /// the multicast pacing rate (without pacing the size term is 0). RTTs come from
+    /// [`Sender::set_rtt`].
+    Proportional {
+        /// The timeout factor `f_snd`.
+        f_snd: f64,
+        /// Lower bound of the deadline.
+        min: Duration,
+    },
+}
+
+impl Default for DeadlinePolicy {
+    fn default() -> Self {
+        Self::Constant(Duration::from_secs(300))
+    }
+}
+
+/// Sender settings. `Default` is unpaced, 300 s deadline, LDM's skip-without-receivers policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SenderConfig {
+    /// Index of the first product (LDM keeps it in a per-feed file across restarts).
+    pub first_index: ProductIndex,
+    /// Pacing of multicast datagrams (`None`: unpaced, as the reference, which leaves rate
+    /// control to tc).
+    pub multicast_pacing: Option<Pacing>,
+    /// Pacing of repair messages to all receivers together: a separate budget, like the
+    /// design's two tc HTB classes (multicast and retransmission) each at the path rate.
+    pub retx_pacing: Option<Pacing>,
+    /// Retransmission deadline.
+    pub deadline: DeadlinePolicy,
+    /// Multicast products when no receiver is connected. LDM does not (`LDM7_NORCVR`, §3.4):
+    /// `false` makes [`Sender::enqueue`] refuse products while no receiver is connected.
+    pub multicast_without_receivers: bool,
+    /// Bound: products enqueued but not yet fully multicast.
+    pub queued_products_max: usize,
+    /// Bound: products multicast and still retained for repairs; the oldest is released early
+    /// (reason [`ReleaseReason::Evicted`]) when a new one would exceed it.
+    pub retained_products_max: usize,
+    /// Soft bound, per receiver: product bytes queued for retransmission. Above it
+    /// [`Sender::accepts_stream`] turns false; the driver should stop reading that receiver's
+    /// connection (TCP backpressure).
+    pub retx_backlog_bytes_max: u64,
+    /// Hard bound, per receiver: queued repair messages. Requests beyond it are dropped (the
+    /// receiver's own timers then report the product missed).
+    pub retx_backlog_items_max: usize,
+}
+
+impl Default for SenderConfig {
+    fn default() -> Self {
+        Self {
+            first_index: ProductIndex(0),
+            multicast_pacing: None,
+            retx_pacing: None,
+            deadline: DeadlinePolicy::default(),
+            multicast_without_receivers: false,
+            queued_products_max: 1024,
+            retained_products_max: 65_536,
+            retx_backlog_bytes_max: 8 << 20,
+            retx_backlog_items_max: 4096,
+        }
+    }
+}
+
+impl SenderConfig {
+    /// Default settings with multicast and repairs each paced at `rate_bits_per_s`.
+    pub fn with_rate(rate_bits_per_s: u64) -> Self {
+        let pacing = Some(Pacing::new(rate_bits_per_s));
+        Self { multicast_pacing: pacing, retx_pacing: pacing, ..Self::default() }
+    }
+}
+
+/// Why [`Sender::enqueue`] refused a product (the product is handed back).
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
+pub struct EnqueueError {
+    /// Why.
+    pub reason: EnqueueRefusal,
+    /// The product, unchanged.
+    pub product: Product,
+}
+
+/// Why a product was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EnqueueRefusal {
+    /// No receiver is connected and [`SenderConfig::multicast_without_receivers`] is false.
+    #[error("no FMTP receiver is connected: product not multicast (LDM policy)")]
+    NoReceivers,
+    /// [`SenderConfig::queued_products_max`] products wait to be multicast: retry later.
+    #[error("FMTP send queue is full: wait for products to be sent, or raise queued_products_max")]
+    QueueFull,
+    /// The metadata exceeds 1430 bytes.
+    #[error("BOP metadata of {0} bytes exceeds the maximum of {METADATA_LEN_MAX}")]
+    MetadataTooLong(usize),
+    /// The product exceeds 4 GiB − 1 (prodsize is 32-bit).
+    #[error("product of {0} bytes exceeds FMTP's 32-bit size limit")]
+    ProductTooLarge(u64),
+}
+
+/// Where a [`Transmit`] goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// The multicast group (UDP).
+    Multicast,
+    /// One receiver's retransmission connection (TCP).
+    Receiver(ReceiverId),
+}
+
+/// A message [`Sender::poll_transmit`] appended to the caller's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to send it.
+    pub destination: Destination,
+    /// Bytes appended (one whole FMTP message: one datagram, or one message on the stream).
+    pub len: usize,
+    /// The message type (for metrics and tracing).
+    pub message_type: MessageType,
+}
+
+/// Something the application should know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SenderEvent {
+    /// The product's EOP was multicast (LDM logs "Multicasted: prodIndex=…").
+    Sent {
+        /// The product.
+        index: ProductIndex,
+        /// Its size.
+        size: u32,
+    },
+    /// The sender no longer needs the product: the application may release it.
+    Released {
+        /// The product.
+        index: ProductIndex,
+        /// Why now.
+        reason: ReleaseReason,
+        /// Receivers that had not finished (got RETX_EOP); empty for `AllDone`.
+        unfinished: Vec<ReceiverId>,
+    },
+    /// A bound was hit (also counted in [`SenderCounters::bound_hits`]).
+    BoundHit {
+        /// Which bound.
+        bound: SenderBound,
+        /// The receiver concerned, for per-receiver bounds.
+        receiver: Option<ReceiverId>,
+    },
+}
+
+/// Why a product was released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReleaseReason {
+    /// Every interested receiver sent RETX_END or disconnected.
+    AllDone,
+    /// The retransmission deadline passed.
+    DeadlinePassed,
+    /// [`SenderConfig::retained_products_max`] forced it out early.
+    Evicted,
+    /// [`ProductData::read_at`] failed.
+    DataUnavailable,
+}
+
+/// The sender's named bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SenderBound {
+    /// [`SenderConfig::retained_products_max`].
+    RetainedProducts,
+    /// [`SenderConfig::retx_backlog_bytes_max`].
+    RetxBacklogBytes,
+    /// [`SenderConfig::retx_backlog_items_max`].
+    RetxBacklogItems,
+}
+
+/// Monotonic counters (Aeron-style system counters): read them any time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SenderCounters {
+    /// Products accepted by `enqueue`.
+    pub products_enqueued: u64,
+    /// Products refused because no receiver was connected.
+    pub products_skipped_no_receivers: u64,
+    /// Products refused because the send queue was full.
+    pub products_refused_queue_full: u64,
+    /// Products whose EOP was multicast.
+    pub products_sent: u64,
+    /// Multicast datagrams sent.
+    pub multicast_datagrams: u64,
+    /// Multicast bytes sent (FMTP header + payload).
+    pub multicast_bytes: u64,
+    /// Repair messages sent (all types, all receivers).
+    pub retx_messages: u64,
+    /// Repair bytes sent (FMTP header + payload).
+    pub retx_bytes: u64,
+    /// RETX_DATA blocks sent.
+    pub retx_data_blocks: u64,
+    /// RETX_REQ received.
+    pub retx_requests: u64,
+    /// RETX_REQ received that asked for nothing (length 0 or beyond the product).
+    pub retx_requests_empty: u64,
+    /// BOP_REQ received.
+    pub bop_requests: u64,
+    /// EOP_REQ received.
+    pub eop_requests: u64,
+    /// RETX_END received.
+    pub retx_ends: u64,
+    /// RETX_REJ queued.
+    pub rejects: u64,
+    /// Products released because every interested receiver finished.
+    pub released_all_done: u64,
+    /// Products released at their deadline.
+    pub released_deadline: u64,
+    /// Products released early by the retained bound.
+    pub released_evicted: u64,
+    /// Products released because their bytes could not be read.
+    pub released_data_unavailable: u64,
+    /// Stream frames that did not parse.
+    pub malformed: u64,
+    /// Messages of a type a receiver must not send, or from an unknown receiver.
+    pub unexpected: u64,
+    /// Times a bound was hit.
+    pub bound_hits: u64,
+    /// Requests dropped at the hard per-receiver bound.
+    pub requests_dropped: u64,
+}
+
+/// The FMTP sender. See the crate documentation for the polling order.
+#[derive(Debug)]
+pub struct Sender {
+    config: SenderConfig,
+    wall_clock: WallClock,
+    now: Instant,
+    /// Key of the next product: keys count products from 0; index = first_index + key.
+    next_key: u64,
+    products: BTreeMap<u64, SentProduct>,
+    /// Keys of products not yet fully multicast, oldest first; the front is being sent.
+    multicast_queue: VecDeque<u64>,
+    stage: Stage,
+    retained_count: usize,
+    deadlines: BTreeSet<(Instant, u64)>,
+    receivers: BTreeMap<ReceiverId, ReceiverState>,
+    /// The receiver served last (round-robin cursor).
+    last_served: Option<ReceiverId>,
+    multicast_bucket: Option<TokenBucket>,
+    retx_bucket: Option<TokenBucket>,
+    events: VecDeque<SenderEvent>,
+    counters: SenderCounters,
+    retained_bound_hit: bool,
+}
+
+impl Sender {
+    /// A sender that has sent nothing and knows no receiver. `now` starts the pacing buckets
+    /// (full).
+    pub fn new(config: SenderConfig, now: Instant) -> Result<Self, ConfigError> {
+        for pacing in [&config.multicast_pacing, &config.retx_pacing].into_iter().flatten() {
+            pacing.validate().map_err(ConfigError)?;
+        }
+        if config.queued_products_max == 0 || config.retained_products_max == 0 || config.retx_backlog_items_max == 0 {
+            return Err(ConfigError(
+                "queued_products_max, retained_products_max and retx_backlog_items_max must be at least 1".into(),
+            ));
+        }
+        if let DeadlinePolicy::Proportional { f_snd, .. } = config.deadline {
+            if !(f_snd.is_finite() && f_snd >= 0.0) {
+                return Err(ConfigError(format!("deadline factor f_snd = {f_snd} must be a finite number ≥ 0")));
+            }
+        }
+        Ok(Self {
+            multicast_bucket: config.multicast_pacing.as_ref().map(|p| TokenBucket::new(p, now)),
+            retx_bucket: config.retx_pacing.as_ref().map(|p| TokenBucket::new(p, now)),
+            config,
+            wall_clock: WallClock::default(),
+            now,
+            next_key: 0,
+            products: BTreeMap::new(),
+            multicast_queue: VecDeque::new(),
+            stage: Stage::Bop,
+            retained_count: 0,
+            deadlines: BTreeSet::new(),
+            receivers: BTreeMap::new(),
+            last_served: None,
+            events: VecDeque::new(),
+            counters: SenderCounters::default(),
+            retained_bound_hit: false,
+        })
+    }
+
+    /// Anchors wall-clock time (BOP start times) to the monotonic clock: `wall` was read at
+    /// `now`. Call at start and now and then (the default maps `Instant::ZERO` to the epoch).
+    pub fn set_wall_clock(&mut self, now: Instant, wall: WallTime) {
+        self.wall_clock = WallClock { instant: now, wall };
+    }
+
+    /// Accepts a product for multicast and returns its index. The BOP start time is the wall
+    /// time at `now`.
+    pub fn enqueue(&mut self, now: Instant, product: Product) -> Result<ProductIndex, EnqueueError> {
+        self.advance(now);
+        let refuse = |reason, product| Err(EnqueueError { reason, product });
+        if product.metadata.len() > METADATA_LEN_MAX {
+            return refuse(EnqueueRefusal::MetadataTooLong(product.metadata.len()), product);
+        }
+        let Ok(size) = u32::try_from(product.size()) else {
+            return refuse(EnqueueRefusal::ProductTooLarge(product.size()), product);
+        };
+        if !self.config.multicast_without_receivers && self.receivers.is_empty() {
+            self.counters.products_skipped_no_receivers += 1;
+            return refuse(EnqueueRefusal::NoReceivers, product);
+        }
+        if self.multicast_queue.len() >= self.config.queued_products_max {
+            self.counters.products_refused_queue_full += 1;
+            return refuse(EnqueueRefusal::QueueFull, product);
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        let index = self.index_of(key);
+        let start_time = self.wall_clock.wall_at(self.now);
+        let Product { data, metadata } = product;
+        self.products.insert(
+            key,
+            SentProduct {
+                index,
+                data,
+                metadata,
+                start_time,
+                size,
+                deadline: None,
+                failed: false,
+                interest: BTreeMap::new(),
+            },
+        );
+        self.multicast_queue.push_back(key);
+        self.counters.products_enqueued += 1;
+        Ok(index)
+    }
+
+    /// A receiver's retransmission connection is up (after the driver's key exchange and
+    /// authorization). It joins the interest set of every product multicast from now on.
+    pub fn receiver_connected(&mut self, now: Instant, id: ReceiverId) {
+        self.advance(now);
+        self.receivers.entry(id).or_insert_with(ReceiverState::new);
+    }
+
+    /// A receiver's connection is gone: its queued repairs are dropped and it no longer holds
+    /// any product back.
+    pub fn receiver_disconnected(&mut self, now: Instant, id: ReceiverId) {
+        self.advance(now);
+        if self.receivers.remove(&id).is_none() {
+            return;
+        }
+        let keys: Vec<u64> =
+            self.products.iter_mut().filter_map(|(key, product)| product.interest.remove(&id).map(|_| *key)).collect();
+        for key in keys {
+            self.release_if_done(key);
+        }
+    }
+
+    /// The round-trip time measured to a receiver (used by [`DeadlinePolicy::Proportional`]).
+    pub fn set_rtt(&mut self, id: ReceiverId, rtt: Duration) {
+        if let Some(receiver) = self.receivers.get_mut(&id) {
+            receiver.rtt = rtt;
+        }
+    }
+
+    /// Whether the driver can take repair messages for a receiver now. A driver whose socket
+    /// buffer to that receiver is full sets `false`; the sender then serves the others.
+    pub fn set_writable(&mut self, id: ReceiverId, writable: bool) {
+        if let Some(receiver) = self.receivers.get_mut(&id) {
+            receiver.writable = writable;
+        }
+    }
+
+    /// Whether the sender wants more requests from this receiver now (its repair backlog is
+    /// under the bounds). A driver that stops reading the connection while this is false gets
+    /// TCP backpressure instead of dropped requests.
+    pub fn accepts_stream(&self, id: ReceiverId) -> bool {
+        self.receivers.get(&id).is_some_and(|r| !self.over_soft_bound(r))
+    }
+
+    /// Handles one message received on a receiver's connection (RETX_REQ, BOP_REQ, EOP_REQ,
+    /// RETX_END; anything else is counted as unexpected).
+    pub fn handle_stream(&mut self, now: Instant, id: ReceiverId, message: &Message<'_>) {
+        self.advance(now);
+        if !self.receivers.contains_key(&id) {
+            self.counters.unexpected += 1;
+            return;
+        }
+        let key = self.key_of(message.index);
+        match message.body {
+            Body::RetxReq { offset, len } => {
+                self.counters.retx_requests += 1;
+                let range = key.and_then(|key| self.products.get(&key)).map(|product| {
+                    // §3.8: start rounded down to a block; end = min(size, start + len).
+                    let start = u64::from(offset) / BLOCK_LEN as u64 * BLOCK_LEN as u64;
+                    (start, u64::from(product.size).min(u64::from(offset) + u64::from(len)))
+                });
+                match (key, range) {
+                    (Some(key), Some((start, end))) if start < end && len > 0 => {
+                        // Both ≤ size ≤ u32::MAX.
+                        let kind = WorkKind::Data { next: start as u32, end: end as u32 };
+                        self.queue_request(id, key, message.index, kind);
+                    }
+                    (_, Some(_)) => self.counters.retx_requests_empty += 1,
+                    _ => self.queue_reject(id, message.index),
+                }
+            }
+            Body::BopReq => {
+                self.counters.bop_requests += 1;
+                match key {
+                    Some(key) => self.queue_request(id, key, message.index, WorkKind::Bop),
+                    None => self.queue_reject(id, message.index),
+                }
+            }
+            Body::EopReq => {
+                self.counters.eop_requests += 1;
+                match key {
+                    Some(key) => self.queue_request(id, key, message.index, WorkKind::Eop),
+                    None => self.queue_reject(id, message.index),
+                }
+            }
+            Body::RetxEnd => {
+                self.counters.retx_ends += 1;
+                if let Some(key) = key {
+                    if let Some(product) = self.products.get_mut(&key) {
+                        product.interest.insert(id, Interest::Done);
+                    }
+                    if let Some(receiver) = self.receivers.get_mut(&id) {
+                        receiver.purge(key);
+                    }
+                    self.release_if_done(key);
+                }
+            }
+            _ => self.counters.unexpected += 1,
+        }
+    }
+
+    /// Parses one stream frame (from [`wire::split_frame`]) and handles it; a frame that does
+    /// not parse is counted and returned as an error (the connection may be closed).
+    pub fn handle_stream_frame(&mut self, now: Instant, id: ReceiverId, frame: &[u8]) -> Result<(), wire::Error> {
+        match Message::parse(frame) {
+            Ok(message) => {
+                self.handle_stream(now, id, &message);
+                Ok(())
+            }
+            Err(error) => {
+                self.counters.malformed += 1;
+                Err(error)
+            }
+        }
+    }
+
+    /// Processes deadlines due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
+    }
+
+    /// Appends the next message to send to `buf` and says where it goes, or returns `None`
+    /// when nothing may be sent before [`Sender::poll_timeout`]. Repairs come before multicast
+    /// when both budgets allow (each has its own token bucket).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.advance(now);
+        if let Some(bucket) = &mut self.retx_bucket {
+            bucket.refill(self.now);
+        }
+        if let Some(bucket) = &mut self.multicast_bucket {
+            bucket.refill(self.now);
+        }
+        if let Some(id) = self.next_receiver_to_serve() {
+            let cost = self.head_cost(id);
+            if self.retx_bucket.as_ref().is_none_or(|bucket| bucket.allows(cost)) {
+                return Some(self.transmit_repair(id, buf));
+            }
+        }
+        let cost = self.next_multicast_len()?;
+        if self.multicast_bucket.as_ref().is_none_or(|bucket| bucket.allows(cost)) {
+            return self.transmit_multicast(buf);
+        }
+        None
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<SenderEvent> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Sender::handle_timeout`] and [`Sender::poll_transmit`] next: the
+    /// earliest deadline or the instant pacing allows the next message. A time at or before the
+    /// last `now` means "at once"; `None` means nothing is pending.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let deadline = self.deadlines.first().map(|(at, _)| *at);
+        let multicast = self.next_multicast_len().map(|len| match &self.multicast_bucket {
+            Some(bucket) => bucket.ready_at(len),
+            None => self.now,
+        });
+        let repair = self.next_receiver_to_serve().map(|id| {
+            let cost = self.head_cost(id);
+            match &self.retx_bucket {
+                Some(bucket) => bucket.ready_at(cost),
+                None => self.now,
+            }
+        });
+        [deadline, multicast, repair].into_iter().flatten().min()
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &SenderCounters {
+        &self.counters
+    }
+
+    /// The index the next enqueued product gets.
+    pub fn next_index(&self) -> ProductIndex {
+        self.index_of(self.next_key)
+    }
+
+    /// Products enqueued and not yet fully multicast.
+    pub fn queued_products(&self) -> usize {
+        self.multicast_queue.len()
+    }
+
+    /// Products multicast and still retained for repairs.
+    pub fn retained_products(&self) -> usize {
+        self.retained_count
+    }
+
+    /// Connected receivers.
+    pub fn receiver_count(&self) -> usize {
+        self.receivers.len()
+    }
+
+    /// Product bytes queued for retransmission to a receiver.
+    pub fn retx_backlog_bytes(&self, id: ReceiverId) -> u64 {
+        self.receivers.get(&id).map_or(0, |r| r.backlog_bytes)
+    }
+
+    /// Whether nothing is queued: no product waits to be multicast and no repair is queued.
+    pub fn is_idle(&self) -> bool {
+        self.multicast_queue.is_empty() && self.receivers.values().all(|r| r.work.is_empty())
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Helpers.
+
+    fn index_of(&self, key: u64) -> ProductIndex {
+        // Indexes wrap: the low 32 bits of the key count.
+        self.config.first_index.wrapping_add(key as u32)
+    }
+
+    /// The key of a retained product with this index (serial arithmetic against the newest).
+    fn key_of(&self, index: ProductIndex) -> Option<u64> {
+        let newest_key = self.next_key.checked_sub(1)?;
+        let difference = index.serial_difference(self.index_of(newest_key))?;
+        let key = i128::from(newest_key) + i128::from(difference);
+        let key = u64::try_from(key).ok()?;
+        self.products.contains_key(&key).then_some(key)
+    }
+
+    /// Moves time forward and releases products whose deadline passed.
+    fn advance(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+        while let Some(&(at, key)) = self.deadlines.first() {
+            if at > self.now {
+                break;
+            }
+            self.release(key, ReleaseReason::DeadlinePassed);
+        }
+    }
+
+    fn deadline_for(&self, size: u32) -> Duration {
+        match self.config.deadline {
+            DeadlinePolicy::Constant(duration) => duration,
+            DeadlinePolicy::Proportional { f_snd, min } => {
+                let transfer = self
+                    .config
+                    .multicast_pacing
+                    .map_or(Duration::ZERO, |p| transmission_time(u64::from(size), p.rate_bits_per_s));
+                let scaled = Duration::try_from_secs_f64(transfer.as_secs_f64() * f_snd).unwrap_or(Duration::MAX);
+                let rtt_max = self.receivers.values().map(|r| r.rtt).max().unwrap_or(Duration::ZERO);
+                scaled.max(rtt_max).max(min)
+            }
+        }
+    }
+
+    fn over_soft_bound(&self, receiver: &ReceiverState) -> bool {
+        receiver.backlog_bytes >= self.config.retx_backlog_bytes_max
+            || receiver.work.len() >= self.config.retx_backlog_items_max
+    }
+
+    fn queue_request(&mut self, id: ReceiverId, key: u64, index: ProductIndex, kind: WorkKind) {
+        let items_max = self.config.retx_backlog_items_max;
+        let bytes_max = self.config.retx_backlog_bytes_max;
+        let Some(receiver) = self.receivers.get_mut(&id) else { return };
+        if receiver.work.len() >= items_max && !receiver.merges(key, &kind) {
+            self.counters.requests_dropped += 1;
+            if !receiver.items_bound_hit {
+                receiver.items_bound_hit = true;
+                self.counters.bound_hits += 1;
+                self.events
+                    .push_back(SenderEvent::BoundHit { bound: SenderBound::RetxBacklogItems, receiver: Some(id) });
+            }
+            return;
+        }
+        receiver.push(Work { key, index, kind });
+        if receiver.backlog_bytes >= bytes_max && !receiver.bytes_bound_hit {
+            receiver.bytes_bound_hit = true;
+            self.counters.bound_hits += 1;
+            self.events.push_back(SenderEvent::BoundHit { bound: SenderBound::RetxBacklogBytes, receiver: Some(id) });
+        }
+        // A receiver asking for repairs of a product holds it until it finishes (or the
+        // deadline), even if it connected after the BOP.
+        if let Some(product) = self.products.get_mut(&key) {
+            product.interest.entry(id).or_insert(Interest::Pending);
+        }
+    }
+
+    fn queue_reject(&mut self, id: ReceiverId, index: ProductIndex) {
+        if let Some(receiver) = self.receivers.get_mut(&id) {
+            self.counters.rejects += 1;
+            receiver.push(Work { key: u64::MAX, index, kind: WorkKind::Reject });
+        }
+    }
+
+    /// The next writable receiver with queued work after the round-robin cursor.
+    fn next_receiver_to_serve(&self) -> Option<ReceiverId> {
+        let ready = |(id, receiver): (&ReceiverId, &ReceiverState)| {
+            (receiver.writable && !receiver.work.is_empty()).then_some(*id)
+        };
+        match self.last_served {
+            Some(last) => self
+                .receivers
+                .range((Excluded(last), Unbounded))
+                .find_map(ready)
+                .or_else(|| self.receivers.range(..=last).find_map(ready)),
+            None => self.receivers.iter().find_map(ready),
+        }
+    }
+
+    fn head_cost(&self, id: ReceiverId) -> usize {
+        let Some(work) = self.receivers.get(&id).and_then(|r| r.work.front()) else { return HEADER_LEN };
+        match work.kind {
+            WorkKind::Data { next, end } => HEADER_LEN + BLOCK_LEN.min((end - next) as usize),
+            WorkKind::Bop => HEADER_LEN + self.products.get(&work.key).map_or(0, |p| 18 + p.metadata.len()),
+            WorkKind::Eop | WorkKind::Reject => HEADER_LEN,
+        }
+    }
+
+    fn transmit_repair(&mut self, id: ReceiverId, buf: &mut Vec<u8>) -> Transmit {
+        self.last_served = Some(id);
+        let start = buf.len();
+        let receiver = self.receivers.get_mut(&id).expect("next_receiver_to_serve returned a known receiver");
+        let work = receiver.work.front_mut().expect("next_receiver_to_serve returned a receiver with work");
+        let product = self.products.get(&work.key);
+        let (message_type, finished, unavailable) = match (&mut work.kind, product) {
+            (WorkKind::Data { next, end }, Some(product)) => {
+                let len = BLOCK_LEN.min((*end - *next) as usize);
+                match emit_block(buf, product, MessageType::RetxData, *next, len) {
+                    Ok(()) => {
+                        *next += len as u32;
+                        receiver.backlog_bytes -= len as u64;
+                        (MessageType::RetxData, *next >= *end, false)
+                    }
+                    Err(DataUnavailable) => {
+                        buf.truncate(start);
+                        emit_control(buf, work.index, Body::RetxRej);
+                        (MessageType::RetxRej, true, true)
+                    }
+                }
+            }
+            (WorkKind::Bop, Some(product)) => {
+                emit_control(buf, work.index, Body::RetxBop(product.bop()));
+                (MessageType::RetxBop, true, false)
+            }
+            (WorkKind::Eop, _) => {
+                emit_control(buf, work.index, Body::RetxEop);
+                (MessageType::RetxEop, true, false)
+            }
+            // A reject, or a product that is no longer retained (its work was purged at
+            // release, so this is defensive).
+            _ => {
+                emit_control(buf, work.index, Body::RetxRej);
+                (MessageType::RetxRej, true, false)
+            }
+        };
+        let key = work.key;
+        if finished {
+            receiver.pop_front();
+        }
+        if !self.over_soft_bound(self.receivers.get(&id).expect("receiver still present")) {
+            let receiver = self.receivers.get_mut(&id).expect("receiver still present");
+            receiver.bytes_bound_hit = false;
+            receiver.items_bound_hit = false;
+        }
+        let len = buf.len() - start;
+        if let Some(bucket) = &mut self.retx_bucket {
+            bucket.try_take(len);
+        }
+        self.counters.retx_messages += 1;
+        self.counters.retx_bytes += len as u64;
+        if message_type == MessageType::RetxData {
+            self.counters.retx_data_blocks += 1;
+        }
+        if unavailable {
+            self.release(key, ReleaseReason::DataUnavailable);
+        }
+        Transmit { destination: Destination::Receiver(id), len, message_type }
+    }
+
+    fn next_multicast_len(&self) -> Option<usize> {
+        let product = self.products.get(self.multicast_queue.front()?)?;
+        Some(match self.stage {
+            Stage::Bop => HEADER_LEN + 18 + product.metadata.len(),
+            Stage::Data(offset) => HEADER_LEN + BLOCK_LEN.min((product.size - offset) as usize),
+            Stage::Eop => HEADER_LEN,
+        })
+    }
+
+    fn transmit_multicast(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let key = *self.multicast_queue.front()?;
+        let start = buf.len();
+        let product = self.products.get_mut(&key)?;
+        let message_type = match self.stage {
+            Stage::Bop => {
+                // §3.8: the product's receiver set is the receivers connected now.
+                product.interest = self.receivers.keys().map(|id| (*id, Interest::Pending)).collect();
+                emit_control(buf, product.index, Body::Bop(product.bop()));
+                self.stage = if product.size == 0 { Stage::Eop } else { Stage::Data(0) };
+                MessageType::Bop
+            }
+            Stage::Data(offset) => {
+                let len = BLOCK_LEN.min((product.size - offset) as usize);
+                match emit_block(buf, product, MessageType::MemData, offset, len) {
+                    Ok(()) => {
+                        let next = offset + len as u32;
+                        self.stage = if next >= product.size { Stage::Eop } else { Stage::Data(next) };
+                        MessageType::MemData
+                    }
+                    Err(DataUnavailable) => {
+                        // End the product now: receivers will ask for the rest and be rejected.
+                        buf.truncate(start);
+                        product.failed = true;
+                        emit_control(buf, product.index, Body::Eop);
+                        self.finish_multicast(key);
+                        MessageType::Eop
+                    }
+                }
+            }
+            Stage::Eop => {
+                emit_control(buf, product.index, Body::Eop);
+                self.finish_multicast(key);
+                MessageType::Eop
+            }
+        };
+        let len = buf.len() - start;
+        if let Some(bucket) = &mut self.multicast_bucket {
+            bucket.try_take(len);
+        }
+        self.counters.multicast_datagrams += 1;
+        self.counters.multicast_bytes += len as u64;
+        Some(Transmit { destination: Destination::Multicast, len, message_type })
+    }
+
+    /// The EOP went out: start the deadline, and release at once if nobody is interested.
+    fn finish_multicast(&mut self, key: u64) {
+        self.multicast_queue.pop_front();
+        self.stage = Stage::Bop;
+        let Some(product) = self.products.get(&key) else { return };
+        let (index, size, failed) = (product.index, product.size, product.failed);
+        self.counters.products_sent += 1;
+        self.events.push_back(SenderEvent::Sent { index, size });
+        if failed {
+            self.release(key, ReleaseReason::DataUnavailable);
+            return;
+        }
+        let deadline = self.now + self.deadline_for(size);
+        if let Some(product) = self.products.get_mut(&key) {
+            product.deadline = Some(deadline);
+        }
+        self.deadlines.insert((deadline, key));
+        self.retained_count += 1;
+        self.release_if_done(key);
+        while self.retained_count > self.config.retained_products_max {
+            let Some(oldest) = self.products.iter().find(|(_, p)| p.deadline.is_some()).map(|(k, _)| *k) else {
+                break;
+            };
+            if !self.retained_bound_hit {
+                self.retained_bound_hit = true;
+                self.counters.bound_hits += 1;
+                self.events.push_back(SenderEvent::BoundHit { bound: SenderBound::RetainedProducts, receiver: None });
+            }
+            self.release(oldest, ReleaseReason::Evicted);
+        }
+        if self.retained_count < self.config.retained_products_max {
+            self.retained_bound_hit = false;
+        }
+    }
+
+    fn release_if_done(&mut self, key: u64) {
+        let done = self
+            .products
+            .get(&key)
+            .is_some_and(|p| p.deadline.is_some() && p.interest.values().all(|i| *i == Interest::Done));
+        if done {
+            self.release(key, ReleaseReason::AllDone);
+        }
+    }
+
+    fn release(&mut self, key: u64, reason: ReleaseReason) {
+        let Some(product) = self.products.remove(&key) else { return };
+        if let Some(deadline) = product.deadline {
+            self.deadlines.remove(&(deadline, key));
+            self.retained_count -= 1;
+        } else if let Some(position) = self.multicast_queue.iter().position(|k| *k == key) {
+            // Released before its multicast finished (data unavailable mid-product).
+            self.multicast_queue.remove(position);
+            if position == 0 {
+                self.stage = Stage::Bop;
+            }
+        }
+        let unfinished: Vec<ReceiverId> =
+            product.interest.iter().filter(|(_, i)| **i == Interest::Pending).map(|(id, _)| *id).collect();
+        for (id, receiver) in &mut self.receivers {
+            let purged = receiver.purge(key);
+            if product.interest.get(id) == Some(&Interest::Pending) {
+                receiver.push(Work { key, index: product.index, kind: WorkKind::Eop });
+            } else if purged {
+                self.counters.rejects += 1;
+                receiver.push(Work { key, index: product.index, kind: WorkKind::Reject });
+            }
+        }
+        match reason {
+            ReleaseReason::AllDone => self.counters.released_all_done += 1,
+            ReleaseReason::DeadlinePassed => self.counters.released_deadline += 1,
+            ReleaseReason::Evicted => self.counters.released_evicted += 1,
+            ReleaseReason::DataUnavailable => self.counters.released_data_unavailable += 1,
+        }
+        self.events.push_back(SenderEvent::Released { index: product.index, reason, unfinished });
+    }
+}
+
+/// Appends a header-only or BOP message.
+fn emit_control(buf: &mut Vec<u8>, index: ProductIndex, body: Body<'_>) {
+    Message { index, body }.emit_to_vec(buf).expect("metadata length is checked at enqueue");
+}
+
+/// Appends a data message, reading the block straight from the product into the buffer.
+fn emit_block(
+    buf: &mut Vec<u8>,
+    product: &SentProduct,
+    message_type: MessageType,
+    offset: u32,
+    len: usize,
+) -> Result<(), DataUnavailable> {
+    let start = buf.len();
+    buf.resize(start + HEADER_LEN + len, 0);
+    let mut packet = Packet::new_unchecked(&mut buf[start..]);
+    packet.set_index(product.index);
+    packet.set_seqnum(offset);
+    // len ≤ BLOCK_LEN.
+    packet.set_payload_len(len as u16);
+    packet.set_flags(message_type.flags());
+    product.data.read_at(u64::from(offset), &mut buf[start + HEADER_LEN..])
+}
+
+struct SentProduct {
+    index: ProductIndex,
+    data: Box<dyn ProductData>,
+    metadata: Vec<u8>,
+    start_time: WallTime,
+    size: u32,
+    /// Set when the EOP was multicast: the retransmission deadline.
+    deadline: Option<Instant>,
+    /// The bytes could not be read during multicast.
+    failed: bool,
+    /// Receivers that hold the product: pending until RETX_END.
+    interest: BTreeMap<ReceiverId, Interest>,
+}
+
+impl SentProduct {
+    fn bop(&self) -> Bop<'_> {
+        Bop { start_time: self.start_time, product_size: self.size, metadata: &self.metadata }
+    }
+}
+
+impl fmt::Debug for SentProduct {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentProduct")
+            .field("index", &self.index)
+            .field("size", &self.size)
+            .field("deadline", &self.deadline)
+            .field("interest", &self.interest)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Interest {
+    Pending,
+    Done,
+}
+
+/// Where the multicast of the front product stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Bop,
+    Data(u32),
+    Eop,
+}
+
+#[derive(Debug)]
+struct ReceiverState {
+    work: VecDeque<Work>,
+    /// Product bytes in queued `Data` work.
+    backlog_bytes: u64,
+    rtt: Duration,
+    writable: bool,
+    bytes_bound_hit: bool,
+    items_bound_hit: bool,
+}
+
+impl ReceiverState {
+    fn new() -> Self {
+        Self {
+            work: VecDeque::new(),
+            backlog_bytes: 0,
+            rtt: Duration::ZERO,
+            writable: true,
+            bytes_bound_hit: false,
+            items_bound_hit: false,
+        }
+    }
+
+    /// Whether `kind` for `key` would be absorbed by the last queued item.
+    fn merges(&self, key: u64, kind: &WorkKind) -> bool {
+        match (self.work.back(), kind) {
+            (Some(Work { key: k, kind: WorkKind::Data { next, end }, .. }), WorkKind::Data { next: start, .. }) => {
+                *k == key && *start >= *next && *start <= *end
+            }
+            _ => false,
+        }
+    }
+
+    /// Queues work, merging a data range that continues or overlaps the last queued range of
+    /// the same product (the reference receiver asks block by block).
+    fn push(&mut self, work: Work) {
+        if let (Some(last), WorkKind::Data { next: start, end }) = (self.work.back_mut(), work.kind) {
+            if let (true, WorkKind::Data { next: last_next, end: last_end }) = (last.key == work.key, &mut last.kind) {
+                if start >= *last_next && start <= *last_end {
+                    if end > *last_end {
+                        self.backlog_bytes += u64::from(end - *last_end);
+                        *last_end = end;
+                    }
+                    return;
+                }
+            }
+        }
+        if let WorkKind::Data { next, end } = work.kind {
+            self.backlog_bytes += u64::from(end - next);
+        }
+        self.work.push_back(work);
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(Work { kind: WorkKind::Data { next, end }, .. }) = self.work.pop_front() {
+            self.backlog_bytes -= u64::from(end - next);
+        }
+    }
+
+    /// Drops queued work for a product; returns whether anything was dropped.
+    fn purge(&mut self, key: u64) -> bool {
+        let before = self.work.len();
+        let mut freed = 0;
+        self.work.retain(|w| {
+            let keep = w.key != key;
+            if let (false, WorkKind::Data { next, end }) = (keep, w.kind) {
+                freed += u64::from(end - next);
+            }
+            keep
+        });
+        self.backlog_bytes -= freed;
+        self.work.len() != before
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Work {
+    /// The product's key (`u64::MAX` for a reject of an unknown product).
+    key: u64,
+    index: ProductIndex,
+    kind: WorkKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WorkKind {
+    /// RETX_DATA blocks for `[next, end)`; `next` is block-aligned.
+    Data {
+        next: u32,
+        end: u32,
+    },
+    Bop,
+    Eop,
+    Reject,
+}
