@@ -45,6 +45,9 @@ enum Command {
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Build and tear down the network-namespace test bed (root).
+    #[command(subcommand)]
+    Lab(ldm7_net::LabCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -100,6 +103,24 @@ fn dispatch(command: Command) -> CmdResult {
         Command::Watch(args) => watch::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
+        Command::Lab(command) => lab(command),
+    }
+}
+
+/// `ldm7 lab …`: the exit code of `lab exec` is the command's own.
+fn lab(command: ldm7_net::LabCommand) -> CmdResult {
+    match ldm7_net::run_lab(command) {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            let code = error.exit_code();
+            if code == 1 {
+                Err(exit::input(error))
+            } else if code == 2 {
+                Err(exit::runtime(error))
+            } else {
+                std::process::exit(code)
+            }
+        }
     }
 }
 

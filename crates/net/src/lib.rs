@@ -1,1 +1,23 @@
-//! Path services, host configuration and the namespace lab.
+//! Path services, host configuration and the namespace lab — the network plane of ldm7.
+//!
+//! - [`path`]: the [`path::PathService`] interface for a feed's rate-guaranteed multipoint
+//!   layer-2 path, with drivers `static`, `linux-bridge`, `vde` and `oess` (Internet2 AL2S);
+//! - [`hostcfg`] and [`tc`]: the feed interface, its private address, receive-side loss, and the
+//!   publisher's HTB tree (multicast and retransmission classes, BFIFO) with its counters;
+//! - [`lab`]: `ldm7 lab up | down | status | exec`, hosts as network namespaces on one machine;
+//! - [`command`], [`netns`]: the thin layer over `ip`, `tc`, `iptables` and the VDE tools, and
+//!   running code inside a namespace.
+//!
+//! See `docs/lab.md` for what the lab emulates and how to build the research set-ups.
+
+pub mod command;
+pub mod hostcfg;
+pub mod lab;
+pub mod netns;
+pub mod path;
+pub mod tc;
+pub mod units;
+
+pub use lab::{LabCommand, LabError, run_lab};
+pub use path::{Endpoint, Leg, PathError, PathInfo, PathService};
+pub use units::{ByteSize, LossPercent, Rate};

@@ -1,0 +1,441 @@
+//! The namespace lab: hosts as network namespaces, one multipoint path per feed (a Linux bridge,
+//! or VDE when a leg has delay), publisher HTB/BFIFO, per-host loss, per-leg one-way delay.
+//!
+//! Invariants:
+//! - everything created is named from the validated spec ([`spec`]) and carries the lab name;
+//! - the state file (`/run/ldm7-lab/LAB/state.json`) is written *before* each object is created,
+//!   so `down` (or the cleanup after a failed `up`) finds everything, even after a crash;
+//! - `down` deletes only what the state (or the spec) names, and signals only processes whose
+//!   command line names the lab's run directory, or that run inside the lab's namespaces;
+//! - `up` is idempotent: a lab that is up with the same spec is left alone; a stale or different
+//!   one is taken down first.
+
+pub mod cli;
+pub mod spec;
+
+use std::path::{Path, PathBuf};
+
+use crate::command::{Cmd, CommandError, program_exists};
+use crate::hostcfg;
+use crate::netns;
+use crate::path::bridge::BridgePaths;
+use crate::path::vde::VdePaths;
+use crate::path::{Endpoint, Leg, PathError, PathInfo, PathService};
+use crate::tc::{self, HtbPlan, TcCounters};
+use crate::units::LossPercent;
+
+pub use cli::{LabCommand, run_lab};
+pub use spec::{FeedSpec, HostSpec, LabSpec, SpecError};
+
+/// Why a lab command failed. [`LabError::exit_code`] gives the CLI's exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// Not running as root.
+    #[error(
+        "ldm7 lab needs root: it creates network namespaces, bridges, TAP devices, tc qdiscs and iptables rules; \
+         run it as root (e.g. with sudo)"
+    )]
+    NotRoot,
+    /// The spec or the arguments are wrong.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A required program is missing.
+    #[error("{program} is not installed; {hint}")]
+    MissingTool {
+        /// The program.
+        program: &'static str,
+        /// How to install it.
+        hint: &'static str,
+    },
+    /// No such lab or host.
+    #[error("{0}")]
+    NotFound(String),
+    /// A system command failed.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// A path operation failed.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// A file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// `up` failed part-way; what it had created was removed.
+    #[error("lab {lab:?} could not be brought up: {source}; everything it had created was removed")]
+    UpFailed {
+        /// The lab.
+        lab: String,
+        /// The first failure.
+        source: Box<LabError>,
+    },
+    /// The command run by `exec` exited with this status.
+    #[error("the command exited with status {0}")]
+    ExecStatus(i32),
+}
+
+impl LabError {
+    /// 1 for bad input (spec, arguments, not root, unknown lab or host), 2 for runtime failures,
+    /// and the command's own status for `exec`.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LabError::NotRoot | LabError::Spec(_) | LabError::NotFound(_) | LabError::MissingTool { .. } => 1,
+            LabError::UpFailed { source, .. } => source.exit_code(),
+            LabError::ExecStatus(code) => *code,
+            _ => 2,
+        }
+    }
+}
+
+/// What `up` left behind, as recorded in the state file.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LabState {
+    /// The lab name.
+    pub name: String,
+    /// Digest of the spec it was brought up from.
+    pub spec_digest: String,
+    /// Whether `up` completed.
+    pub complete: bool,
+    /// Namespaces created (or about to be), in order.
+    pub namespaces: Vec<String>,
+    /// Feeds whose VDE path was created (or about to be).
+    pub vde_feeds: Vec<String>,
+    /// The spec, for `status` and `exec`.
+    pub spec_toml: String,
+}
+
+impl LabState {
+    fn path(name: &str) -> PathBuf {
+        spec::run_dir(name).join("state.json")
+    }
+
+    /// Reads the state of lab `name`, if it has one.
+    pub fn read(name: &str) -> Option<LabState> {
+        let text = std::fs::read_to_string(LabState::path(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn write(&self) -> Result<(), LabError> {
+        let dir = spec::run_dir(&self.name);
+        std::fs::create_dir_all(&dir)
+            .map_err(|source| LabError::Io { what: format!("creating {}", dir.display()), source })?;
+        let path = LabState::path(&self.name);
+        let temporary = path.with_extension("tmp");
+        let text = serde_json::to_string_pretty(self).unwrap_or_default();
+        std::fs::write(&temporary, text)
+            .and_then(|()| std::fs::rename(&temporary, &path))
+            .map_err(|source| LabError::Io { what: format!("writing {}", path.display()), source })
+    }
+}
+
+/// The names of the labs that have a run directory on this machine.
+pub fn labs() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(spec::LAB_RUN_BASE)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.path().join("state.json").exists())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Fails with [`LabError::NotRoot`] unless the effective user is root.
+pub fn require_root() -> Result<(), LabError> {
+    if nix::unistd::geteuid().is_root() { Ok(()) } else { Err(LabError::NotRoot) }
+}
+
+/// Brings lab `spec` up (see the module doc for idempotence). Returns true when it created the
+/// lab, false when the same lab was already up.
+pub fn up(spec: &LabSpec, spec_toml: &str) -> Result<bool, LabError> {
+    up_with_progress(spec, spec_toml, &mut |_| {})
+}
+
+/// [`up`], reporting each step to `progress`.
+pub fn up_with_progress(spec: &LabSpec, spec_toml: &str, progress: &mut dyn FnMut(&str)) -> Result<bool, LabError> {
+    require_root()?;
+    check_tools(spec)?;
+    if let Some(state) = LabState::read(&spec.name) {
+        if state.complete && state.spec_digest == spec.digest() && healthy(spec) {
+            return Ok(false);
+        }
+        progress("a stale or different lab of this name is up; taking it down first");
+        down_state(&state)?;
+    } else if spec.namespaces().iter().any(|n| netns::exists(n)) {
+        return Err(LabError::NotFound(format!(
+            "namespaces named like lab {:?} exist but it has no state in {}; run `ldm7 lab down --spec …` first \
+             (it removes exactly the names this spec uses)",
+            spec.name,
+            spec.run_dir().display()
+        )));
+    }
+    let mut state = LabState {
+        name: spec.name.clone(),
+        spec_digest: spec.digest(),
+        spec_toml: spec_toml.to_string(),
+        ..LabState::default()
+    };
+    match build(spec, &mut state, progress) {
+        Ok(()) => {
+            state.complete = true;
+            state.write()?;
+            Ok(true)
+        }
+        Err(error) => {
+            if let Err(cleanup) = down_state(&state) {
+                tracing::error!(%cleanup, "cleanup after the failed lab up also failed");
+            }
+            Err(LabError::UpFailed { lab: spec.name.clone(), source: Box::new(error) })
+        }
+    }
+}
+
+/// Takes lab `name` down using its state file. Returns false when there was nothing to do.
+pub fn down(name: &str) -> Result<bool, LabError> {
+    require_root()?;
+    spec::check_lab_name(name)?;
+    match LabState::read(name) {
+        Some(state) => {
+            down_state(&state)?;
+            Ok(true)
+        }
+        None => {
+            let dir = spec::run_dir(name);
+            if dir.exists() {
+                remove_run_dir(&dir)?;
+                return Ok(true);
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// Takes down everything spec `spec` would create, whether or not a state file exists.
+pub fn down_spec(spec: &LabSpec) -> Result<bool, LabError> {
+    require_root()?;
+    let mut state = LabState::read(&spec.name).unwrap_or_default();
+    state.name = spec.name.clone();
+    for namespace in spec.namespaces() {
+        if !state.namespaces.contains(&namespace) {
+            state.namespaces.push(namespace);
+        }
+    }
+    for feed in spec.feeds.iter().filter(|f| f.uses_vde()) {
+        if !state.vde_feeds.contains(&feed.name) {
+            state.vde_feeds.push(feed.name.clone());
+        }
+    }
+    let anything = state.namespaces.iter().any(|n| netns::exists(n)) || spec.run_dir().exists();
+    down_state(&state)?;
+    Ok(anything)
+}
+
+/// What `status` reports about one lab.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LabStatus {
+    /// The lab.
+    pub name: String,
+    /// Whether `up` completed.
+    pub complete: bool,
+    /// Each namespace and whether it exists.
+    pub namespaces: Vec<(String, bool)>,
+    /// The paths (bridge and VDE).
+    pub paths: Vec<PathInfo>,
+    /// Publisher counters per feed.
+    pub publishers: Vec<(String, Result<TcCounters, String>)>,
+}
+
+/// The status of lab `name`.
+pub fn status(name: &str) -> Result<LabStatus, LabError> {
+    let state = LabState::read(name).ok_or_else(|| LabError::NotFound(format!("lab {name:?} is not up (no state)")))?;
+    let spec = LabSpec::from_toml_str(&state.spec_toml).ok();
+    let namespaces = state.namespaces.iter().map(|n| (n.clone(), netns::exists(n))).collect();
+    let mut paths = Vec::new();
+    let mut publishers = Vec::new();
+    if let Some(spec) = &spec {
+        if spec.uses_bridge() && netns::exists(&spec.core_netns()) {
+            paths.extend(BridgePaths::new(Some(&spec.core_netns())).list().unwrap_or_default());
+        }
+        paths.extend(VdePaths::new(spec.run_dir().join("vde")).list().unwrap_or_default());
+        for feed in &spec.feeds {
+            let counters =
+                tc::read_counters(Some(&spec.netns_of(&feed.publisher)), &feed.name).map_err(|e| e.to_string());
+            publishers.push((feed.name.clone(), counters));
+        }
+    }
+    Ok(LabStatus { name: name.to_string(), complete: state.complete, namespaces, paths, publishers })
+}
+
+/// The spec lab `name` was brought up from.
+pub fn spec_of(name: &str) -> Result<LabSpec, LabError> {
+    let state = LabState::read(name).ok_or_else(|| LabError::NotFound(format!("lab {name:?} is not up (no state)")))?;
+    Ok(LabSpec::from_toml_str(&state.spec_toml)?)
+}
+
+/// Runs `command` inside host `host` of lab `lab` with this process's stdio; returns its status.
+pub fn exec(lab: &str, host: &str, command: &[String]) -> Result<i32, LabError> {
+    require_root()?;
+    let spec = spec_of(lab)?;
+    if spec.host(host).is_none() {
+        let hosts: Vec<&str> = spec.hosts.iter().map(|h| h.name.as_str()).collect();
+        return Err(LabError::NotFound(format!("lab {lab:?} has no host {host:?}; its hosts are {hosts:?}")));
+    }
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| SpecError("exec needs a command after `--`, e.g. `ldm7 lab exec pub -- ip addr`".into()))?;
+    Ok(Cmd::new(program).netns(Some(&spec.netns_of(host))).args(args.iter().cloned()).run_interactive()?)
+}
+
+fn check_tools(spec: &LabSpec) -> Result<(), LabError> {
+    let mut needed = vec![("ip", "apt-get install -y iproute2"), ("tc", "apt-get install -y iproute2")];
+    if spec.hosts.iter().any(|h| !h.loss.is_zero()) {
+        needed.push(("iptables", "apt-get install -y iptables"));
+    }
+    if spec.feeds.iter().any(FeedSpec::uses_vde) {
+        needed.push(("vde_switch", "apt-get install -y vde2 (legs with delay use VDE)"));
+        needed.push(("wirefilter", "apt-get install -y vde2 (legs with delay use VDE)"));
+    }
+    for (program, hint) in needed {
+        if !program_exists(program) {
+            return Err(LabError::MissingTool { program, hint });
+        }
+    }
+    Ok(())
+}
+
+fn healthy(spec: &LabSpec) -> bool {
+    let vde = VdePaths::new(spec.run_dir().join("vde"));
+    spec.namespaces().iter().all(|n| netns::exists(n))
+        && spec.feeds.iter().filter(|f| f.uses_vde()).all(|f| {
+            let pids = vde.pids(&f.name);
+            pids.len() == 1 + f.members().count()
+        })
+}
+
+fn build(spec: &LabSpec, state: &mut LabState, progress: &mut dyn FnMut(&str)) -> Result<(), LabError> {
+    progress(&format!("creating namespaces {}", spec.namespaces().join(", ")));
+    for namespace in spec.namespaces() {
+        state.namespaces.push(namespace.clone());
+        state.write()?;
+        netns::add(&namespace)?;
+    }
+    let mut vde = VdePaths::new(spec.run_dir().join("vde"));
+    let mut bridges = BridgePaths::new(Some(&spec.core_netns()));
+    for feed in &spec.feeds {
+        let kind = if feed.uses_vde() { "VDE switch with wirefilter legs" } else { "Linux bridge" };
+        progress(&format!(
+            "feed {}: {} at {}, members {}",
+            feed.name,
+            kind,
+            feed.rate,
+            feed.members().collect::<Vec<_>>().join(", ")
+        ));
+        if feed.uses_vde() {
+            state.vde_feeds.push(feed.name.clone());
+            state.write()?;
+            vde.create_path(&feed.name, feed.rate)?;
+        } else {
+            bridges.create_path(&feed.name, feed.rate)?;
+        }
+        for host in feed.members() {
+            let netns = spec.netns_of(host);
+            if feed.uses_vde() {
+                hostcfg::create_tap(&netns, &feed.name)?;
+            } else {
+                let port = spec.bridge_port(&feed.name, host).expect("members are validated hosts");
+                hostcfg::create_veth(&netns, &feed.name, &spec.core_netns(), &port)?;
+            }
+            configure_host(spec, feed, host)?;
+            let leg = leg_of(spec, feed, host);
+            if feed.uses_vde() {
+                vde.add_leg(&feed.name, &leg)?;
+            } else {
+                bridges.add_leg(&feed.name, &leg)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The leg of `host` on `feed`, as the lab's path service knows it.
+pub fn leg_of(spec: &LabSpec, feed: &FeedSpec, host: &str) -> Leg {
+    if feed.uses_vde() {
+        Leg { one_way_delay: feed.delay_of(host), ..Leg::plain(Endpoint::new(&spec.netns_of(host), &feed.name)) }
+    } else {
+        Leg::plain(Endpoint::new(host, &spec.bridge_port(&feed.name, host).unwrap_or_default()))
+    }
+}
+
+/// The path service the lab uses for `feed`.
+pub fn path_service(spec: &LabSpec, feed: &FeedSpec) -> Box<dyn PathService> {
+    if feed.uses_vde() {
+        Box::new(VdePaths::new(spec.run_dir().join("vde")))
+    } else {
+        Box::new(BridgePaths::new(Some(&spec.core_netns())))
+    }
+}
+
+fn configure_host(spec: &LabSpec, feed: &FeedSpec, host: &str) -> Result<(), LabError> {
+    let netns = spec.netns_of(host);
+    let netns = Some(netns.as_str());
+    let address = feed.address_of(host).expect("members have addresses (validated subnet size)");
+    hostcfg::set_address(netns, &feed.name, address)?;
+    hostcfg::link_up(netns, &feed.name)?;
+    hostcfg::add_multicast_route(netns, &feed.name, feed.multicast_group)?;
+    if host == feed.publisher {
+        let plan = HtbPlan {
+            multicast_port: feed.multicast_port,
+            retx_port: feed.retx_port,
+            retx_share: feed.retx_share,
+            ..HtbPlan::new(feed.rate, feed.buffer)
+        };
+        tc::install(netns, &feed.name, &plan)?;
+    }
+    let loss = spec.host(host).map_or(LossPercent::ZERO, |h| h.loss);
+    hostcfg::install_receive_loss(netns, &feed.name, loss)?;
+    Ok(())
+}
+
+fn down_state(state: &LabState) -> Result<(), LabError> {
+    let dir = spec::run_dir(&state.name);
+    let mut vde = VdePaths::new(dir.join("vde"));
+    let mut first_error = None;
+    for feed in &state.vde_feeds {
+        if let Err(error) = vde.remove_path(feed) {
+            first_error.get_or_insert(LabError::from(error));
+        }
+    }
+    for namespace in state.namespaces.iter().rev() {
+        if let Err(error) = netns::delete(namespace) {
+            first_error.get_or_insert(LabError::from(error));
+        }
+    }
+    if let Err(error) = remove_run_dir(&dir) {
+        first_error.get_or_insert(error);
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+fn remove_run_dir(dir: &Path) -> Result<(), LabError> {
+    // Any VDE process still holding a socket here is ours: its command line names this directory.
+    if let Ok(entries) = std::fs::read_dir(dir.join("vde")) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let _ = VdePaths::new(dir.join("vde")).remove_path(&name);
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(LabError::Io { what: format!("removing {}", dir.display()), source }),
+    }
+}
