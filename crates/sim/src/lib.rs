@@ -1,0 +1,1 @@
+//! Deterministic network simulator for the sans-IO FMTP state machines.
