@@ -8,6 +8,7 @@ mod cat;
 mod common;
 mod demo;
 mod exit;
+mod fmtp_cmd;
 mod insert;
 mod queue_cmd;
 mod sizes;
@@ -45,6 +46,9 @@ enum Command {
     /// Measure performance.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// FMTP multicast transport alone: send and receive products.
+    #[command(subcommand)]
+    Fmtp(fmtp_cmd::FmtpCommand),
     /// Build and tear down the network-namespace test bed (root).
     #[command(subcommand)]
     Lab(ldm7_net::LabCommand),
@@ -104,6 +108,7 @@ fn dispatch(command: Command) -> CmdResult {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Lab(command) => lab(command),
+        Command::Fmtp(command) => fmtp_cmd::run(&command),
     }
 }
 

@@ -238,3 +238,52 @@ fn killed_inserter_leaves_a_sound_queue() {
     }
     assert!(product_count(&queue) > 0);
 }
+
+/// `ldm7 fmtp send` to two `ldm7 fmtp recv` processes on loopback multicast, each dropping 5% of
+/// the datagrams: every product arrives intact at both (repaired over TCP).
+#[test]
+fn fmtp_send_recv_on_loopback_with_drop() {
+    let Some(trace) = shared("data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
+    let scratch = Scratch::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let group = format!("239.255.78.{}:{port}", port % 200 + 1);
+    let retx = format!("127.0.0.1:{port}");
+    let sender = Command::new(LDM7)
+        .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--rate", "500M", "--receivers", "2"])
+        .args(["--replay", &trace.display().to_string(), "--limit", "200"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start sender");
+    std::thread::sleep(Duration::from_millis(500));
+    let receivers: Vec<_> = (1..=2)
+        .map(|seed| {
+            let out = scratch.path(&format!("r{seed}"));
+            let child = Command::new(LDM7)
+                .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--drop", "0.05", "--count", "200"])
+                .args(["--seed", &seed.to_string(), "--timeout", "30", "--out", &out.display().to_string()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start receiver");
+            (out, child)
+        })
+        .collect();
+    for (out, child) in receivers {
+        let output = child.wait_with_output().expect("receiver");
+        let summary = text(&output.stdout);
+        assert!(output.status.success(), "{summary}");
+        assert!(summary.contains("delivered 200, missed 0"), "{summary}");
+        assert!(!summary.contains("retransmitted blocks 0,"), "5% loss needs repairs: {summary}");
+        let files: Vec<_> =
+            std::fs::read_dir(&out).expect("out dir").map(|entry| entry.expect("entry").path()).collect();
+        assert_eq!(files.len(), 200);
+        for file in files {
+            let data = std::fs::read(&file).expect("read product");
+            let name = file.file_name().and_then(|name| name.to_str()).expect("name").to_owned();
+            assert_eq!(ldm7_types::Signature::md5_of(&data).to_string(), name, "product content matches its MD5");
+        }
+    }
+    let output = sender.wait_with_output().expect("sender");
+    assert!(output.status.success(), "{}", text(&output.stdout));
+    assert!(text(&output.stdout).contains("released 200"), "{}", text(&output.stdout));
+}
