@@ -118,6 +118,9 @@ fn lab(command: ldm7_net::LabCommand) -> CmdResult {
         Ok(()) => Ok(()),
         Err(error) => {
             let code = error.exit_code();
+            if matches!(error, ldm7_net::LabError::ExecStatus { .. }) {
+                std::process::exit(code);
+            }
             if code == 1 {
                 Err(exit::input(error))
             } else if code == 2 {
