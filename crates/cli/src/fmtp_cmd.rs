@@ -132,6 +132,10 @@ async fn send(args: &SendArgs) -> CmdResult {
     }
     let products = load_products(args)?;
     let mut proto = SenderConfig::with_rate(args.rate);
+    // Pace on-the-wire bytes, as tc HTB counts them: Ethernet (14), IPv4 (20) and UDP (8) headers.
+    for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
+        pacing.overhead_bytes_per_message = 42;
+    }
     proto.deadline = ldm7_fmtp_proto::DeadlinePolicy::Constant(Duration::from_secs_f64(args.retx_timeout.max(0.001)));
     proto.queued_products_max = proto.queued_products_max.max(products.len() + 1);
     proto.retained_products_max = proto.retained_products_max.max(products.len() + 1);

@@ -109,7 +109,11 @@ impl FmtpSender {
         let listener = TcpListener::bind(options.retx_listen).await?;
         let retx_addr = listener.local_addr()?;
         let clock = Clock(std::time::Instant::now());
-        let sender = Sender::new(options.proto.clone(), clock.now()).map_err(io::Error::other)?;
+        let mut proto = options.proto.clone();
+        for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
+            pacing.bucket_bytes = pacing.bucket_bytes.max(timer_burst_bytes(pacing.rate_bits_per_s));
+        }
+        let sender = Sender::new(proto, clock.now()).map_err(io::Error::other)?;
         let (inputs, input_rx) = mpsc::unbounded_channel();
         let (notice_tx, notices) = mpsc::unbounded_channel();
         let (counters_tx, counters) = tokio::sync::watch::channel(SenderCounters::default());
@@ -142,6 +146,13 @@ impl FmtpSender {
     pub fn counters(&self) -> SenderCounters {
         self.counters.borrow().clone()
     }
+}
+
+/// Bucket depth that keeps the rate when the task wakes at the timer's granularity (about a
+/// millisecond, often more under load): two milliseconds of traffic, and at least one full GSO
+/// batch (44 datagrams). A smaller bucket caps the rate at bucket ÷ wake-up interval.
+fn timer_burst_bytes(rate_bits_per_s: u64) -> u64 {
+    (rate_bits_per_s / 8 / 500).max(44 * DATAGRAM_LEN_MAX as u64)
 }
 
 async fn accept_loop(
