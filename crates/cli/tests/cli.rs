@@ -56,7 +56,10 @@ fn product_count(queue: &str) -> u64 {
 }
 
 fn shared(relative: &str) -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared").join(relative);
+    let root = std::env::var_os("LDM7_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let path = root.join(relative);
     if path.is_file() {
         Some(path)
     } else {
