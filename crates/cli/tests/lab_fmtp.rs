@@ -38,8 +38,10 @@ fn four_subscribers_two_lossy_all_products_intact() {
         eprintln!("skipping four_subscribers_two_lossy_all_products_intact: needs root (network namespaces)");
         return;
     }
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
+    let shared = std::env::var_os("LDM7_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let trace = shared.join("data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
     if !trace.is_file() {
         eprintln!("skipping: {} not found", trace.display());
         return;
