@@ -88,6 +88,19 @@ impl BufferSize {
     pub fn capped(&self) -> bool {
         self.granted < self.requested
     }
+
+    /// The sizes, with a warning naming the sysctl to raise when the kernel capped the buffer.
+    fn checked(requested: usize, granted: usize, direction: &str, sysctl: &str) -> Self {
+        let buffer = Self { requested, granted };
+        if buffer.capped() {
+            tracing::warn!(
+                requested,
+                granted,
+                "the kernel capped the multicast {direction} buffer; raise it with `sysctl -w net.core.{sysctl}={requested}`"
+            );
+        }
+        buffer
+    }
 }
 
 /// The sending side: one socket that multicasts datagrams to the group.
@@ -124,15 +137,7 @@ impl MulticastSender {
         }
         socket.set_send_buffer_size(config.buffer_bytes).map_err(io("SO_SNDBUF"))?;
         let granted = socket.send_buffer_size().map_err(io("SO_SNDBUF"))?;
-        let buffer = BufferSize { requested: config.buffer_bytes, granted };
-        if buffer.capped() {
-            tracing::warn!(
-                requested = buffer.requested,
-                granted = buffer.granted,
-                "the kernel capped the multicast send buffer; raise it with `sysctl -w net.core.wmem_max={}`",
-                buffer.requested
-            );
-        }
+        let buffer = BufferSize::checked(config.buffer_bytes, granted, "send", "wmem_max");
         let std_socket: StdUdpSocket = socket.into();
         let state = UdpSocketState::new(UdpSockRef::from(&std_socket)).map_err(io("socket options"))?;
         let socket = UdpSocket::from_std(std_socket).map_err(io("register with tokio"))?;
@@ -193,15 +198,7 @@ impl MulticastReceiver {
         socket.set_reuse_port(true).map_err(io("SO_REUSEPORT"))?;
         socket.set_recv_buffer_size(config.buffer_bytes).map_err(io("SO_RCVBUF"))?;
         let granted = socket.recv_buffer_size().map_err(io("SO_RCVBUF"))?;
-        let buffer = BufferSize { requested: config.buffer_bytes, granted };
-        if buffer.capped() {
-            tracing::warn!(
-                requested = buffer.requested,
-                granted = buffer.granted,
-                "the kernel capped the multicast receive buffer; raise it with `sysctl -w net.core.rmem_max={}`",
-                buffer.requested
-            );
-        }
+        let buffer = BufferSize::checked(config.buffer_bytes, granted, "receive", "rmem_max");
         socket.bind(&group.into()).map_err(io("bind"))?;
         match (group.ip(), config.interface, source) {
             (IpAddr::V4(group_ip), IpAddr::V4(interface), Some(IpAddr::V4(source))) => {
