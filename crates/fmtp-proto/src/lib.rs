@@ -109,7 +109,8 @@ pub mod wire;
 pub use index::ProductIndex;
 pub use pacing::Pacing;
 pub use receiver::{
-    Delivery, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters, ReceiverEvent,
+    Assembly, Delivery, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
+    ReceiverEvent, block_fingerprint,
 };
 pub use sender::{
     DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product, ProductData, ReceiverId,

@@ -37,6 +37,10 @@
 //! * Requests are not repeated (TCP is reliable and the sender answers every request with
 //!   data, RETX_BOP/RETX_EOP or RETX_REJ); after a reconnection [`Receiver::stream_reset`]
 //!   re-issues the outstanding ones.
+//! * [`ReceiverConfig::assembly`] chooses whether product bytes are assembled in memory
+//!   ([`Assembly::Memory`], the default) or only tracked ([`Assembly::Discard`], for the
+//!   simulator at scale); bounds are accounted alike in both. Either way each delivery carries
+//!   [`Delivery::fingerprint`], an order-independent digest of the blocks taken.
 //! * Bounds: in-flight products and bytes (oldest incomplete product abandoned:
 //!   [`MissReason::Evicted`]), product size ([`MissReason::TooLarge`]), early bytes; each hit
 //!   is counted and reported as [`ReceiverEvent::BoundHit`].
@@ -90,6 +94,21 @@ pub struct ReceiverConfig {
     /// A product not complete this long after it was first seen is abandoned (the sender's
     /// deadline, 300 s by default, normally rejects it before).
     pub incomplete_timeout: Duration,
+    /// Whether product bytes are assembled in memory.
+    pub assembly: Assembly,
+}
+
+/// What the receiver does with the bytes of data blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Assembly {
+    /// Assemble each product in memory: [`Delivery::data`] holds its bytes.
+    #[default]
+    Memory,
+    /// Keep no product bytes, only which ranges arrived: [`Delivery::data`] is empty and
+    /// [`Delivery::fingerprint`] is the only witness of the content. Memory bounds are
+    /// accounted as if the bytes were held, so bounds behave as with [`Assembly::Memory`]. For
+    /// the simulator at scale (hundreds of receivers of gigabytes each).
+    Discard,
 }
 
 impl Default for ReceiverConfig {
@@ -103,6 +122,7 @@ impl Default for ReceiverConfig {
             early_bytes_max: 16 << 20,
             index_gap_max: 256,
             incomplete_timeout: Duration::from_secs(600),
+            assembly: Assembly::Memory,
         }
     }
 }
@@ -143,8 +163,12 @@ pub struct Delivery {
     pub index: ProductIndex,
     /// The BOP metadata (LDM: the MD5 signature).
     pub metadata: Vec<u8>,
-    /// The product bytes.
+    /// The product bytes (empty with [`Assembly::Discard`]).
     pub data: Vec<u8>,
+    /// Wrapping sum of [`block_fingerprint`] over the data blocks taken (each byte once). A
+    /// party that knows the product can recompute it from the §3 tiling (block `k` at
+    /// `k × 1448`) and check coverage and sampled content without the bytes.
+    pub fingerprint: u64,
     /// The BOP start time (sender's wall clock).
     pub start_time: WallTime,
     /// When the product completed.
@@ -167,6 +191,7 @@ impl std::fmt::Debug for Delivery {
             .field("completed_at", &self.completed_at)
             .field("retransmitted_blocks", &self.retransmitted_blocks)
             .field("latency_ns", &self.latency_ns)
+            .field("fingerprint", &format_args!("{:#018x}", self.fingerprint))
             .finish()
     }
 }
@@ -554,17 +579,25 @@ impl Receiver {
         }
         let Some(product) = self.products.get_mut(&key) else { return };
         // The early blocks move into the product's buffer.
-        let mut data = vec![0; bop.product_size as usize];
+        let mut data = match self.config.assembly {
+            Assembly::Memory => vec![0; bop.product_size as usize],
+            Assembly::Discard => Vec::new(),
+        };
         let mut received = RangeSet::default();
         let mut out_of_range = 0;
-        for (offset, block) in product.early.drain(..) {
-            let end = u64::from(offset) + block.len() as u64;
+        for block in product.early.drain(..) {
+            let end = u64::from(block.offset) + u64::from(block.len);
             if end > size {
                 out_of_range += 1;
                 continue;
             }
-            data[offset as usize..end as usize].copy_from_slice(&block);
-            received.insert(u64::from(offset), end);
+            if received.insert(u64::from(block.offset), end) == 0 {
+                continue;
+            }
+            if !block.data.is_empty() {
+                data[block.offset as usize..end as usize].copy_from_slice(&block.data);
+            }
+            product.fingerprint = product.fingerprint.wrapping_add(block.fingerprint);
         }
         self.counters.out_of_range += out_of_range;
         self.early_bytes -= product.early_bytes;
@@ -612,7 +645,18 @@ impl Receiver {
                 }
             } else {
                 product.received.insert(start, end);
-                product.early.push((offset, data.to_vec()));
+                let bytes = match self.config.assembly {
+                    Assembly::Memory => data.to_vec(),
+                    Assembly::Discard => Vec::new(),
+                };
+                // data.len() ≤ the 16-bit payload length.
+                let len = data.len() as u32;
+                product.early.push(EarlyBlock {
+                    offset,
+                    len,
+                    fingerprint: block_fingerprint(offset, data),
+                    data: bytes,
+                });
                 product.early_bytes += data.len() as u64;
                 self.early_bytes += data.len() as u64;
                 self.in_flight_bytes += data.len() as u64;
@@ -631,7 +675,10 @@ impl Receiver {
             self.counters.duplicates += 1;
             return;
         }
-        product.data[start as usize..end as usize].copy_from_slice(data);
+        if self.config.assembly == Assembly::Memory {
+            product.data[start as usize..end as usize].copy_from_slice(data);
+        }
+        product.fingerprint = product.fingerprint.wrapping_add(block_fingerprint(offset, data));
         if retransmitted {
             product.retransmitted_blocks += 1;
             self.counters.retx_blocks += 1;
@@ -745,6 +792,7 @@ impl Receiver {
             completed_at: self.now,
             retransmitted_blocks: product.retransmitted_blocks,
             latency_ns,
+            fingerprint: product.fingerprint,
         }));
         true
     }
@@ -781,6 +829,29 @@ impl Receiver {
     }
 }
 
+/// The fingerprint of one data block: a 64-bit mix of its offset, its length and its first and
+/// last 8 bytes (O(1) whatever the length). [`Delivery::fingerprint`] sums it over the blocks of
+/// a product; a wrong offset, a missing or doubled block, or a block of another product changes
+/// the sum (with overwhelming probability when the sampled bytes differ).
+pub fn block_fingerprint(offset: u32, block: &[u8]) -> u64 {
+    let sampled = block.len().min(8);
+    let mut head = [0u8; 8];
+    head[..sampled].copy_from_slice(&block[..sampled]);
+    let mut tail = [0u8; 8];
+    tail[8 - sampled..].copy_from_slice(&block[block.len() - sampled..]);
+    let position = (u64::from(offset) << 32) | (block.len() as u64 & 0xffff_ffff);
+    let mut hash = mix64(position ^ 0x243f_6a88_85a3_08d3);
+    hash = mix64(hash ^ u64::from_le_bytes(head));
+    mix64(hash ^ u64::from_le_bytes(tail))
+}
+
+/// SplitMix64's finalizer: a bijective 64-bit mix.
+const fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 fn receive_due(timer: &ReceiveTimer, last_multicast: Instant, remaining_bytes: u64) -> Instant {
     let transfer = transmission_time(remaining_bytes, timer.rate_bits_per_s);
     let scaled = Duration::try_from_secs_f64(transfer.as_secs_f64() * timer.factor).unwrap_or(Duration::MAX);
@@ -807,8 +878,8 @@ struct Incoming {
     bop: Option<BopInfo>,
     /// The product bytes (`size` long once the BOP is known, empty before).
     data: Vec<u8>,
-    /// Blocks that arrived before the BOP: (offset, bytes).
-    early: Vec<(u32, Vec<u8>)>,
+    /// Blocks that arrived before the BOP.
+    early: Vec<EarlyBlock>,
     early_bytes: u64,
     early_bound_hit: bool,
     received: RangeSet,
@@ -822,14 +893,26 @@ struct Incoming {
     eop_seen: bool,
     eop_requested: bool,
     retransmitted_blocks: u32,
+    /// Sum of the fingerprints of the blocks taken into the product.
+    fingerprint: u64,
     receive_timer: Option<Instant>,
     abandon_at: Instant,
+}
+
+/// A block kept before its product's BOP arrived.
+#[derive(Debug)]
+struct EarlyBlock {
+    offset: u32,
+    len: u32,
+    fingerprint: u64,
+    /// The bytes (empty with [`Assembly::Discard`]).
+    data: Vec<u8>,
 }
 
 impl Incoming {
     /// Bytes of memory this product accounts for.
     fn held_bytes(&self) -> u64 {
-        self.data.len() as u64 + self.early_bytes
+        self.bop.as_ref().map_or(0, |bop| u64::from(bop.size)) + self.early_bytes
     }
 
     fn new(index: ProductIndex, now: Instant, abandon_at: Instant, ended: bool) -> Self {
@@ -848,6 +931,7 @@ impl Incoming {
             eop_seen: false,
             eop_requested: false,
             retransmitted_blocks: 0,
+            fingerprint: 0,
             receive_timer: None,
             abandon_at,
         }

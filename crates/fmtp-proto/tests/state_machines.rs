@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{Body, Message, MessageType};
 use ldm7_fmtp_proto::{
-    DataUnavailable, DeadlinePolicy, Destination, EnqueueRefusal, Instant, MissReason, Pacing, Product, ProductData,
-    ProductIndex, ReceiverBound, ReceiverConfig, ReceiverEvent, ReceiverId, ReleaseReason, Sender, SenderBound,
-    SenderConfig, SenderEvent,
+    Assembly, DataUnavailable, DeadlinePolicy, Destination, EnqueueRefusal, Instant, MissReason, Pacing, Product,
+    ProductData, ProductIndex, ReceiverBound, ReceiverConfig, ReceiverEvent, ReceiverId, ReleaseReason, Sender,
+    SenderBound, SenderConfig, SenderEvent, block_fingerprint,
 };
 use proptest::prelude::*;
 use support::{Net, block, drop_exact};
@@ -212,6 +212,38 @@ fn request_after_the_deadline_is_rejected_and_the_product_missed() {
     assert_eq!(to_zero, vec![MessageType::RetxEop, MessageType::RetxRej]);
     assert_eq!(net.sender.counters().rejects, 1);
     assert_eq!(net.nodes[0].receiver.counters().rejects, 1);
+}
+
+#[test]
+fn discard_assembly_delivers_the_same_fingerprint_without_bytes() {
+    let discard = ReceiverConfig { assembly: Assembly::Discard, ..ReceiverConfig::default() };
+    let mut net = Net::new(sender_config(), vec![ReceiverConfig::default(), discard]);
+    // Both lose the BOP of product 1 (early blocks kept) and a middle block of product 2.
+    net.drop = Box::new(|_, message| {
+        (message.index.0 == 1 && message.message_type() == MessageType::Bop)
+            || (message.index.0 == 2 && matches!(message.body, Body::MemData { offset, .. } if offset == block(3)))
+    });
+    let sizes = [0, 1, 5 * 1448 + 7, 10 * 1448];
+    for (seed, size) in sizes.iter().enumerate() {
+        net.enqueue(*size, seed as u64);
+    }
+    net.settle(10 * SECOND);
+    for (index, (data, _)) in &net.sent {
+        let expected = data
+            .chunks(1448)
+            .enumerate()
+            .fold(0u64, |sum, (k, chunk)| sum.wrapping_add(block_fingerprint(block(k as u32), chunk)));
+        let memory = &net.nodes[0].delivered[index];
+        let discarded = &net.nodes[1].delivered[index];
+        assert_eq!(memory.data, *data);
+        assert!(discarded.data.is_empty());
+        assert_eq!((memory.fingerprint, discarded.fingerprint), (expected, expected), "product {index}");
+        assert_eq!(memory.retransmitted_blocks, discarded.retransmitted_blocks);
+    }
+    assert_eq!(net.nodes[1].receiver.in_flight_bytes(), 0);
+    // A block moved or doubled changes the sum.
+    let data = &net.sent[&ProductIndex(3)].0;
+    assert_ne!(block_fingerprint(0, &data[..1448]), block_fingerprint(block(1), &data[..1448]));
 }
 
 #[test]

@@ -1,0 +1,441 @@
+//! The checkers: what every product must become at every receiver, checked after every step
+//! (safety) and at the end of the run (liveness).
+//!
+//! Safety, checked as events happen:
+//! * each product is reported at most once per receiver: delivered or missed (or covered by an
+//!   `IndexGap` report), never both, never twice;
+//! * a delivery carries the product's metadata, BOP start time and size; its content is
+//!   checked by full MD5 (memory content) and by [`Delivery::fingerprint`] (always — the only
+//!   content witness when receivers discard bytes at scale);
+//! * a rejection (`Missed(Rejected)`) only comes after the sender released the product;
+//! * every message the sender emits is well-formed and carries the right bytes: multicast in
+//!   product order, blocks at consecutive §3 offsets, payloads equal to the product bytes at
+//!   that offset (checked once per message, not per receiver); repairs likewise.
+//!
+//! Liveness, at the end: every product from a receiver's first contact on is accounted for.
+//! Products lost whole before a receiver's first contact cannot be known to it (FMTP learns of
+//! products from indexes it sees; LDM's backlog request covers them): they are counted as
+//! `unknown_before_first_contact`, never silently.
+//!
+//! [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
+
+use std::sync::Arc;
+
+use ldm7_fmtp_proto::wire::{BLOCK_LEN, Body, Message};
+use ldm7_fmtp_proto::{
+    Delivery, Instant, MissReason, ProductIndex, ReceiverEvent, ReleaseReason, SenderEvent, WallTime,
+};
+use ldm7_types::Signature;
+
+use crate::stats::LatencyStats;
+use crate::workload::pattern_matches;
+
+/// A broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    /// A product was reported twice by one receiver.
+    #[error("receiver {receiver}: product {index} reported twice ({first}, then {second})")]
+    ReportedTwice {
+        /// The receiver (position in the configuration).
+        receiver: usize,
+        /// The product index.
+        index: u32,
+        /// The first report.
+        first: String,
+        /// The second report.
+        second: String,
+    },
+    /// A delivery does not match the product.
+    #[error("receiver {receiver}: product {index} delivered wrong: {what}")]
+    WrongDelivery {
+        /// The receiver.
+        receiver: usize,
+        /// The product index.
+        index: u32,
+        /// What differs.
+        what: String,
+    },
+    /// A receiver reported a product that was never enqueued.
+    #[error("receiver {receiver}: reported product {index}, which was never enqueued")]
+    UnknownProduct {
+        /// The receiver.
+        receiver: usize,
+        /// The index.
+        index: u32,
+    },
+    /// A receiver was told RETX_REJ for a product the sender still retained.
+    #[error("receiver {receiver}: product {index} rejected before the sender released it")]
+    RejectedBeforeRelease {
+        /// The receiver.
+        receiver: usize,
+        /// The product index.
+        index: u32,
+    },
+    /// Liveness: a product neither delivered nor reported missed at the end.
+    #[error("receiver {receiver}: product {index} silently lost (neither delivered nor reported missed)")]
+    SilentlyLost {
+        /// The receiver.
+        receiver: usize,
+        /// The product index.
+        index: u32,
+    },
+    /// The sender emitted something wrong or broke a bound.
+    #[error("sender: {0}")]
+    Sender(String),
+    /// A receiver emitted something wrong or broke a bound.
+    #[error("receiver {receiver}: {what}")]
+    Receiver {
+        /// The receiver.
+        receiver: usize,
+        /// What.
+        what: String,
+    },
+    /// The run did not come to rest.
+    #[error("not quiescent: {0}")]
+    NotQuiescent(String),
+}
+
+/// What a product's bytes are.
+#[derive(Clone, Debug)]
+pub(crate) enum Content {
+    /// Generated from a seed ([`crate::workload::pattern_fill`]).
+    Pattern(u64),
+    /// Held in memory.
+    Bytes(Arc<[u8]>),
+}
+
+impl Content {
+    fn matches(&self, offset: u32, bytes: &[u8]) -> bool {
+        match self {
+            Self::Pattern(seed) => pattern_matches(*seed, u64::from(offset), bytes),
+            Self::Bytes(data) => {
+                let start = offset as usize;
+                data.get(start..start + bytes.len()) == Some(bytes)
+            }
+        }
+    }
+}
+
+/// What the ledger knows of an enqueued product.
+#[derive(Clone, Debug)]
+pub(crate) struct ProductRecord {
+    pub(crate) size: u32,
+    pub(crate) content: Content,
+    pub(crate) metadata: [u8; 16],
+    pub(crate) fingerprint: u64,
+    pub(crate) enqueued_at: Instant,
+    pub(crate) multicast_started: Option<Instant>,
+    pub(crate) released: Option<ReleaseReason>,
+}
+
+/// How a product ended at one receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Pending,
+    Delivered,
+    Missed(MissReason),
+    /// Covered by an `IndexGap` report (too many skipped to request).
+    Gap,
+}
+
+/// Per-receiver results.
+#[derive(Clone, Debug, Default)]
+pub struct ReceiverTally {
+    /// Products delivered.
+    pub delivered: u64,
+    /// Delivered without any retransmitted block ("multicast-itself-sufficient").
+    pub delivered_multicast_only: u64,
+    /// Products missed (all reasons).
+    pub missed: u64,
+    /// Missed because the sender rejected the request (deadline passed).
+    pub missed_rejected: u64,
+    /// Missed for other reasons (timeout, eviction, size).
+    pub missed_other: u64,
+    /// Products reported through `IndexGap` events.
+    pub gap_reported: u64,
+    /// Products lost whole before the receiver's first contact (see the module doc).
+    pub unknown_before_first_contact: u64,
+    /// Retransmitted blocks over delivered products.
+    pub retransmitted_blocks: u64,
+    /// Latency of delivered products (completion − BOP start time).
+    pub latency: LatencyStats,
+}
+
+#[derive(Debug, Default)]
+struct ReceiverLedger {
+    outcomes: Vec<Outcome>,
+    joined_at: Option<Instant>,
+    first_contact: Option<usize>,
+    tally: ReceiverTally,
+}
+
+/// Where the multicast stands, to check that the sender emits products in order.
+#[derive(Debug, Default)]
+struct MulticastCursor {
+    position: Option<usize>,
+    next_offset: u32,
+    ended: bool,
+}
+
+/// The checker state.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    first_index: ProductIndex,
+    products: Vec<ProductRecord>,
+    receivers: Vec<ReceiverLedger>,
+    cursor: MulticastCursor,
+    /// The ledger checks delivered bytes by MD5 (memory content).
+    check_md5: bool,
+}
+
+impl Ledger {
+    pub(crate) fn new(first_index: ProductIndex, receivers: usize, check_md5: bool) -> Self {
+        Self {
+            first_index,
+            products: Vec::new(),
+            receivers: (0..receivers).map(|_| ReceiverLedger::default()).collect(),
+            cursor: MulticastCursor::default(),
+            check_md5,
+        }
+    }
+
+    /// The sender accepted a product and numbered it `index`.
+    pub(crate) fn enqueued(&mut self, index: ProductIndex, record: ProductRecord) -> Result<(), Violation> {
+        let expected = self.first_index.wrapping_add(self.products.len() as u32);
+        if index != expected {
+            return Err(Violation::Sender(format!("numbered a product {index}, expected {expected}")));
+        }
+        self.products.push(record);
+        Ok(())
+    }
+
+    pub(crate) fn product_count(&self) -> usize {
+        self.products.len()
+    }
+
+    pub(crate) fn joined(&mut self, receiver: usize, now: Instant) {
+        self.receivers[receiver].joined_at = Some(now);
+    }
+
+    /// Receiver `receiver` was handed a multicast datagram of product `index` (not lost).
+    #[inline]
+    pub(crate) fn contact(&mut self, receiver: usize, index: ProductIndex) {
+        let ledger = &mut self.receivers[receiver];
+        if ledger.first_contact.is_none() {
+            ledger.first_contact = Some(index.0.wrapping_sub(self.first_index.0) as usize);
+        }
+    }
+
+    fn position(&self, index: ProductIndex) -> Option<usize> {
+        let position = index.0.wrapping_sub(self.first_index.0) as usize;
+        (position < self.products.len()).then_some(position)
+    }
+
+    /// Checks one multicast datagram the sender emitted (once, before the fan-out).
+    pub(crate) fn check_multicast(&mut self, now: Instant, datagram: &[u8]) -> Result<(), Violation> {
+        let message = Message::parse(datagram).map_err(|e| Violation::Sender(format!("malformed datagram: {e}")))?;
+        let index = message.index;
+        let position =
+            self.position(index).ok_or_else(|| Violation::Sender(format!("multicast unknown product {index}")))?;
+        let cursor = &mut self.cursor;
+        let record = &mut self.products[position];
+        match message.body {
+            Body::Bop(bop) => {
+                let expected = cursor.position.map_or(0, |p| p + 1);
+                if position != expected || !(cursor.ended || cursor.position.is_none()) {
+                    return Err(Violation::Sender(format!("BOP of {index} out of order")));
+                }
+                if bop.product_size != record.size || bop.metadata != record.metadata {
+                    return Err(Violation::Sender(format!("BOP of {index} has the wrong size or metadata")));
+                }
+                *cursor = MulticastCursor { position: Some(position), next_offset: 0, ended: false };
+                record.multicast_started = Some(now);
+            }
+            Body::MemData { offset, data } => {
+                if cursor.position != Some(position) || cursor.ended || offset != cursor.next_offset {
+                    return Err(Violation::Sender(format!("block {offset} of {index} out of order")));
+                }
+                let expected_len = (record.size - offset).min(BLOCK_LEN as u32) as usize;
+                if data.len() != expected_len || !record.content.matches(offset, data) {
+                    return Err(Violation::Sender(format!("block {offset} of {index} has the wrong bytes")));
+                }
+                cursor.next_offset = offset + data.len() as u32;
+            }
+            Body::Eop => {
+                if cursor.position != Some(position) || cursor.ended || cursor.next_offset != record.size {
+                    return Err(Violation::Sender(format!("EOP of {index} before its data")));
+                }
+                cursor.ended = true;
+            }
+            _ => return Err(Violation::Sender(format!("multicast a {:?}", message.message_type()))),
+        }
+        Ok(())
+    }
+
+    /// Checks one repair message the sender emitted.
+    pub(crate) fn check_repair(&self, frame: &[u8]) -> Result<(), Violation> {
+        let message = Message::parse(frame).map_err(|e| Violation::Sender(format!("malformed repair: {e}")))?;
+        let index = message.index;
+        let record = || {
+            self.position(index)
+                .map(|p| &self.products[p])
+                .ok_or_else(|| Violation::Sender(format!("repair of unknown product {index}")))
+        };
+        match message.body {
+            Body::RetxData { offset, data } => {
+                let record = record()?;
+                let aligned = offset as usize % BLOCK_LEN == 0 && offset < record.size;
+                let expected_len = record.size.saturating_sub(offset).min(BLOCK_LEN as u32) as usize;
+                if !aligned || data.len() != expected_len || !record.content.matches(offset, data) {
+                    return Err(Violation::Sender(format!("RETX_DATA {offset} of {index} has the wrong bytes")));
+                }
+            }
+            Body::RetxBop(bop) => {
+                let record = record()?;
+                if bop.product_size != record.size || bop.metadata != record.metadata {
+                    return Err(Violation::Sender(format!("RETX_BOP of {index} has the wrong size or metadata")));
+                }
+            }
+            Body::RetxEop | Body::RetxRej => {}
+            _ => return Err(Violation::Sender(format!("sent a {:?} on a stream", message.message_type()))),
+        }
+        Ok(())
+    }
+
+    /// Records a sender event.
+    pub(crate) fn sender_event(&mut self, event: &SenderEvent) -> Result<(), Violation> {
+        if let SenderEvent::Released { index, reason, .. } = event {
+            let position =
+                self.position(*index).ok_or_else(|| Violation::Sender(format!("released unknown product {index}")))?;
+            let record = &mut self.products[position];
+            if let Some(previous) = record.released {
+                return Err(Violation::Sender(format!("released {index} twice ({previous:?}, {reason:?})")));
+            }
+            record.released = Some(*reason);
+        }
+        Ok(())
+    }
+
+    /// Records a receiver event (the safety checks).
+    pub(crate) fn receiver_event(&mut self, receiver: usize, event: ReceiverEvent) -> Result<(), Violation> {
+        match event {
+            ReceiverEvent::Delivered(delivery) => self.delivered(receiver, &delivery),
+            ReceiverEvent::Missed { index, reason } => {
+                let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
+                if reason == MissReason::Rejected && self.products[position].released.is_none() {
+                    return Err(Violation::RejectedBeforeRelease { receiver, index: index.0 });
+                }
+                self.settle(receiver, position, index, Outcome::Missed(reason))?;
+                let tally = &mut self.receivers[receiver].tally;
+                tally.missed += 1;
+                match reason {
+                    MissReason::Rejected => tally.missed_rejected += 1,
+                    _ => tally.missed_other += 1,
+                }
+                Ok(())
+            }
+            ReceiverEvent::IndexGap { first, last } => {
+                let count = last.serial_difference(first).unwrap_or(-1);
+                for step in 0..=count.max(-1) {
+                    let index = first.wrapping_add(step as u32);
+                    let position =
+                        self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
+                    self.settle(receiver, position, index, Outcome::Gap)?;
+                    self.receivers[receiver].tally.gap_reported += 1;
+                }
+                Ok(())
+            }
+            ReceiverEvent::BoundHit { .. } => Ok(()),
+        }
+    }
+
+    fn delivered(&mut self, receiver: usize, delivery: &Delivery) -> Result<(), Violation> {
+        let index = delivery.index;
+        let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
+        let record = &self.products[position];
+        let wrong = |what: String| Violation::WrongDelivery { receiver, index: index.0, what };
+        if delivery.metadata != record.metadata {
+            return Err(wrong("metadata differs".into()));
+        }
+        let start_time = WallTime::from_unix_nanos(u128::from(record.enqueued_at.as_nanos()));
+        if delivery.start_time != start_time {
+            return Err(wrong(format!("start time {:?}, expected {start_time:?}", delivery.start_time)));
+        }
+        if delivery.fingerprint != record.fingerprint {
+            return Err(wrong(format!(
+                "fingerprint {:#x}, expected {:#x} (a block missing, doubled, misplaced or wrong)",
+                delivery.fingerprint, record.fingerprint
+            )));
+        }
+        if self.check_md5 {
+            if delivery.data.len() != record.size as usize {
+                return Err(wrong(format!("{} bytes, expected {}", delivery.data.len(), record.size)));
+            }
+            if Signature::md5_of(&delivery.data).0 != record.metadata {
+                return Err(wrong("MD5 of the delivered bytes differs from the product's signature".into()));
+            }
+        } else if !delivery.data.is_empty() {
+            return Err(wrong("bytes assembled although the receiver discards them".into()));
+        }
+        self.settle(receiver, position, index, Outcome::Delivered)?;
+        let tally = &mut self.receivers[receiver].tally;
+        tally.delivered += 1;
+        tally.delivered_multicast_only += u64::from(delivery.retransmitted_blocks == 0);
+        tally.retransmitted_blocks += u64::from(delivery.retransmitted_blocks);
+        tally.latency.record(delivery.latency_ns);
+        Ok(())
+    }
+
+    fn settle(
+        &mut self,
+        receiver: usize,
+        position: usize,
+        index: ProductIndex,
+        outcome: Outcome,
+    ) -> Result<(), Violation> {
+        let outcomes = &mut self.receivers[receiver].outcomes;
+        if outcomes.len() <= position {
+            outcomes.resize(position + 1, Outcome::Pending);
+        }
+        let slot = &mut outcomes[position];
+        if *slot != Outcome::Pending {
+            return Err(Violation::ReportedTwice {
+                receiver,
+                index: index.0,
+                first: format!("{:?}", *slot),
+                second: format!("{outcome:?}"),
+            });
+        }
+        *slot = outcome;
+        Ok(())
+    }
+
+    /// The liveness check: every product from each receiver's first contact on is accounted
+    /// for. Fills in `unknown_before_first_contact`.
+    pub(crate) fn check_liveness(&mut self) -> Result<(), Violation> {
+        for (receiver, ledger) in self.receivers.iter_mut().enumerate() {
+            let Some(joined_at) = ledger.joined_at else { continue };
+            let first_contact = ledger.first_contact.unwrap_or(self.products.len());
+            for (position, record) in self.products.iter().enumerate() {
+                let outcome = ledger.outcomes.get(position).copied().unwrap_or(Outcome::Pending);
+                if position >= first_contact {
+                    if outcome == Outcome::Pending {
+                        let index = self.first_index.wrapping_add(position as u32).0;
+                        return Err(Violation::SilentlyLost { receiver, index });
+                    }
+                } else if outcome == Outcome::Pending && record.multicast_started.is_some_and(|at| at >= joined_at) {
+                    ledger.tally.unknown_before_first_contact += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn tally(&self, receiver: usize) -> &ReceiverTally {
+        &self.receivers[receiver].tally
+    }
+
+    pub(crate) fn first_contact(&self, receiver: usize) -> Option<ProductIndex> {
+        self.receivers[receiver].first_contact.map(|p| self.first_index.wrapping_add(p as u32))
+    }
+}

@@ -1,0 +1,86 @@
+//! The event heap: events ordered by virtual time, ties broken by insertion order, so a run is a
+//! pure function of its seed and configuration.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use ldm7_fmtp_proto::Instant;
+
+/// A min-heap of `(time, sequence, event)`.
+#[derive(Debug)]
+pub(crate) struct EventQueue<E> {
+    heap: BinaryHeap<Entry<E>>,
+    sequence: u64,
+}
+
+impl<E> EventQueue<E> {
+    pub(crate) fn new() -> Self {
+        Self { heap: BinaryHeap::new(), sequence: 0 }
+    }
+
+    /// Schedules `event` at `at`; events at the same time run in the order they were pushed.
+    pub(crate) fn push(&mut self, at: Instant, event: E) {
+        self.sequence += 1;
+        self.heap.push(Entry { at, sequence: self.sequence, event });
+    }
+
+    /// The earliest event.
+    pub(crate) fn pop(&mut self) -> Option<(Instant, E)> {
+        self.heap.pop().map(|entry| (entry.at, entry.event))
+    }
+
+    /// When the earliest event is due.
+    pub(crate) fn peek_time(&self) -> Option<Instant> {
+        self.heap.peek().map(|entry| entry.at)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+}
+
+#[derive(Debug)]
+struct Entry<E> {
+    at: Instant,
+    sequence: u64,
+    event: E,
+}
+
+impl<E> PartialEq for Entry<E> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.sequence) == (other.at, other.sequence)
+    }
+}
+
+impl<E> Eq for Entry<E> {}
+
+impl<E> PartialOrd for Entry<E> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<E> Ord for Entry<E> {
+    /// Reversed: the earliest (time, sequence) is the greatest, on top of the max-heap.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.sequence).cmp(&(self.at, self.sequence))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pops_in_time_then_insertion_order() {
+        let mut queue = EventQueue::new();
+        queue.push(Instant::from_nanos(5), 'a');
+        queue.push(Instant::from_nanos(1), 'b');
+        queue.push(Instant::from_nanos(5), 'c');
+        queue.push(Instant::from_nanos(1), 'd');
+        assert_eq!(queue.peek_time(), Some(Instant::from_nanos(1)));
+        let order: Vec<char> = std::iter::from_fn(|| queue.pop().map(|(_, e)| e)).collect();
+        assert_eq!(order, vec!['b', 'd', 'a', 'c']);
+        assert_eq!(queue.len(), 0);
+    }
+}

@@ -1,0 +1,1050 @@
+//! The simulation: one [`Sender`], N [`Receiver`]s, links, faults and checkers on a seeded
+//! event heap in virtual time.
+//!
+//! Each step pops the earliest event, feeds it to the state machine it concerns, drains that
+//! machine in the documented order (transmits, events, timeout), schedules what it emitted,
+//! and runs the checkers on what changed ([`crate::ledger`]).
+//!
+//! Scale: a multicast datagram is encoded once and shared (`Rc<[u8]>`) by all its deliveries;
+//! receivers with the same one-way delay and jitter form a *delay group*, and one heap event
+//! delivers a datagram to a whole group, deciding each member's loss inline. Heap events per
+//! datagram are thus per group, not per receiver; per-receiver events are only TCP messages and
+//! timers. Timers are scheduled lazily: one pending wake per state machine, re-armed only when
+//! its `poll_timeout` moves earlier.
+//!
+//! Phases (TigerBeetle's VOPR): the *safety phase* runs the workload under the configured
+//! faults; once every workload product has been multicast and [`Liveness::delay`] has passed,
+//! the *liveness phase* heals the network (no loss, no stalls, no further resets), multicasts
+//! a sentinel product so that every receiver learns of products it lost whole at the end, and
+//! runs until nothing is pending. Then every product must be accounted for.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ldm7_fmtp_proto::wire::Message;
+use ldm7_fmtp_proto::{
+    Assembly, Destination, EnqueueRefusal, Instant, Product, ProductIndex, Receiver, ReceiverConfig,
+    ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
+};
+use ldm7_types::Signature;
+
+use crate::ledger::{Content, Ledger, ProductRecord, ReceiverTally, Violation};
+use crate::net::{Bottleneck, BottleneckState, Channel, LossModel, LossProcess, Reset, Stall, TcpSpec};
+use crate::queue::EventQueue;
+use crate::rng::{SimRng, mix64};
+use crate::stats::LatencyStats;
+use crate::workload::{PatternData, ProductSpec, Workload, bytes_fingerprint, pattern_bytes, pattern_fingerprint};
+
+/// Decides whether receiver `n` (its position in [`SimConfig::receivers`]) loses a multicast
+/// datagram, on top of its loss model: scripted losses for named scenarios.
+pub type DropFilter = Box<dyn FnMut(usize, &Message<'_>) -> bool>;
+
+/// How product bytes are made and checked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContentMode {
+    /// Products are materialized in memory, their metadata is their MD5 signature (as LDM),
+    /// receivers assemble them, and each delivery's MD5 is checked.
+    #[default]
+    Memory,
+    /// Products are generated on demand from a seed ([`PatternData`]); receivers discard
+    /// bytes ([`Assembly::Discard`]); each sender message is checked byte by byte against the
+    /// pattern once, and each delivery by its fingerprint. For runs at scale.
+    Pattern,
+}
+
+/// When and how the liveness phase starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Liveness {
+    /// Time after the last workload product was multicast before the network is healed (the
+    /// receive timers get this long to recover tails under faults).
+    pub delay: Duration,
+    /// Size of the sentinel product multicast after healing (`None`: no sentinel).
+    pub sentinel_size: Option<u32>,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self { delay: Duration::from_secs(1), sentinel_size: Some(1_000) }
+    }
+}
+
+/// A receiver's links and faults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceiverSpec {
+    /// One-way delay of the multicast path.
+    pub multicast_delay: Duration,
+    /// Extra multicast delay, uniform in `[0, jitter]`, drawn per datagram and delay group
+    /// (the path segment the group shares); FIFO is kept.
+    pub jitter: Duration,
+    /// Multicast loss seen by this receiver alone.
+    pub loss: LossModel,
+    /// TCP, receiver → sender (requests).
+    pub to_sender: TcpSpec,
+    /// TCP, sender → receiver (repairs).
+    pub to_receiver: TcpSpec,
+    /// Stall windows of the TCP connection (both directions).
+    pub stalls: Vec<Stall>,
+    /// Resets of the TCP connection.
+    pub resets: Vec<Reset>,
+    /// When the receiver joins (connects and joins the group).
+    pub join_at: Instant,
+    /// Its own receiver settings (default: [`SimConfig::receiver`]).
+    pub config: Option<ReceiverConfig>,
+}
+
+impl ReceiverSpec {
+    /// A receiver at round-trip time `rtt` (half each way on every path), no loss, unlimited
+    /// TCP rate with a 4 MiB socket buffer at the sender.
+    pub fn with_rtt(rtt: Duration) -> Self {
+        let one_way = rtt / 2;
+        Self {
+            multicast_delay: one_way,
+            jitter: Duration::ZERO,
+            loss: LossModel::None,
+            to_sender: TcpSpec { delay: one_way, rate_bits_per_s: None, buffer_bytes: None },
+            to_receiver: TcpSpec { delay: one_way, rate_bits_per_s: None, buffer_bytes: Some(4 << 20) },
+            stalls: Vec::new(),
+            resets: Vec::new(),
+            join_at: Instant::ZERO,
+            config: None,
+        }
+    }
+
+    /// With this multicast loss.
+    pub fn loss(mut self, loss: LossModel) -> Self {
+        self.loss = loss;
+        self
+    }
+
+    /// With this multicast jitter.
+    pub fn jitter(mut self, jitter: Duration) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// With TCP limited to `rate_bits_per_s` in both directions and a socket buffer of
+    /// `buffer_bytes` at the sender.
+    pub fn tcp_rate(mut self, rate_bits_per_s: u64, buffer_bytes: u64) -> Self {
+        self.to_sender.rate_bits_per_s = Some(rate_bits_per_s);
+        self.to_receiver.rate_bits_per_s = Some(rate_bits_per_s);
+        self.to_receiver.buffer_bytes = Some(buffer_bytes);
+        self
+    }
+
+    /// With this one-way TCP delay (both directions).
+    pub fn tcp_delay(mut self, delay: Duration) -> Self {
+        self.to_sender.delay = delay;
+        self.to_receiver.delay = delay;
+        self
+    }
+
+    /// With a TCP stall.
+    pub fn stall(mut self, stall: Stall) -> Self {
+        self.stalls.push(stall);
+        self
+    }
+
+    /// With a TCP reset.
+    pub fn reset(mut self, reset: Reset) -> Self {
+        self.resets.push(reset);
+        self
+    }
+
+    /// Joining at `at`.
+    pub fn join_at(mut self, at: Instant) -> Self {
+        self.join_at = at;
+        self
+    }
+}
+
+/// A simulation's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// The seed: the run is a function of it and of the rest of this configuration.
+    pub seed: u64,
+    /// The sender.
+    pub sender: SenderConfig,
+    /// Receivers without their own settings.
+    pub receiver: ReceiverConfig,
+    /// How product bytes are made and checked.
+    pub content: ContentMode,
+    /// Multicast loss shared by all receivers (at the publisher, before the fan-out).
+    pub shared_loss: LossModel,
+    /// A bottleneck on the multicast path, before the fan-out.
+    pub bottleneck: Option<Bottleneck>,
+    /// The receivers.
+    pub receivers: Vec<ReceiverSpec>,
+    /// The liveness phase.
+    pub liveness: Liveness,
+    /// Virtual time by which the run must be at rest.
+    pub time_limit: Duration,
+}
+
+impl SimConfig {
+    /// Sender paced at 100 Mbit/s (multicast and repairs), default receivers, memory content.
+    pub fn new(seed: u64, receivers: Vec<ReceiverSpec>) -> Self {
+        Self {
+            seed,
+            sender: SenderConfig::with_rate(100_000_000),
+            receiver: ReceiverConfig::default(),
+            content: ContentMode::Memory,
+            shared_loss: LossModel::None,
+            bottleneck: None,
+            receivers,
+            liveness: Liveness::default(),
+            time_limit: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// Why a configuration cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimConfigError {
+    /// The sender or a receiver refused its settings.
+    #[error(transparent)]
+    Fmtp(#[from] ldm7_fmtp_proto::ConfigError),
+    /// Too many receivers for the simulator's id space.
+    #[error("{0} receivers: at most {max} are supported", max = u32::MAX)]
+    TooManyReceivers(usize),
+}
+
+/// A failed run: which invariant broke, when, and the seed that replays it.
+#[derive(Debug, thiserror::Error)]
+#[error("simulation failed at {at} (seed {seed}): {violation}; replay with LDM7_SEED={seed}")]
+pub struct Failure {
+    /// The seed.
+    pub seed: u64,
+    /// Virtual time of the failure.
+    pub at: Instant,
+    /// What broke.
+    pub violation: Violation,
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Products the sender accepted (the liveness sentinel included).
+    pub products: u64,
+    /// Products the sender refused because no receiver was connected (LDM policy).
+    pub products_skipped: u64,
+    /// Bytes of the accepted products.
+    pub product_bytes: u64,
+    /// Virtual time at the end.
+    pub virtual_time: Instant,
+    /// Events processed.
+    pub events: u64,
+    /// Multicast datagrams the sender emitted.
+    pub multicast_datagrams: u64,
+    /// Of those, lost before the fan-out (shared loss, bottleneck queue).
+    pub multicast_lost_shared: u64,
+    /// Receiver deliveries of multicast datagrams (after per-receiver loss).
+    pub datagram_deliveries: u64,
+    /// The sender's counters.
+    pub sender: SenderCounters,
+    /// Per receiver, in configuration order.
+    pub receivers: Vec<ReceiverReport>,
+}
+
+/// One receiver's results.
+#[derive(Clone, Debug)]
+pub struct ReceiverReport {
+    /// Outcomes, retransmissions and latencies.
+    pub tally: ReceiverTally,
+    /// The receiver's own counters.
+    pub counters: ReceiverCounters,
+    /// The first product it got a datagram of.
+    pub first_contact: Option<ProductIndex>,
+    /// Multicast datagrams it lost.
+    pub datagrams_lost: u64,
+}
+
+impl Report {
+    /// Products delivered, all receivers.
+    pub fn delivered(&self) -> u64 {
+        self.receivers.iter().map(|r| r.tally.delivered).sum()
+    }
+
+    /// Products missed, all receivers.
+    pub fn missed(&self) -> u64 {
+        self.receivers.iter().map(|r| r.tally.missed).sum()
+    }
+
+    /// Products reported through index gaps, all receivers.
+    pub fn gap_reported(&self) -> u64 {
+        self.receivers.iter().map(|r| r.tally.gap_reported).sum()
+    }
+
+    /// Products lost whole before a receiver's first contact, all receivers.
+    pub fn unknown_before_first_contact(&self) -> u64 {
+        self.receivers.iter().map(|r| r.tally.unknown_before_first_contact).sum()
+    }
+
+    /// Retransmitted blocks over delivered products, all receivers.
+    pub fn retransmitted_blocks(&self) -> u64 {
+        self.receivers.iter().map(|r| r.tally.retransmitted_blocks).sum()
+    }
+
+    /// Latencies of the given receivers together.
+    pub fn latency_of(&self, receivers: impl IntoIterator<Item = usize>) -> LatencyStats {
+        let mut stats = LatencyStats::default();
+        for receiver in receivers {
+            stats.merge(&self.receivers[receiver].tally.latency);
+        }
+        stats
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let latency = self.latency_of(0..self.receivers.len());
+        writeln!(
+            f,
+            "seed {}: {} products ({} bytes, {} skipped) to {} receivers in {} virtual",
+            self.seed,
+            self.products,
+            self.product_bytes,
+            self.products_skipped,
+            self.receivers.len(),
+            self.virtual_time
+        )?;
+        writeln!(
+            f,
+            "delivered {}, missed {}, gap-reported {}, unknown before first contact {}, retransmitted blocks {}",
+            self.delivered(),
+            self.missed(),
+            self.gap_reported(),
+            self.unknown_before_first_contact(),
+            self.retransmitted_blocks()
+        )?;
+        write!(
+            f,
+            "latency mean {:?} p99 {:?} max {:?}; {} multicast datagrams ({} lost before fan-out); {} events",
+            latency.mean(),
+            latency.quantile(0.99),
+            latency.max(),
+            self.multicast_datagrams,
+            self.multicast_lost_shared,
+            self.events
+        )
+    }
+}
+
+/// The simulation.
+pub struct Simulation {
+    seed: u64,
+    content: ContentMode,
+    liveness: Liveness,
+    time_limit: Instant,
+    now: Instant,
+    queue: EventQueue<Event>,
+    sender: Sender,
+    queued_products_max: usize,
+    retained_products_max: usize,
+    sender_wake: Option<Instant>,
+    nodes: Vec<Node>,
+    groups: Vec<Group>,
+    shared_loss: LossProcess,
+    bottleneck: Option<BottleneckState>,
+    jitter_rng: SimRng,
+    workload: Workload,
+    next_arrival: usize,
+    backlog: VecDeque<ProductSpec>,
+    ledger: Ledger,
+    drop_filter: Option<DropFilter>,
+    /// Nodes with stream messages held back by the sender's backpressure.
+    held_nodes: Vec<usize>,
+    buf: Vec<u8>,
+    healed: bool,
+    liveness_scheduled: bool,
+    counters: Counters,
+    /// Events processed at the current instant (livelock detection).
+    events_now: u64,
+}
+
+impl fmt::Debug for Simulation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Simulation")
+            .field("seed", &self.seed)
+            .field("now", &self.now)
+            .field("receivers", &self.nodes.len())
+            .field("pending_events", &self.queue.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Livelock bound: events at one instant.
+const EVENTS_AT_ONE_INSTANT_MAX: u64 = 50_000_000;
+
+impl Simulation {
+    /// A simulation of `workload` under `config`.
+    pub fn new(config: SimConfig, workload: Workload) -> Result<Self, SimConfigError> {
+        if config.receivers.len() > u32::MAX as usize {
+            return Err(SimConfigError::TooManyReceivers(config.receivers.len()));
+        }
+        let seed = config.seed;
+        let now = Instant::ZERO;
+        let sender = Sender::new(config.sender.clone(), now)?;
+        let mut queue = EventQueue::new();
+        let mut nodes = Vec::with_capacity(config.receivers.len());
+        let mut groups: Vec<Group> = Vec::new();
+        for (position, spec) in config.receivers.iter().enumerate() {
+            let mut receiver_config = spec.config.clone().unwrap_or_else(|| config.receiver.clone());
+            receiver_config.assembly = match config.content {
+                ContentMode::Memory => Assembly::Memory,
+                ContentMode::Pattern => Assembly::Discard,
+            };
+            let receiver = Receiver::new(receiver_config.clone())?;
+            let group = match groups.iter().position(|g| g.delay == spec.multicast_delay && g.jitter == spec.jitter) {
+                Some(group) => group,
+                None => {
+                    groups.push(Group::new(spec.multicast_delay, spec.jitter));
+                    groups.len() - 1
+                }
+            };
+            groups[group].members.push(position);
+            nodes.push(Node {
+                receiver,
+                id: ReceiverId(position as u64),
+                connection: 0,
+                joined: false,
+                connected: false,
+                loss: LossProcess::new(&spec.loss, SimRng::new(seed, position as u64)),
+                to_sender: Channel::new(spec.to_sender.clone(), &spec.stalls),
+                to_receiver: Channel::new(spec.to_receiver.clone(), &spec.stalls),
+                rtt: spec.to_sender.delay + spec.to_receiver.delay,
+                held: VecDeque::new(),
+                wake: None,
+                in_flight_products_max: receiver_config.in_flight_products_max,
+                in_flight_bytes_max: receiver_config.in_flight_bytes_max,
+                datagrams_lost: 0,
+            });
+            queue.push(spec.join_at, Event::Join { receiver: position });
+            for reset in &spec.resets {
+                queue.push(reset.at, Event::Reset { receiver: position, reconnect_after: reset.reconnect_after });
+            }
+        }
+        queue.push(now, Event::Arrival);
+        Ok(Self {
+            seed,
+            content: config.content,
+            liveness: config.liveness,
+            time_limit: Instant::ZERO + config.time_limit,
+            now,
+            queue,
+            queued_products_max: config.sender.queued_products_max,
+            retained_products_max: config.sender.retained_products_max,
+            ledger: Ledger::new(config.sender.first_index, nodes.len(), config.content == ContentMode::Memory),
+            sender,
+            sender_wake: None,
+            nodes,
+            groups,
+            shared_loss: LossProcess::new(&config.shared_loss, SimRng::new(seed, u64::MAX)),
+            bottleneck: config.bottleneck.map(BottleneckState::new),
+            jitter_rng: SimRng::new(seed, u64::MAX - 2),
+            workload,
+            next_arrival: 0,
+            backlog: VecDeque::new(),
+            drop_filter: None,
+            held_nodes: Vec::new(),
+            buf: Vec::with_capacity(2048),
+            healed: false,
+            liveness_scheduled: false,
+            counters: Counters::default(),
+            events_now: 0,
+        })
+    }
+
+    /// Adds scripted multicast losses (active until the liveness phase).
+    pub fn with_drop_filter(mut self, filter: DropFilter) -> Self {
+        self.drop_filter = Some(filter);
+        self
+    }
+
+    /// Runs to the end and checks liveness.
+    pub fn run(mut self) -> Result<Report, Failure> {
+        self.finish()
+    }
+
+    /// Runs events due up to `limit`; returns whether the run came to rest (nothing pending).
+    pub fn run_until(&mut self, limit: Instant) -> Result<bool, Failure> {
+        while let Some(at) = self.queue.peek_time() {
+            if at > limit {
+                self.now = self.now.max(limit);
+                return Ok(false);
+            }
+            if at > self.time_limit {
+                let what = format!("events still pending at the time limit {} ({:?})", self.time_limit, self);
+                return Err(self.failure(Violation::NotQuiescent(what)));
+            }
+            let (at, event) = self.queue.pop().expect("peeked");
+            if at > self.now {
+                self.now = at;
+                self.events_now = 0;
+            }
+            self.events_now += 1;
+            self.counters.events += 1;
+            if self.events_now > EVENTS_AT_ONE_INSTANT_MAX {
+                let what = format!("{EVENTS_AT_ONE_INSTANT_MAX} events at one instant: no progress");
+                return Err(self.failure(Violation::NotQuiescent(what)));
+            }
+            self.handle(event).map_err(|violation| self.failure(violation))?;
+        }
+        Ok(true)
+    }
+
+    /// Runs until nothing is pending, then checks that everything is at rest and every product
+    /// accounted for.
+    pub fn finish(&mut self) -> Result<Report, Failure> {
+        self.run_until(Instant::MAX)?;
+        self.check_at_rest().map_err(|violation| self.failure(violation))?;
+        self.ledger.check_liveness().map_err(|violation| self.failure(violation))?;
+        Ok(self.report())
+    }
+
+    /// The report so far.
+    pub fn report(&self) -> Report {
+        Report {
+            seed: self.seed,
+            products: self.ledger.product_count() as u64,
+            products_skipped: self.counters.products_skipped,
+            product_bytes: self.counters.product_bytes,
+            virtual_time: self.now,
+            events: self.counters.events,
+            multicast_datagrams: self.counters.multicast_datagrams,
+            multicast_lost_shared: self.counters.multicast_lost_shared,
+            datagram_deliveries: self.counters.datagram_deliveries,
+            sender: self.sender.counters().clone(),
+            receivers: (0..self.nodes.len())
+                .map(|n| ReceiverReport {
+                    tally: self.ledger.tally(n).clone(),
+                    counters: self.nodes[n].receiver.counters().clone(),
+                    first_contact: self.ledger.first_contact(n),
+                    datagrams_lost: self.nodes[n].datagrams_lost,
+                })
+                .collect(),
+        }
+    }
+
+    /// Virtual time now.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The sender.
+    pub fn sender(&self) -> &Sender {
+        &self.sender
+    }
+
+    /// Receiver `n`.
+    pub fn receiver(&self, n: usize) -> &Receiver {
+        &self.nodes[n].receiver
+    }
+
+    /// Events processed so far.
+    pub fn events(&self) -> u64 {
+        self.counters.events
+    }
+
+    /// Products accepted by the sender so far.
+    pub fn products_enqueued(&self) -> usize {
+        self.ledger.product_count()
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Event handling.
+
+    fn failure(&self, violation: Violation) -> Failure {
+        Failure { seed: self.seed, at: self.now, violation }
+    }
+
+    fn handle(&mut self, event: Event) -> Result<(), Violation> {
+        match event {
+            Event::Arrival => self.on_arrival(),
+            Event::SenderWake => {
+                if self.sender_wake != Some(self.now) {
+                    return Ok(());
+                }
+                self.sender_wake = None;
+                self.sender.handle_timeout(self.now);
+                self.drain_sender()
+            }
+            Event::Multicast { group, datagram } => self.on_multicast(group, &datagram),
+            Event::ToReceiver { receiver, generation, frame } => {
+                let node = &mut self.nodes[receiver];
+                if generation != node.to_receiver.generation {
+                    self.counters.stream_lost_in_reset += 1;
+                    return Ok(());
+                }
+                node.receiver
+                    .handle_stream_frame(self.now, &frame)
+                    .map_err(|e| Violation::Receiver { receiver, what: format!("refused a repair frame: {e}") })?;
+                self.drain_receiver(receiver)
+            }
+            Event::ToSender { receiver, generation, frame } => {
+                let node = &mut self.nodes[receiver];
+                if generation != node.to_sender.generation || !node.connected {
+                    self.counters.stream_lost_in_reset += 1;
+                    return Ok(());
+                }
+                if !node.held.is_empty() || !self.sender.accepts_stream(node.id) {
+                    // TCP backpressure: the sender stops reading this connection.
+                    if node.held.is_empty() {
+                        self.held_nodes.push(receiver);
+                    }
+                    node.held.push_back(frame);
+                    return Ok(());
+                }
+                self.sender
+                    .handle_stream_frame(self.now, node.id, &frame)
+                    .map_err(|e| Violation::Receiver { receiver, what: format!("sent a malformed frame: {e}") })?;
+                self.drain_sender()
+            }
+            Event::ReceiverWake { receiver } => {
+                let node = &mut self.nodes[receiver];
+                if node.wake != Some(self.now) {
+                    return Ok(());
+                }
+                node.wake = None;
+                node.receiver.handle_timeout(self.now);
+                self.drain_receiver(receiver)
+            }
+            Event::Writable { receiver, generation } => {
+                let node = &mut self.nodes[receiver];
+                if generation != node.to_receiver.generation || !node.connected {
+                    return Ok(());
+                }
+                match node.to_receiver.writable(self.now) {
+                    Ok(()) => {
+                        self.sender.set_writable(node.id, true);
+                        self.drain_sender()
+                    }
+                    Err(at) => {
+                        self.queue.push(at.max(self.now), Event::Writable { receiver, generation });
+                        Ok(())
+                    }
+                }
+            }
+            Event::Join { receiver } => {
+                let node = &mut self.nodes[receiver];
+                node.joined = true;
+                node.connected = true;
+                self.sender.receiver_connected(self.now, node.id);
+                self.sender.set_rtt(node.id, node.rtt);
+                for group in &mut self.groups {
+                    if group.members.contains(&receiver) {
+                        group.joined += 1;
+                    }
+                }
+                self.ledger.joined(receiver, self.now);
+                self.feed_backlog()?;
+                self.drain_sender()
+            }
+            Event::Reset { receiver, reconnect_after } => {
+                let node = &mut self.nodes[receiver];
+                if self.healed || !node.connected {
+                    return Ok(());
+                }
+                node.to_sender.reset(self.now);
+                node.to_receiver.reset(self.now);
+                node.held.clear();
+                node.connected = false;
+                self.counters.resets += 1;
+                self.sender.receiver_disconnected(self.now, node.id);
+                self.queue.push(self.now + reconnect_after, Event::Reconnect { receiver });
+                self.drain_sender()
+            }
+            Event::Reconnect { receiver } => {
+                let node = &mut self.nodes[receiver];
+                node.connection += 1;
+                node.id = ReceiverId((u64::from(node.connection) << 32) | receiver as u64);
+                node.connected = true;
+                self.sender.receiver_connected(self.now, node.id);
+                self.sender.set_rtt(node.id, node.rtt);
+                node.receiver.stream_reset(self.now);
+                self.drain_receiver(receiver)?;
+                self.drain_sender()
+            }
+            Event::Liveness => self.on_liveness(),
+        }
+    }
+
+    /// Hands the sender the workload products that are due, and schedules the next arrival.
+    fn on_arrival(&mut self) -> Result<(), Violation> {
+        let elapsed = self.now - Instant::ZERO;
+        while let Some(spec) = self.workload.products.get(self.next_arrival) {
+            if spec.at > elapsed {
+                self.queue.push(Instant::ZERO + spec.at, Event::Arrival);
+                break;
+            }
+            self.backlog.push_back(*spec);
+            self.next_arrival += 1;
+        }
+        self.feed_backlog()?;
+        self.drain_sender()
+    }
+
+    /// Enqueues backlog products while the sender's queue has room; returns whether any was.
+    fn feed_backlog(&mut self) -> Result<bool, Violation> {
+        let mut fed = false;
+        while let Some(spec) = self.backlog.front().copied() {
+            if self.sender.queued_products() >= self.queued_products_max {
+                break;
+            }
+            self.backlog.pop_front();
+            let position = self.ledger.product_count() as u64;
+            let content_seed = mix64(self.seed ^ mix64(position.wrapping_add(1)));
+            let (product, content, metadata, fingerprint) = match self.content {
+                ContentMode::Memory => {
+                    let bytes: Arc<[u8]> = pattern_bytes(content_seed, spec.size).into();
+                    let metadata = Signature::md5_of(&bytes).0;
+                    let fingerprint = bytes_fingerprint(&bytes);
+                    (Product::new(bytes.clone(), metadata), Content::Bytes(bytes), metadata, fingerprint)
+                }
+                ContentMode::Pattern => {
+                    let mut metadata = [0u8; 16];
+                    metadata[..8].copy_from_slice(&mix64(content_seed).to_le_bytes());
+                    metadata[8..].copy_from_slice(&mix64(content_seed ^ u64::from(spec.size)).to_le_bytes());
+                    let data = PatternData { seed: content_seed, len: spec.size };
+                    let fingerprint = pattern_fingerprint(content_seed, spec.size);
+                    (Product::new(data, metadata), Content::Pattern(content_seed), metadata, fingerprint)
+                }
+            };
+            match self.sender.enqueue(self.now, product) {
+                Ok(index) => {
+                    let record = ProductRecord {
+                        size: spec.size,
+                        content,
+                        metadata,
+                        fingerprint,
+                        enqueued_at: self.now,
+                        multicast_started: None,
+                        released: None,
+                    };
+                    self.ledger.enqueued(index, record)?;
+                    self.counters.product_bytes += u64::from(spec.size);
+                    fed = true;
+                }
+                Err(error) => match error.reason {
+                    EnqueueRefusal::NoReceivers => self.counters.products_skipped += 1,
+                    EnqueueRefusal::QueueFull => {
+                        self.backlog.push_front(spec);
+                        break;
+                    }
+                    reason => return Err(Violation::Sender(format!("refused a product: {reason}"))),
+                },
+            }
+        }
+        Ok(fed)
+    }
+
+    fn on_liveness(&mut self) -> Result<(), Violation> {
+        self.healed = true;
+        self.drop_filter = None;
+        self.shared_loss.heal();
+        for node in &mut self.nodes {
+            node.loss.heal();
+            node.to_sender.heal();
+            node.to_receiver.heal();
+        }
+        if let Some(size) = self.liveness.sentinel_size {
+            self.backlog.push_back(ProductSpec { at: self.now - Instant::ZERO, size });
+        }
+        self.feed_backlog()?;
+        self.drain_sender()
+    }
+
+    fn on_multicast(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
+        // The sender's datagrams were checked when emitted: the header is there.
+        let index = ProductIndex(u32::from_be_bytes([datagram[0], datagram[1], datagram[2], datagram[3]]));
+        let message = match self.drop_filter {
+            Some(_) => Some(Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?),
+            None => None,
+        };
+        for member in 0..self.groups[group].members.len() {
+            let receiver = self.groups[group].members[member];
+            let node = &mut self.nodes[receiver];
+            if !node.joined {
+                continue;
+            }
+            let mut lost = node.loss.lose();
+            if let (Some(filter), Some(message)) = (&mut self.drop_filter, &message) {
+                lost |= filter(receiver, message);
+            }
+            if lost {
+                node.datagrams_lost += 1;
+                continue;
+            }
+            self.counters.datagram_deliveries += 1;
+            self.ledger.contact(receiver, index);
+            node.receiver.handle_datagram(self.now, datagram);
+            self.drain_receiver(receiver)?;
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Draining the state machines.
+
+    fn drain_sender(&mut self) -> Result<(), Violation> {
+        loop {
+            loop {
+                self.buf.clear();
+                let Some(transmit) = self.sender.poll_transmit(self.now, &mut self.buf) else { break };
+                if transmit.len != self.buf.len() {
+                    return Err(Violation::Sender(format!("transmit of {} bytes wrote {}", transmit.len, self.buf.len())));
+                }
+                match transmit.destination {
+                    Destination::Multicast => self.on_multicast_transmit()?,
+                    Destination::Receiver(id) => self.on_repair_transmit(id)?,
+                }
+            }
+            while let Some(event) = self.sender.poll_event() {
+                self.ledger.sender_event(&event)?;
+                if let SenderEvent::BoundHit { .. } = event {
+                    self.counters.sender_bound_hits += 1;
+                }
+            }
+            let fed = self.feed_backlog()? | self.feed_held()?;
+            if !fed {
+                break;
+            }
+        }
+        if self.sender.retained_products() > self.retained_products_max {
+            return Err(Violation::Sender(format!("retains {} products", self.sender.retained_products())));
+        }
+        if self.sender.queued_products() > self.queued_products_max {
+            return Err(Violation::Sender(format!("queues {} products", self.sender.queued_products())));
+        }
+        if !self.liveness_scheduled
+            && self.next_arrival == self.workload.products.len()
+            && self.backlog.is_empty()
+            && self.sender.queued_products() == 0
+        {
+            self.liveness_scheduled = true;
+            self.queue.push(self.now + self.liveness.delay, Event::Liveness);
+        }
+        if let Some(at) = self.sender.poll_timeout() {
+            let at = at.max(self.now);
+            if self.sender_wake.is_none_or(|wake| at < wake) {
+                self.sender_wake = Some(at);
+                self.queue.push(at, Event::SenderWake);
+            }
+        }
+        Ok(())
+    }
+
+    fn on_multicast_transmit(&mut self) -> Result<(), Violation> {
+        self.ledger.check_multicast(self.now, &self.buf)?;
+        self.counters.multicast_datagrams += 1;
+        if self.shared_loss.lose() {
+            self.counters.multicast_lost_shared += 1;
+            return Ok(());
+        }
+        let departure = match &mut self.bottleneck {
+            Some(link) => match link.admit(self.now, self.buf.len(), !self.healed) {
+                Some(departure) => departure,
+                None => {
+                    self.counters.multicast_lost_shared += 1;
+                    return Ok(());
+                }
+            },
+            None => self.now,
+        };
+        let datagram: Rc<[u8]> = Rc::from(&self.buf[..]);
+        for (position, group) in self.groups.iter_mut().enumerate() {
+            if group.joined == 0 {
+                continue;
+            }
+            let jitter = if group.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(self.jitter_rng.below(group.jitter.as_nanos() as u64 + 1))
+            };
+            let arrival = (departure + group.delay + jitter).max(group.last_arrival);
+            group.last_arrival = arrival;
+            self.queue.push(arrival, Event::Multicast { group: position, datagram: datagram.clone() });
+        }
+        Ok(())
+    }
+
+    fn on_repair_transmit(&mut self, id: ReceiverId) -> Result<(), Violation> {
+        self.ledger.check_repair(&self.buf)?;
+        let receiver = (id.0 & 0xffff_ffff) as usize;
+        let node = self
+            .nodes
+            .get_mut(receiver)
+            .filter(|node| node.id == id && node.connected)
+            .ok_or_else(|| Violation::Sender(format!("repair for {id}, which is not connected")))?;
+        let arrival = node.to_receiver.send(self.now, self.buf.len());
+        let generation = node.to_receiver.generation;
+        self.queue.push(arrival, Event::ToReceiver { receiver, generation, frame: self.buf.clone() });
+        if let Err(at) = node.to_receiver.writable(self.now) {
+            self.sender.set_writable(id, false);
+            self.queue.push(at.max(self.now), Event::Writable { receiver, generation });
+        }
+        Ok(())
+    }
+
+    /// Hands the sender stream messages it held back, while it accepts them; returns whether
+    /// any was.
+    fn feed_held(&mut self) -> Result<bool, Violation> {
+        let mut fed = false;
+        let mut k = 0;
+        while k < self.held_nodes.len() {
+            let receiver = self.held_nodes[k];
+            let node = &mut self.nodes[receiver];
+            while self.sender.accepts_stream(node.id) {
+                let Some(frame) = node.held.pop_front() else { break };
+                self.sender
+                    .handle_stream_frame(self.now, node.id, &frame)
+                    .map_err(|e| Violation::Receiver { receiver, what: format!("sent a malformed frame: {e}") })?;
+                fed = true;
+            }
+            if node.held.is_empty() {
+                self.held_nodes.swap_remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        Ok(fed)
+    }
+
+    #[inline]
+    fn drain_receiver(&mut self, receiver: usize) -> Result<(), Violation> {
+        let node = &mut self.nodes[receiver];
+        if node.connected {
+            while let Some(message) = node.receiver.poll_transmit() {
+                let mut frame = Vec::with_capacity(message.buffer_len());
+                message
+                    .emit_to_vec(&mut frame)
+                    .map_err(|e| Violation::Receiver { receiver, what: format!("cannot emit {message:?}: {e}") })?;
+                let arrival = node.to_sender.send(self.now, frame.len());
+                let generation = node.to_sender.generation;
+                self.queue.push(arrival, Event::ToSender { receiver, generation, frame });
+            }
+        }
+        while let Some(event) = node.receiver.poll_event() {
+            self.ledger.receiver_event(receiver, event)?;
+        }
+        if node.receiver.in_flight_products() > node.in_flight_products_max
+            || node.receiver.in_flight_bytes() > node.in_flight_bytes_max
+        {
+            let what = format!(
+                "holds {} products, {} bytes, over its bounds",
+                node.receiver.in_flight_products(),
+                node.receiver.in_flight_bytes()
+            );
+            return Err(Violation::Receiver { receiver, what });
+        }
+        if let Some(at) = node.receiver.poll_timeout() {
+            let at = at.max(self.now);
+            if node.wake.is_none_or(|wake| at < wake) {
+                node.wake = Some(at);
+                self.queue.push(at, Event::ReceiverWake { receiver });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_at_rest(&self) -> Result<(), Violation> {
+        let pending = |what: String| Err(Violation::NotQuiescent(what));
+        if self.next_arrival < self.workload.products.len() || !self.backlog.is_empty() {
+            return pending("workload products were never enqueued".into());
+        }
+        if !self.sender.is_idle() || self.sender.retained_products() > 0 {
+            return pending(format!(
+                "the sender still queues {} and retains {} products",
+                self.sender.queued_products(),
+                self.sender.retained_products()
+            ));
+        }
+        for (receiver, node) in self.nodes.iter().enumerate() {
+            if node.receiver.in_flight_products() > 0 {
+                return pending(format!(
+                    "receiver {receiver} still holds {} products",
+                    node.receiver.in_flight_products()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Event {
+    /// Workload products are due.
+    Arrival,
+    /// The sender's `poll_timeout` (valid only if it still equals `sender_wake`).
+    SenderWake,
+    /// A multicast datagram reaches a delay group.
+    Multicast { group: usize, datagram: Rc<[u8]> },
+    /// A repair message reaches a receiver.
+    ToReceiver { receiver: usize, generation: u32, frame: Vec<u8> },
+    /// A request reaches the sender.
+    ToSender { receiver: usize, generation: u32, frame: Vec<u8> },
+    /// A receiver's `poll_timeout` (valid only if it still equals the node's `wake`).
+    ReceiverWake { receiver: usize },
+    /// A receiver's socket buffer at the sender may have drained.
+    Writable { receiver: usize, generation: u32 },
+    Join { receiver: usize },
+    Reset { receiver: usize, reconnect_after: Duration },
+    Reconnect { receiver: usize },
+    /// Heal the network and send the sentinel.
+    Liveness,
+}
+
+struct Node {
+    receiver: Receiver,
+    /// The current connection's id: connection number in the high 32 bits, position low.
+    id: ReceiverId,
+    connection: u32,
+    joined: bool,
+    connected: bool,
+    loss: LossProcess,
+    to_sender: Channel,
+    to_receiver: Channel,
+    rtt: Duration,
+    /// Stream messages the sender is not reading yet (backpressure), in order.
+    held: VecDeque<Vec<u8>>,
+    wake: Option<Instant>,
+    in_flight_products_max: usize,
+    in_flight_bytes_max: u64,
+    datagrams_lost: u64,
+}
+
+/// Receivers sharing one multicast delay and jitter: one heap event per datagram.
+struct Group {
+    delay: Duration,
+    jitter: Duration,
+    members: Vec<usize>,
+    joined: usize,
+    last_arrival: Instant,
+}
+
+impl Group {
+    fn new(delay: Duration, jitter: Duration) -> Self {
+        Self { delay, jitter, members: Vec::new(), joined: 0, last_arrival: Instant::ZERO }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    events: u64,
+    products_skipped: u64,
+    product_bytes: u64,
+    multicast_datagrams: u64,
+    multicast_lost_shared: u64,
+    datagram_deliveries: u64,
+    stream_lost_in_reset: u64,
+    resets: u64,
+    sender_bound_hits: u64,
+}

@@ -1,0 +1,311 @@
+//! What the sender is given: product sizes and arrival times, from an LDM trace or generated,
+//! and the product bytes themselves.
+//!
+//! Trace format (`../shared/data/traces/*.txt`): one product per line, `SIZE YYYYMMDDhhmmss.fff`
+//! (bytes, then the UTC arrival time); arrival times are taken relative to the first line.
+//!
+//! Content: a product's bytes are a pure function of a 64-bit seed and the byte position
+//! ([`pattern_fill`]), so the simulator can hand the sender a [`PatternData`] that generates
+//! blocks on demand (no 5.5 GB in memory) and can check any block of any message by position
+//! ([`pattern_matches`]) or recompute a product's expected [`Delivery::fingerprint`] in O(blocks)
+//! ([`pattern_fingerprint`]). Small scenarios materialize the same bytes in memory and check
+//! full MD5s.
+//!
+//! [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
+
+use std::path::Path;
+use std::time::Duration;
+
+use ldm7_fmtp_proto::wire::BLOCK_LEN;
+use ldm7_fmtp_proto::{DataUnavailable, ProductData, block_fingerprint};
+use ldm7_types::Timestamp;
+
+use crate::rng::{SimRng, mix64};
+
+/// One product of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProductSpec {
+    /// When it is handed to the sender, since the start of the run.
+    pub at: Duration,
+    /// Its size in bytes.
+    pub size: u32,
+}
+
+/// Products in arrival order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Workload {
+    /// The products, `at` non-decreasing.
+    pub products: Vec<ProductSpec>,
+}
+
+/// Why a trace cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("cannot read trace {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line is not `SIZE YYYYMMDDhhmmss.fff`.
+    #[error("trace line {line}: expected `SIZE YYYYMMDDhhmmss.fff` (size in bytes < 4 GiB, UTC time), got {text:?}")]
+    Line {
+        /// 1-based line number.
+        line: usize,
+        /// The line.
+        text: String,
+    },
+}
+
+impl Workload {
+    /// Reads a trace file.
+    pub fn from_trace_file(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TraceError::Io { path: path.display().to_string(), source })?;
+        Self::parse_trace(&text)
+    }
+
+    /// Parses trace text (blank lines and `#` comments are skipped). Arrival times that go
+    /// backwards are clamped to the previous one, so the workload stays in order.
+    pub fn parse_trace(text: &str) -> Result<Self, TraceError> {
+        let mut products = Vec::new();
+        let mut first: Option<Timestamp> = None;
+        let mut previous = Duration::ZERO;
+        for (number, line) in text.lines().enumerate() {
+            let trimmed = line.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let error = || TraceError::Line { line: number + 1, text: line.to_owned() };
+            let mut fields = trimmed.split_whitespace();
+            let (Some(size), Some(time), None) = (fields.next(), fields.next(), fields.next()) else {
+                return Err(error());
+            };
+            let size: u32 = size.parse().map_err(|_| error())?;
+            let time: Timestamp = time.parse().map_err(|_| error())?;
+            let first = *first.get_or_insert(time);
+            let at = time.saturating_duration_since(first).max(previous);
+            previous = at;
+            products.push(ProductSpec { at, size });
+        }
+        Ok(Self { products })
+    }
+
+    /// `count` products of `size` bytes, one every `interval`.
+    pub fn uniform(count: usize, size: u32, interval: Duration) -> Self {
+        Self::from_sizes(&vec![size; count], interval)
+    }
+
+    /// Products of the given sizes, one every `interval`.
+    pub fn from_sizes(sizes: &[u32], interval: Duration) -> Self {
+        let products = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, size)| ProductSpec { at: interval * u32::try_from(k).unwrap_or(u32::MAX), size: *size })
+            .collect();
+        Self { products }
+    }
+
+    /// `count` products with log-uniform sizes in `[size_min, size_max]` and exponential gaps
+    /// of mean `interval_mean` (a Poisson arrival process), from `seed`.
+    pub fn generated(seed: u64, count: usize, size_min: u32, size_max: u32, interval_mean: Duration) -> Self {
+        let mut rng = SimRng::new(seed, u64::MAX - 1);
+        let (low, high) = (f64::from(size_min.max(1)).ln(), f64::from(size_max.max(size_min).max(1)).ln());
+        let mut at = Duration::ZERO;
+        let products = (0..count)
+            .map(|_| {
+                let size = (low + (high - low) * rng.unit()).exp().round() as u32;
+                let product = ProductSpec { at, size: size.clamp(size_min, size_max) };
+                at += interval_mean.mul_f64(-(1.0 - rng.unit()).ln());
+                product
+            })
+            .collect();
+        Self { products }
+    }
+
+    /// The first `count` products.
+    pub fn take(mut self, count: usize) -> Self {
+        self.products.truncate(count);
+        self
+    }
+
+    /// Total bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.products.iter().map(|p| u64::from(p.size)).sum()
+    }
+
+    /// Arrival time of the last product.
+    pub fn duration(&self) -> Duration {
+        self.products.last().map_or(Duration::ZERO, |p| p.at)
+    }
+}
+
+/// Product bytes generated on demand from a seed: the sender reads blocks, nothing is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PatternData {
+    /// The content seed.
+    pub seed: u64,
+    /// The size in bytes.
+    pub len: u32,
+}
+
+impl ProductData for PatternData {
+    fn len(&self) -> u64 {
+        u64::from(self.len)
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
+        if offset + out.len() as u64 > u64::from(self.len) {
+            return Err(DataUnavailable);
+        }
+        pattern_fill(self.seed, offset, out);
+        Ok(())
+    }
+}
+
+/// The 8 pattern bytes of word `word` (bytes `8 × word ..`).
+#[inline]
+fn pattern_word(seed: u64, word: u64) -> [u8; 8] {
+    mix64(seed ^ word.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes()
+}
+
+/// Fills `out` with the pattern bytes `[offset, offset + out.len())` of the product `seed`.
+pub fn pattern_fill(seed: u64, offset: u64, out: &mut [u8]) {
+    let head = ((8 - offset % 8) % 8).min(out.len() as u64) as usize;
+    let (head_bytes, rest) = out.split_at_mut(head);
+    for (k, byte) in head_bytes.iter_mut().enumerate() {
+        let position = offset + k as u64;
+        *byte = pattern_word(seed, position / 8)[(position % 8) as usize];
+    }
+    let mut word = (offset + head as u64) / 8;
+    let mut chunks = rest.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        chunk.copy_from_slice(&pattern_word(seed, word));
+        word += 1;
+    }
+    let tail = chunks.into_remainder();
+    let bytes = pattern_word(seed, word);
+    tail.copy_from_slice(&bytes[..tail.len()]);
+}
+
+/// Whether `bytes` are the pattern bytes at `offset` of the product `seed` (one pass, no
+/// allocation).
+pub fn pattern_matches(seed: u64, offset: u64, bytes: &[u8]) -> bool {
+    let head = ((8 - offset % 8) % 8).min(bytes.len() as u64) as usize;
+    let (head_bytes, rest) = bytes.split_at(head);
+    for (k, byte) in head_bytes.iter().enumerate() {
+        let position = offset + k as u64;
+        if *byte != pattern_word(seed, position / 8)[(position % 8) as usize] {
+            return false;
+        }
+    }
+    let mut word = (offset + head as u64) / 8;
+    let mut chunks = rest.chunks_exact(8);
+    let mut differ = 0u64;
+    for chunk in &mut chunks {
+        let expected = u64::from_le_bytes(pattern_word(seed, word));
+        // chunks_exact yields 8-byte chunks.
+        differ |= u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ expected;
+        word += 1;
+    }
+    let tail = chunks.remainder();
+    differ == 0 && tail == &pattern_word(seed, word)[..tail.len()]
+}
+
+/// The pattern bytes of a whole product (small scenarios).
+pub fn pattern_bytes(seed: u64, size: u32) -> Vec<u8> {
+    let mut bytes = vec![0; size as usize];
+    pattern_fill(seed, 0, &mut bytes);
+    bytes
+}
+
+/// The [`Delivery::fingerprint`] a receiver must report for a pattern product: O(1) per block
+/// (only each block's first and last 8 bytes are generated).
+///
+/// [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
+pub fn pattern_fingerprint(seed: u64, size: u32) -> u64 {
+    let mut scratch = [0u8; BLOCK_LEN];
+    let mut sum = 0u64;
+    let mut offset = 0u32;
+    while offset < size {
+        let len = (size - offset).min(BLOCK_LEN as u32) as usize;
+        let block = &mut scratch[..len];
+        let sampled = len.min(8);
+        pattern_fill(seed, u64::from(offset), &mut block[..sampled]);
+        pattern_fill(seed, u64::from(offset) + (len - sampled) as u64, &mut block[len - sampled..]);
+        sum = sum.wrapping_add(block_fingerprint(offset, block));
+        offset += len as u32;
+    }
+    sum
+}
+
+/// The fingerprint of in-memory bytes, over the §3 tiling (block `k` at `k × 1448`).
+pub fn bytes_fingerprint(bytes: &[u8]) -> u64 {
+    bytes.chunks(BLOCK_LEN).enumerate().fold(0u64, |sum, (k, block)| {
+        // k × 1448 < size ≤ u32::MAX.
+        sum.wrapping_add(block_fingerprint((k * BLOCK_LEN) as u32, block))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_trace_format() {
+        let text = "90654 20150615000000.009\n\n# comment\n91495 20150615000001.211\n5 20150615000001.000\n";
+        let workload = Workload::parse_trace(text).unwrap();
+        let expected = vec![
+            ProductSpec { at: Duration::ZERO, size: 90654 },
+            ProductSpec { at: Duration::from_millis(1202), size: 91495 },
+            // Backwards in time: clamped.
+            ProductSpec { at: Duration::from_millis(1202), size: 5 },
+        ];
+        assert_eq!(workload.products, expected);
+        assert_eq!(workload.total_bytes(), 90654 + 91495 + 5);
+        let error = Workload::parse_trace("12 2015\n").unwrap_err().to_string();
+        assert!(error.contains("trace line 1"), "{error}");
+        assert!(Workload::parse_trace("x 20150615000000.009").is_err());
+    }
+
+    #[test]
+    fn pattern_is_positional_and_checkable_anywhere() {
+        let whole = pattern_bytes(42, 5_000);
+        for (offset, len) in [(0, 5_000), (3, 17), (1448, 1448), (4_999, 1), (7, 0), (8, 8)] {
+            let mut part = vec![0; len];
+            pattern_fill(42, offset as u64, &mut part);
+            assert_eq!(part, whole[offset..offset + len], "offset {offset}, len {len}");
+            assert!(pattern_matches(42, offset as u64, &part));
+        }
+        let mut wrong = whole[100..200].to_vec();
+        wrong[50] ^= 1;
+        assert!(!pattern_matches(42, 100, &wrong));
+        assert!(!pattern_matches(43, 100, &whole[100..200]));
+        assert!(!pattern_matches(42, 101, &whole[100..200]));
+    }
+
+    #[test]
+    fn pattern_fingerprint_matches_the_bytes() {
+        for size in [0, 1, 7, 8, 9, 1447, 1448, 1449, 100_000] {
+            let bytes = pattern_bytes(9, size);
+            assert_eq!(pattern_fingerprint(9, size), bytes_fingerprint(&bytes), "size {size}");
+        }
+        let data = PatternData { seed: 9, len: 10 };
+        let mut out = [0u8; 4];
+        data.read_at(6, &mut out).unwrap();
+        assert_eq!(out, pattern_bytes(9, 10)[6..]);
+        assert_eq!(data.read_at(7, &mut out), Err(DataUnavailable));
+    }
+
+    #[test]
+    fn generated_workloads_are_reproducible() {
+        let a = Workload::generated(5, 100, 10, 1_000_000, Duration::from_millis(10));
+        assert_eq!(a, Workload::generated(5, 100, 10, 1_000_000, Duration::from_millis(10)));
+        assert!(a.products.iter().all(|p| (10..=1_000_000).contains(&p.size)));
+        assert!(a.products.windows(2).all(|w| w[0].at <= w[1].at));
+        assert_eq!(Workload::uniform(3, 5, Duration::from_secs(1)).duration(), Duration::from_secs(2));
+    }
+}
