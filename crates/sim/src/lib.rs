@@ -46,10 +46,7 @@ pub use workload::{ProductSpec, TraceError, Workload};
 /// another seed).
 pub fn seed_from_env(default: u64) -> u64 {
     match std::env::var("LDM7_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("LDM7_SEED={text:?} is not an unsigned integer")),
+        Ok(text) => text.trim().parse().unwrap_or_else(|_| panic!("LDM7_SEED={text:?} is not an unsigned integer")),
         Err(_) => default,
     }
 }

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::Message;
 use ldm7_fmtp_proto::{
-    Assembly, Destination, EnqueueRefusal, Instant, Product, ProductIndex, Receiver, ReceiverConfig,
-    ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
+    Assembly, Destination, EnqueueRefusal, Instant, Product, ProductIndex, Receiver, ReceiverConfig, ReceiverCounters,
+    ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
 };
 use ldm7_types::Signature;
 
@@ -801,7 +801,11 @@ impl Simulation {
                 self.buf.clear();
                 let Some(transmit) = self.sender.poll_transmit(self.now, &mut self.buf) else { break };
                 if transmit.len != self.buf.len() {
-                    return Err(Violation::Sender(format!("transmit of {} bytes wrote {}", transmit.len, self.buf.len())));
+                    return Err(Violation::Sender(format!(
+                        "transmit of {} bytes wrote {}",
+                        transmit.len,
+                        self.buf.len()
+                    )));
                 }
                 match transmit.destination {
                     Destination::Multicast => self.on_multicast_transmit()?,
@@ -986,18 +990,41 @@ enum Event {
     /// The sender's `poll_timeout` (valid only if it still equals `sender_wake`).
     SenderWake,
     /// A multicast datagram reaches a delay group.
-    Multicast { group: usize, datagram: Rc<[u8]> },
+    Multicast {
+        group: usize,
+        datagram: Rc<[u8]>,
+    },
     /// A repair message reaches a receiver.
-    ToReceiver { receiver: usize, generation: u32, frame: Vec<u8> },
+    ToReceiver {
+        receiver: usize,
+        generation: u32,
+        frame: Vec<u8>,
+    },
     /// A request reaches the sender.
-    ToSender { receiver: usize, generation: u32, frame: Vec<u8> },
+    ToSender {
+        receiver: usize,
+        generation: u32,
+        frame: Vec<u8>,
+    },
     /// A receiver's `poll_timeout` (valid only if it still equals the node's `wake`).
-    ReceiverWake { receiver: usize },
+    ReceiverWake {
+        receiver: usize,
+    },
     /// A receiver's socket buffer at the sender may have drained.
-    Writable { receiver: usize, generation: u32 },
-    Join { receiver: usize },
-    Reset { receiver: usize, reconnect_after: Duration },
-    Reconnect { receiver: usize },
+    Writable {
+        receiver: usize,
+        generation: u32,
+    },
+    Join {
+        receiver: usize,
+    },
+    Reset {
+        receiver: usize,
+        reconnect_after: Duration,
+    },
+    Reconnect {
+        receiver: usize,
+    },
     /// Heal the network and send the sentinel.
     Liveness,
 }
