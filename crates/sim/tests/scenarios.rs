@@ -1,0 +1,273 @@
+//! Named FMTP scenarios on the simulator. Every run ends with the simulator's own checks: each
+//! product delivered once with the right MD5 and fingerprint, or reported missed, never
+//! silently lost; sender and receivers at rest. `LDM7_SEED=n` replays a failing seed.
+
+use std::time::Duration;
+
+use ldm7_fmtp_proto::wire::{Body, MessageType};
+use ldm7_fmtp_proto::{DeadlinePolicy, Instant, SenderConfig};
+use ldm7_sim::{
+    ContentMode, LossModel, Report, Reset, ReceiverSpec, SimConfig, Simulation, Stall, Workload, seed_from_env,
+};
+
+const MS: Duration = Duration::from_millis(1);
+const BLOCK: u32 = 1448;
+
+fn rtt30() -> ReceiverSpec {
+    ReceiverSpec::with_rtt(30 * MS)
+}
+
+fn run(config: SimConfig, workload: Workload) -> Report {
+    let seed = config.seed;
+    match Simulation::new(config, workload).expect("valid configuration").run() {
+        Ok(report) => report,
+        Err(failure) => panic!("{failure} (seed {seed})"),
+    }
+}
+
+fn run_with_drops(config: SimConfig, workload: Workload, filter: ldm7_sim::DropFilter) -> Report {
+    let seed = config.seed;
+    let simulation = Simulation::new(config, workload).expect("valid configuration").with_drop_filter(filter);
+    match simulation.run() {
+        Ok(report) => report,
+        Err(failure) => panic!("{failure} (seed {seed})"),
+    }
+}
+
+/// Every receiver got every product (workload and sentinel) and nothing was missed.
+fn assert_all_delivered(report: &Report, products: u64) {
+    assert_eq!(report.products, products + 1, "{report}");
+    for (n, receiver) in report.receivers.iter().enumerate() {
+        assert_eq!(receiver.tally.delivered, products + 1, "receiver {n}: {report}");
+        assert_eq!(receiver.tally.missed, 0, "receiver {n}: {report}");
+    }
+}
+
+/// Five products of 20 blocks and a bit, 50 ms apart; receiver 0 loses what `drop` says of
+/// product index 2, receiver 1 loses nothing.
+fn scripted(drop: impl Fn(&ldm7_fmtp_proto::wire::Message<'_>) -> bool + 'static) -> Report {
+    let config = SimConfig::new(seed_from_env(11), vec![rtt30(), rtt30()]);
+    let workload = Workload::uniform(5, 20 * BLOCK + 100, 50 * MS);
+    let report = run_with_drops(
+        config,
+        workload,
+        Box::new(move |receiver, message| receiver == 0 && message.index.0 == 2 && drop(message)),
+    );
+    assert_all_delivered(&report, 5);
+    assert_eq!(report.receivers[1].tally.retransmitted_blocks, 0, "{report}");
+    report
+}
+
+#[test]
+fn lost_bop_is_requested_and_following_blocks_are_kept() {
+    let report = scripted(|message| message.message_type() == MessageType::Bop);
+    let counters = &report.receivers[0].counters;
+    assert_eq!(counters.bop_requests, 1, "{counters:?}");
+    // The blocks that followed the lost BOP were kept: none was retransmitted.
+    assert_eq!(report.receivers[0].tally.retransmitted_blocks, 0, "{report}");
+}
+
+#[test]
+fn lost_eop_alone_costs_nothing() {
+    // The receiver completes a product on its last byte; the EOP is only needed when the tail
+    // is lost too (next tests).
+    let report = scripted(|message| message.message_type() == MessageType::Eop);
+    let counters = &report.receivers[0].counters;
+    assert_eq!((counters.eop_requests, counters.retx_requests), (0, 0), "{counters:?}");
+    assert_eq!(report.receivers[0].tally.retransmitted_blocks, 0, "{report}");
+}
+
+#[test]
+fn tail_loss_is_recovered() {
+    // The last three blocks and the EOP of product 2: nothing of it follows to reveal the gap
+    // before product 3's BOP, or the receive timer.
+    let report = scripted(|message| match message.body {
+        Body::MemData { offset, .. } => offset >= 18 * BLOCK,
+        _ => message.message_type() == MessageType::Eop,
+    });
+    assert_eq!(report.receivers[0].tally.retransmitted_blocks, 3, "{report}");
+}
+
+#[test]
+fn tail_loss_of_the_last_product_is_recovered_by_the_timer() {
+    // No later product reveals the loss: only the receive timer can (the liveness sentinel
+    // comes a second later, after the timer fired).
+    let config = SimConfig::new(seed_from_env(12), vec![rtt30()]);
+    let workload = Workload::uniform(3, 20 * BLOCK, 50 * MS);
+    let report = run_with_drops(
+        config,
+        workload,
+        Box::new(|_, message| {
+            message.index.0 == 2
+                && match message.body {
+                    Body::MemData { offset, .. } => offset >= 15 * BLOCK,
+                    _ => message.message_type() == MessageType::Eop,
+                }
+        }),
+    );
+    assert_all_delivered(&report, 3);
+    assert_eq!(report.receivers[0].tally.retransmitted_blocks, 5, "{report}");
+    assert_eq!(report.receivers[0].counters.eop_requests, 1, "{report}");
+}
+
+#[test]
+fn whole_product_lost_is_requested_from_the_index_gap() {
+    let report = scripted(|_| true);
+    let counters = &report.receivers[0].counters;
+    assert_eq!(counters.bop_requests, 1, "{counters:?}");
+    assert_eq!(report.receivers[0].tally.retransmitted_blocks, 21, "{report}");
+}
+
+#[test]
+fn request_after_the_deadline_is_rejected_and_the_product_missed() {
+    // Receiver 0's TCP connection stalls for 2 s from the start; the deadline is 200 ms: its
+    // request for the lost block arrives late and is rejected.
+    let mut config = SimConfig::new(
+        seed_from_env(13),
+        vec![rtt30().stall(Stall { start: Instant::ZERO, duration: Duration::from_secs(2) }), rtt30()],
+    );
+    config.sender.deadline = DeadlinePolicy::Constant(200 * MS);
+    let workload = Workload::uniform(3, 10 * BLOCK, 50 * MS);
+    let report = run_with_drops(
+        config,
+        workload,
+        Box::new(|receiver, message| {
+            receiver == 0 && message.index.0 == 1 && matches!(message.body, Body::MemData { offset, .. } if offset == 4 * BLOCK)
+        }),
+    );
+    let tally = &report.receivers[0].tally;
+    assert_eq!((tally.missed, tally.missed_rejected), (1, 1), "{report}");
+    assert_eq!(tally.delivered, 3, "{report}");
+    assert_eq!(report.receivers[0].counters.rejects, 1, "{report}");
+    assert_eq!(report.receivers[1].tally.delivered, 4, "{report}");
+}
+
+#[test]
+fn slow_receiver_does_not_slow_the_others() {
+    // Ten receivers at 1% loss; add an eleventh at 20% loss behind a 2 Mbit/s TCP connection
+    // with a 64 KiB socket buffer. The ten see the same losses in both runs (per-receiver
+    // random streams), so their latencies must not change.
+    let seed = seed_from_env(14);
+    let fast: Vec<ReceiverSpec> = (0..10).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
+    let workload = Workload::generated(seed, 300, 1_000, 400_000, 20 * MS);
+    let sender = SenderConfig::with_rate(50_000_000);
+    let mut alone = SimConfig::new(seed, fast.clone());
+    alone.sender = sender.clone();
+    let mut with_slow = SimConfig::new(seed, {
+        let mut receivers = fast;
+        receivers.push(rtt30().loss(LossModel::Bernoulli(0.20)).tcp_rate(2_000_000, 64 << 10));
+        receivers
+    });
+    with_slow.sender = sender;
+    let baseline = run(alone, workload.clone());
+    let report = run(with_slow, workload);
+    assert_all_delivered(&baseline, 300);
+    let slow = &report.receivers[10].tally;
+    assert_eq!(slow.delivered + slow.missed, 301, "{report}");
+    let before = baseline.latency_of(0..10);
+    let after = report.latency_of(0..10);
+    assert_eq!(after.count(), before.count(), "{report}");
+    let (before_p99, after_p99) = (before.quantile(0.99), after.quantile(0.99));
+    assert!(
+        after_p99 <= before_p99.mul_f64(1.10) + 5 * MS && after.mean() <= before.mean().mul_f64(1.10) + 5 * MS,
+        "the others slowed down: p99 {before_p99:?} → {after_p99:?}, mean {:?} → {:?}; slow receiver: {slow:?}",
+        before.mean(),
+        after.mean()
+    );
+    // The slow receiver really was slow.
+    assert!(slow.latency.quantile(0.99) > after_p99 * 2, "{slow:?}");
+}
+
+fn lossy_run(seed: u64, receivers: usize, loss: LossModel, products: usize) -> Report {
+    let specs = (0..receivers).map(|_| rtt30().loss(loss).jitter(2 * MS)).collect();
+    let mut config = SimConfig::new(seed, specs);
+    config.content = ContentMode::Memory;
+    let workload = Workload::generated(seed, products, 100, 2_000_000, 30 * MS);
+    run(config, workload)
+}
+
+#[test]
+fn one_percent_loss() {
+    let report = lossy_run(seed_from_env(15), 4, LossModel::Bernoulli(0.01), 400);
+    assert_all_delivered(&report, 400);
+    assert!(report.retransmitted_blocks() > 0, "{report}");
+}
+
+#[test]
+fn ten_percent_loss() {
+    let report = lossy_run(seed_from_env(16), 4, LossModel::Bernoulli(0.10), 400);
+    assert_all_delivered(&report, 400);
+    // About a tenth of the blocks came again.
+    let blocks: u64 = report.receivers.iter().map(|r| r.counters.datagrams).sum();
+    let ratio = report.retransmitted_blocks() as f64 / blocks as f64;
+    assert!((0.07..0.15).contains(&ratio), "retransmitted/received {ratio}: {report}");
+}
+
+#[test]
+fn ten_percent_loss_in_bursts() {
+    let report = lossy_run(seed_from_env(17), 4, LossModel::bursts(0.10, 8.0), 300);
+    assert_all_delivered(&report, 300);
+}
+
+#[test]
+fn hundred_receivers_at_one_percent_loss() {
+    let seed = seed_from_env(18);
+    let specs = (0..100).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
+    let mut config = SimConfig::new(seed, specs);
+    config.content = ContentMode::Pattern;
+    let workload = Workload::generated(seed, 500, 100, 2_000_000, 30 * MS);
+    let report = run(config, workload);
+    assert_all_delivered(&report, 500);
+    let lost: u64 = report.receivers.iter().map(|r| r.datagrams_lost).sum();
+    let rate = lost as f64 / (report.multicast_datagrams * 100) as f64;
+    assert!((0.008..0.012).contains(&rate), "loss rate {rate}");
+}
+
+#[test]
+fn receiver_joining_mid_stream_gets_everything_from_its_first_product() {
+    let seed = seed_from_env(19);
+    let late = Instant::ZERO + Duration::from_millis(1_005);
+    let specs = vec![rtt30().loss(LossModel::Bernoulli(0.01)), rtt30().loss(LossModel::Bernoulli(0.01)).join_at(late)];
+    let config = SimConfig::new(seed, specs);
+    let workload = Workload::uniform(100, 30 * BLOCK, 20 * MS);
+    let report = run(config, workload);
+    assert_eq!(report.receivers[0].tally.delivered, 101, "{report}");
+    let joiner = &report.receivers[1];
+    let first = joiner.first_contact.expect("the joiner saw datagrams").0;
+    // It joined in the middle of product ~50: it gets (most of) that one onwards.
+    assert!((48..=52).contains(&first), "first contact {first}");
+    assert_eq!(joiner.tally.missed, 0, "{report}");
+    assert_eq!(joiner.tally.delivered, 101 - u64::from(first), "{report}");
+}
+
+#[test]
+fn connection_resets_lose_nothing_silently() {
+    let seed = seed_from_env(20);
+    let reset = |ms| Reset { at: Instant::ZERO + Duration::from_millis(ms), reconnect_after: 100 * MS };
+    let specs = vec![
+        rtt30().loss(LossModel::Bernoulli(0.05)).reset(reset(300)).reset(reset(900)),
+        rtt30().loss(LossModel::Bernoulli(0.05)),
+    ];
+    let config = SimConfig::new(seed, specs);
+    let workload = Workload::generated(seed, 100, 1_000, 500_000, 15 * MS);
+    let report = run(config, workload);
+    assert_eq!(report.receivers[1].tally.delivered, 101, "{report}");
+    // While receiver 0 is disconnected the sender prunes it from the products it multicasts
+    // (§3.8); those released before it reconnects are rejected and reported missed — for the
+    // backstop to fetch over unicast — never silently lost.
+    let tally = &report.receivers[0].tally;
+    assert_eq!(tally.delivered + tally.missed, 101, "{report}");
+    assert_eq!(tally.missed, tally.missed_rejected, "{report}");
+    assert!(tally.missed <= 20, "{report}");
+    assert_eq!(report.receivers[0].counters.malformed, 0);
+}
+
+#[test]
+fn same_seed_same_run() {
+    let a = lossy_run(21, 3, LossModel::bursts(0.05, 4.0), 100);
+    let b = lossy_run(21, 3, LossModel::bursts(0.05, 4.0), 100);
+    assert_eq!(a.to_string(), b.to_string());
+    assert_eq!(a.events, b.events);
+    let c = lossy_run(22, 3, LossModel::bursts(0.05, 4.0), 100);
+    assert_ne!(a.events, c.events);
+}
