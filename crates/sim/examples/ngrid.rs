@@ -86,9 +86,8 @@ fn main() -> ExitCode {
     }
     let seed = args.seed.unwrap_or_else(|| seed_from_env(1));
     let rtt = Duration::from_millis(args.rtt_ms);
-    let receivers = (0..args.receivers)
-        .map(|_| ReceiverSpec::with_rtt(rtt).loss(LossModel::Bernoulli(args.loss)))
-        .collect();
+    let receivers =
+        (0..args.receivers).map(|_| ReceiverSpec::with_rtt(rtt).loss(LossModel::Bernoulli(args.loss))).collect();
     let mut config = SimConfig::new(seed, receivers);
     config.sender = SenderConfig::with_rate(rate);
     config.content = if args.memory { ContentMode::Memory } else { ContentMode::Pattern };

@@ -234,7 +234,7 @@ pub struct Report {
     pub products_skipped: u64,
     /// Bytes of the accepted products.
     pub product_bytes: u64,
-    /// Virtual time at the end.
+    /// Virtual time of the last activity (stale timer wakes of cancelled timers excluded).
     pub virtual_time: Instant,
     /// Events processed.
     pub events: u64,
@@ -364,6 +364,9 @@ pub struct Simulation {
     counters: Counters,
     /// Events processed at the current instant (livelock detection).
     events_now: u64,
+    /// When the last event that was not a stale timer wake ran (the end of the run's activity:
+    /// stale wakes of timers already cancelled may run later and do nothing).
+    last_active: Instant,
 }
 
 impl fmt::Debug for Simulation {
@@ -456,6 +459,7 @@ impl Simulation {
             liveness_scheduled: false,
             counters: Counters::default(),
             events_now: 0,
+            last_active: now,
         })
     }
 
@@ -513,7 +517,7 @@ impl Simulation {
             products: self.ledger.product_count() as u64,
             products_skipped: self.counters.products_skipped,
             product_bytes: self.counters.product_bytes,
-            virtual_time: self.now,
+            virtual_time: self.last_active,
             events: self.counters.events,
             multicast_datagrams: self.counters.multicast_datagrams,
             multicast_lost_shared: self.counters.multicast_lost_shared,
@@ -568,6 +572,20 @@ impl Simulation {
     }
 
     fn handle(&mut self, event: Event) -> Result<(), Violation> {
+        let stale = match &event {
+            // A wake is stale if another replaced it or its timer was cancelled meanwhile.
+            Event::SenderWake => {
+                self.sender_wake != Some(self.now) || self.sender.poll_timeout().is_none_or(|at| at > self.now)
+            }
+            Event::ReceiverWake { receiver } => {
+                let node = &self.nodes[*receiver];
+                node.wake != Some(self.now) || node.receiver.poll_timeout().is_none_or(|at| at > self.now)
+            }
+            _ => false,
+        };
+        if !stale {
+            self.last_active = self.now;
+        }
         match event {
             Event::Arrival => self.on_arrival(),
             Event::SenderWake => {

@@ -70,10 +70,9 @@ fn random_configurations_keep_every_invariant() {
         Err(_) => {
             let runs = std::env::var("LDM7_SIM_RUNS").ok().and_then(|n| n.parse().ok()).unwrap_or(40);
             // A different set each day, reproducible from the printed seed.
-            let base = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() / 86_400)
-                * 1_000;
+            let base =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400)
+                    * 1_000;
             (base..base + runs).collect()
         }
     };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ldm7_fmtp_proto::wire::{Body, MessageType};
 use ldm7_fmtp_proto::{DeadlinePolicy, Instant, SenderConfig};
 use ldm7_sim::{
-    ContentMode, LossModel, Report, Reset, ReceiverSpec, SimConfig, Simulation, Stall, Workload, seed_from_env,
+    ContentMode, LossModel, ReceiverSpec, Report, Reset, SimConfig, Simulation, Stall, Workload, seed_from_env,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -132,7 +132,9 @@ fn request_after_the_deadline_is_rejected_and_the_product_missed() {
         config,
         workload,
         Box::new(|receiver, message| {
-            receiver == 0 && message.index.0 == 1 && matches!(message.body, Body::MemData { offset, .. } if offset == 4 * BLOCK)
+            receiver == 0
+                && message.index.0 == 1
+                && matches!(message.body, Body::MemData { offset, .. } if offset == 4 * BLOCK)
         }),
     );
     let tally = &report.receivers[0].tally;
