@@ -54,7 +54,7 @@ fn parse_rate(text: &str) -> Option<u64> {
         _ => (text, 1.0),
     };
     let value: f64 = digits.parse().ok()?;
-    (value > 0.0).then(|| (value * scale) as u64)
+    (value > 0.0).then_some((value * scale) as u64)
 }
 
 fn default_trace() -> PathBuf {
