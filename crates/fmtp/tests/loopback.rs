@@ -19,10 +19,52 @@ fn free_port() -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lossy_receivers_get_every_product_intact() {
     let group = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 77, 2)), free_port());
-    let multicast = MulticastConfig::loopback(group);
+    lossy_receivers(MulticastConfig::loopback(group), "127.0.0.1:0".parse().expect("addr")).await;
+}
+
+/// The same over IPv6 (group ff15::/16, site-local transient), in a network namespace of the
+/// test's own: Linux does not loop IPv6 multicast back on `lo`, so the namespace gets a veth
+/// pair and the sender loops its datagrams back on one end. Needs root.
+#[test]
+fn lossy_receivers_get_every_product_intact_over_ipv6() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (creates a network namespace for IPv6 multicast)");
+        return;
+    }
+    std::thread::spawn(|| {
+        // The namespace is per thread: this thread, the runtime's workers it starts and the
+        // `ip` children inherit it; the namespace and the veth pair vanish with them.
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+        let ip = |args: &str| {
+            let output = std::process::Command::new("ip").args(args.split(' ')).output().expect("run ip");
+            assert!(output.status.success(), "ip {args}: {}", String::from_utf8_lossy(&output.stderr));
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        };
+        ip("link set lo up");
+        ip("link add v6a type veth peer name v6b");
+        ip("link set v6a up");
+        ip("link set v6b up");
+        ip("-6 addr add fd00::1/64 dev v6a nodad");
+        // "N: v6a@v6b: <…>"
+        let index: u32 = ip("-o link show v6a").split(':').next().and_then(|n| n.trim().parse().ok()).expect("ifindex");
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let group = SocketAddr::new("ff15::4c44:4d37".parse().expect("group"), 38_800);
+            let mut multicast = MulticastConfig::loopback(group);
+            multicast.interface = "fd00::1".parse().expect("interface");
+            multicast.interface_index = index;
+            lossy_receivers(multicast, "[::1]:0".parse().expect("addr")).await;
+        });
+    })
+    .join()
+    .expect("IPv6 run");
+}
+
+async fn lossy_receivers(multicast: MulticastConfig, retx_listen: SocketAddr) {
     let mut sender = FmtpSender::start(SenderOptions {
         multicast: multicast.clone(),
-        retx_listen: "127.0.0.1:0".parse().expect("addr"),
+        retx_listen,
         proto: SenderConfig::with_rate(200_000_000),
         authorize: Arc::new(|peer: SocketAddr| peer.ip().is_loopback()),
     })
