@@ -10,7 +10,6 @@ use ldm7_fmtp_proto::{DeadlinePolicy, Instant, SenderConfig};
 use ldm7_sim::rng::SimRng;
 use ldm7_sim::{ContentMode, LossModel, ReceiverSpec, Reset, SimConfig, Simulation, Stall, Workload};
 
-
 fn ms(rng: &mut SimRng, low: u64, high: u64) -> Duration {
     Duration::from_millis(low + rng.below(high - low + 1))
 }
