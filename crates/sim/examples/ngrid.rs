@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ldm7_fmtp_proto::SenderConfig;
+use ldm7_net::units::Rate;
 use ldm7_sim::{ContentMode, LossModel, ReceiverSpec, SimConfig, Simulation, Workload, seed_from_env};
 
 #[derive(Parser)]
@@ -32,9 +33,9 @@ struct Args {
     /// Round-trip time in milliseconds.
     #[arg(long, default_value_t = 30)]
     rtt_ms: u64,
-    /// Sender rate (multicast and repairs), bits/s with an optional k/M/G suffix.
+    /// Sender rate (multicast and repairs): `40M`, `40 Mbit/s`, `1G`, `64000` (bit/s).
     #[arg(long, default_value = "40M")]
-    rate: String,
+    rate: Rate,
     /// Seed (default: `LDM7_SEED`, else 1).
     #[arg(long)]
     seed: Option<u64>,
@@ -46,17 +47,6 @@ struct Args {
     memory: bool,
 }
 
-fn parse_rate(text: &str) -> Option<u64> {
-    let (digits, scale) = match text.as_bytes().last()? {
-        b'k' | b'K' => (&text[..text.len() - 1], 1e3),
-        b'm' | b'M' => (&text[..text.len() - 1], 1e6),
-        b'g' | b'G' => (&text[..text.len() - 1], 1e9),
-        _ => (text, 1.0),
-    };
-    let value: f64 = digits.parse().ok()?;
-    (value > 0.0).then_some((value * scale) as u64)
-}
-
 fn default_trace() -> PathBuf {
     let shared = std::env::var_os("LDM7_SHARED")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"), PathBuf::from);
@@ -65,10 +55,7 @@ fn default_trace() -> PathBuf {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let Some(rate) = parse_rate(&args.rate) else {
-        eprintln!("ngrid: --rate {:?}: expected a positive number with an optional k/M/G suffix", args.rate);
-        return ExitCode::from(1);
-    };
+    let rate = args.rate.bits_per_s();
     if !(0.0..1.0).contains(&args.loss) {
         eprintln!("ngrid: --loss {}: expected a probability in [0, 1)", args.loss);
         return ExitCode::from(1);

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::BLOCK_LEN;
 use ldm7_fmtp_proto::{DataUnavailable, ProductData, block_fingerprint};
-use ldm7_types::Timestamp;
 
 use crate::rng::{SimRng, mix64};
 
@@ -49,14 +48,9 @@ pub enum TraceError {
         /// Why.
         source: std::io::Error,
     },
-    /// A line is not `SIZE YYYYMMDDhhmmss.fff`.
-    #[error("trace line {line}: expected `SIZE YYYYMMDDhhmmss.fff` (size in bytes < 4 GiB, UTC time), got {text:?}")]
-    Line {
-        /// 1-based line number.
-        line: usize,
-        /// The line.
-        text: String,
-    },
+    /// A line is not a trace entry.
+    #[error("trace line {0}")]
+    Line(#[from] ldm7_types::trace::TraceError),
 }
 
 impl Workload {
@@ -68,29 +62,21 @@ impl Workload {
         Self::parse_trace(&text)
     }
 
-    /// Parses trace text (blank lines and `#` comments are skipped). Arrival times that go
-    /// backwards are clamped to the previous one, so the workload stays in order.
+    /// Parses trace text ([`ldm7_types::trace`]). Arrival times are taken relative to the
+    /// first product; times that go backwards are clamped to the previous one, so the workload
+    /// stays in order.
     pub fn parse_trace(text: &str) -> Result<Self, TraceError> {
-        let mut products = Vec::new();
-        let mut first: Option<Timestamp> = None;
+        let entries = ldm7_types::trace::parse_trace(text)?;
+        let first = entries.first().map(|entry| entry.created);
         let mut previous = Duration::ZERO;
-        for (number, line) in text.lines().enumerate() {
-            let trimmed = line.trim();
-            if trimmed.is_empty() || trimmed.starts_with('#') {
-                continue;
-            }
-            let error = || TraceError::Line { line: number + 1, text: line.to_owned() };
-            let mut fields = trimmed.split_whitespace();
-            let (Some(size), Some(time), None) = (fields.next(), fields.next(), fields.next()) else {
-                return Err(error());
-            };
-            let size: u32 = size.parse().map_err(|_| error())?;
-            let time: Timestamp = time.parse().map_err(|_| error())?;
-            let first = *first.get_or_insert(time);
-            let at = time.saturating_duration_since(first).max(previous);
-            previous = at;
-            products.push(ProductSpec { at, size });
-        }
+        let products = entries
+            .iter()
+            .map(|entry| {
+                let at = first.map_or(Duration::ZERO, |first| entry.created.saturating_duration_since(first));
+                previous = previous.max(at);
+                ProductSpec { at: previous, size: entry.size }
+            })
+            .collect();
         Ok(Self { products })
     }
 

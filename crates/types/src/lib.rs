@@ -9,6 +9,7 @@ pub mod feedtype;
 pub mod prodinfo;
 pub mod signature;
 pub mod time;
+pub mod trace;
 
 pub use class::{Pattern, ProdClass, ProdSpec};
 pub use feedtype::FeedType;
