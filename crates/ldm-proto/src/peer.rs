@@ -1,0 +1,137 @@
+//! One end of an LDM RPC connection: record reassembly, call and reply encoding, the one
+//! outstanding synchronous call and its deadline. Sessions build on it.
+//!
+//! LDM makes at most one synchronous call at a time on a connection; a reply whose xid does not
+//! match the outstanding call is skipped (Sun `clnt_tcp` behaviour: the reference `notifyme`
+//! answers NOTIFICATIONs with stray PROC_UNAVAIL replies, ldm6-protocol.md §2).
+
+use std::time::{Duration, Instant};
+
+use ldm7_xdr::ldm::{Call, LdmCall, Message, Proc, ReplyBody};
+use ldm7_xdr::rpc::RecordReader;
+
+use crate::SessionError;
+
+/// The synchronous-call timeout of the reference (ldm6-protocol.md §7).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Largest record accepted: a product of 256 MiB plus headers (products larger than the queue
+/// allows are refused later, with a clear error, not here).
+pub const RECORD_MAX: usize = (256 << 20) + 4096;
+
+/// A call this end made and waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Outstanding {
+    pub xid: u32,
+    pub proc: Proc,
+    pub deadline: Instant,
+}
+
+#[derive(Debug)]
+pub(crate) struct Peer {
+    reader: RecordReader,
+    out: Vec<u8>,
+    next_xid: u32,
+    pub outstanding: Option<Outstanding>,
+    /// When this end last wrote anything (keep-alive).
+    pub last_send: Instant,
+    /// When this end last received a whole record (silence timeout).
+    pub last_receive: Instant,
+    /// Replies skipped because no call waited on their xid.
+    pub stray_replies: u64,
+}
+
+impl Peer {
+    pub fn new(now: Instant, first_xid: u32) -> Self {
+        Self {
+            reader: RecordReader::new(RECORD_MAX),
+            out: Vec::new(),
+            next_xid: first_xid,
+            outstanding: None,
+            last_send: now,
+            last_receive: now,
+            stray_replies: 0,
+        }
+    }
+
+    /// Bytes received from the socket.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.reader.push(bytes);
+    }
+
+    /// The next whole record, decoded; replies are matched to the outstanding call (stray ones
+    /// skipped).
+    pub fn next_message(&mut self, now: Instant) -> Result<Option<Message>, SessionError> {
+        loop {
+            let Some(record) = self.reader.next_record()? else { return Ok(None) };
+            self.last_receive = now;
+            let outstanding = self.outstanding;
+            let message = ldm7_xdr::ldm::decode_message(&record, |xid| {
+                outstanding.filter(|call| call.xid == xid).map(|call| call.proc)
+            });
+            match message {
+                Ok(Message::Reply(reply)) if outstanding.is_none_or(|call| call.xid != reply.xid) => {
+                    self.stray_replies += 1;
+                }
+                Ok(Message::Reply(reply)) => {
+                    self.outstanding = None;
+                    return Ok(Some(Message::Reply(reply)));
+                }
+                Ok(message) => return Ok(Some(message)),
+                // A reply we cannot type because nobody waits on it: skip it.
+                Err(ldm7_xdr::XdrError::UnexpectedReply { .. }) => self.stray_replies += 1,
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Sends a call; a synchronous one becomes the outstanding call.
+    pub fn call(&mut self, now: Instant, call: &LdmCall) -> u32 {
+        let xid = self.next_xid;
+        self.next_xid = self.next_xid.wrapping_add(1);
+        ldm7_xdr::ldm::encode_call(&mut self.out, &Call { xid, version: 6, call: call.clone() });
+        self.last_send = now;
+        let proc = call.proc();
+        if proc.has_reply() {
+            self.outstanding = Some(Outstanding { xid, proc, deadline: now + CALL_TIMEOUT });
+        }
+        xid
+    }
+
+    /// Sends a call whose product data is appended without copying it into a `LdmCall`.
+    pub fn call_with_data(&mut self, now: Instant, encode: impl FnOnce(&mut Vec<u8>, u32), proc: Proc) -> u32 {
+        let xid = self.next_xid;
+        self.next_xid = self.next_xid.wrapping_add(1);
+        encode(&mut self.out, xid);
+        self.last_send = now;
+        if proc.has_reply() {
+            self.outstanding = Some(Outstanding { xid, proc, deadline: now + CALL_TIMEOUT });
+        }
+        xid
+    }
+
+    /// Sends a reply.
+    pub fn reply(&mut self, now: Instant, xid: u32, body: &ReplyBody) {
+        ldm7_xdr::ldm::encode_reply(&mut self.out, xid, body);
+        self.last_send = now;
+    }
+
+    /// Bytes to write to the socket (taken: the caller writes all of them).
+    pub fn take_output(&mut self, into: &mut Vec<u8>) {
+        if into.is_empty() {
+            std::mem::swap(into, &mut self.out);
+        } else {
+            into.extend_from_slice(&self.out);
+            self.out.clear();
+        }
+    }
+
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Whether the outstanding call timed out.
+    pub fn call_timed_out(&self, now: Instant) -> Option<Outstanding> {
+        self.outstanding.filter(|call| now >= call.deadline)
+    }
+}

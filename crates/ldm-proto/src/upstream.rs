@@ -1,0 +1,479 @@
+//! The server side of an accepted connection (ldm6-protocol.md §6): the first call decides
+//! what the session is.
+//!
+//! * FEEDME / NOTIFYME → [`UpstreamEvent::FeedRequest`] / [`UpstreamEvent::NotifyRequest`];
+//!   the driver checks access and answers with [`Upstream::answer_request`]. After an OK the
+//!   session waits 1 s, turns the connection around ([`UpstreamEvent::FeedStarted`]) and
+//!   becomes the RPC client: [`Upstream::send_product`] sends HEREIS (primary),
+//!   COMINGSOON then BLKDATA (alternate) or NOTIFICATION (notify) while [`Upstream::ready`];
+//!   [`Upstream::flush`] sends the NULLPROC that follows a batch; a NULLPROC keep-alive goes out
+//!   after [`crate::INTERVAL`] without sending.
+//! * HIYA → [`UpstreamEvent::Hiya`], answered with [`Upstream::answer_hiya`]; then pushed
+//!   products arrive as [`UpstreamEvent::Product`] (COMINGSOON asks
+//!   [`UpstreamEvent::ComingSoon`], answered with [`Upstream::answer_coming_soon`]).
+//! * IS_ALIVE → [`UpstreamEvent::IsAlive`], answered with [`Upstream::answer_is_alive`].
+//! * NULLPROC is answered in any state where this end is the RPC server.
+//!
+//! A connection that makes no call within 120 s is closed (4 × interval, §7).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use ldm7_types::{ProdClass, ProdInfo, Signature};
+use ldm7_xdr::ldm::{AuthStat, FornmeReply, HiyaReply, LdmCall, LdmErr, Message, Proc, ReplyBody};
+
+use crate::peer::Peer;
+use crate::receive::{Receive, Received, ReceivedProduct};
+use crate::{INTERVAL, SessionError, compile_class, wire_class};
+
+/// How long a fresh connection may stay without a call.
+pub const FIRST_CALL_LIMIT: Duration = Duration::from_secs(120);
+/// The pause between a FEEDME/NOTIFYME reply and the first data (§6.1).
+pub const TURN_AROUND_DELAY: Duration = Duration::from_secs(1);
+
+/// Primary or alternate transfer, from the FEEDME's `max_hereis`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedMode {
+    /// HEREIS for every product (`max_hereis > u32::MAX / 2`).
+    Primary,
+    /// COMINGSOON, then BLKDATA if wanted.
+    Alternate,
+}
+
+/// What the session reports or asks.
+#[derive(Debug)]
+pub enum UpstreamEvent {
+    /// A FEEDME: answer with [`Upstream::answer_request`].
+    FeedRequest {
+        /// The requested class (the `SIG=` spec removed).
+        class: ProdClass,
+        /// Primary or alternate.
+        mode: FeedMode,
+        /// Resume after the product with this signature (from the `SIG=` spec).
+        resume_after: Option<Signature>,
+    },
+    /// A NOTIFYME: answer with [`Upstream::answer_request`].
+    NotifyRequest {
+        /// The requested class.
+        class: ProdClass,
+    },
+    /// A HIYA (push offer): answer with [`Upstream::answer_hiya`].
+    Hiya {
+        /// The offered class.
+        class: ProdClass,
+    },
+    /// An IS_ALIVE: answer with [`Upstream::answer_is_alive`].
+    IsAlive {
+        /// The process id asked about.
+        id: u32,
+    },
+    /// The turn-around is done: products may be sent.
+    FeedStarted,
+    /// The downstream declined a product (DONT_SEND to COMINGSOON).
+    Declined {
+        /// The product's signature.
+        signature: Signature,
+    },
+    /// A pushed product.
+    Product(ReceivedProduct),
+    /// A pushed COMINGSOON: answer with [`Upstream::answer_coming_soon`].
+    ComingSoon {
+        /// The announced product.
+        info: ProdInfo,
+        /// An incomplete product it discarded.
+        abandoned: Option<ProdInfo>,
+    },
+    /// A request's pattern does not compile; BADPATTERN was replied.
+    BadPattern(String),
+    /// The session is over; close the connection.
+    Closed(Result<(), SessionError>),
+}
+
+/// The driver's answer to a FEEDME or NOTIFYME.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestAnswer {
+    /// Feed the request; `id` is reported to the downstream (LDM: the upstream's PID).
+    Ok {
+        /// The id.
+        id: u32,
+    },
+    /// Only this subset is allowed (an empty class: nothing).
+    Reclass(ProdClass),
+    /// The ALLOW patterns forbid the whole request: `MSG_DENIED`/`AUTH_TOOWEAK`, then close.
+    Refuse,
+}
+
+/// The driver's answer to a HIYA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HiyaAnswer {
+    /// Accept the whole offer.
+    Ok {
+        /// Largest product to send by HEREIS.
+        max_hereis: u32,
+    },
+    /// Accept only this subset.
+    Reclass {
+        /// The accepted class.
+        class: ProdClass,
+        /// Largest product to send by HEREIS.
+        max_hereis: u32,
+    },
+    /// Nothing of the offer is accepted: `MSG_DENIED`/`AUTH_TOOWEAK`, then close.
+    Refuse,
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitCall { deadline: Instant },
+    Deciding { xid: u32, what: Deciding },
+    TurnAround { until: Instant, kind: FeedKind },
+    Feeding { kind: FeedKind },
+    Receiving,
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Deciding {
+    Feed(FeedMode),
+    Notify,
+    Hiya,
+    IsAlive,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FeedKind {
+    Hereis,
+    ComingSoon,
+    Notify,
+}
+
+/// The server side of an accepted LDM connection.
+#[derive(Debug)]
+pub struct Upstream {
+    peer: Peer,
+    state: State,
+    events: VecDeque<UpstreamEvent>,
+    receive: Receive,
+    /// Alternate mode: the product announced by COMINGSOON, sent by BLKDATA if accepted.
+    announced: Option<(Signature, Vec<u8>)>,
+    /// Something was sent since the last NULLPROC flush.
+    unflushed: bool,
+}
+
+impl Upstream {
+    /// A session for a connection accepted at `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            peer: Peer::new(now, 0x4c44_0001),
+            state: State::AwaitCall { deadline: now + FIRST_CALL_LIMIT },
+            events: VecDeque::new(),
+            receive: Receive::default(),
+            announced: None,
+            unflushed: false,
+        }
+    }
+
+    /// Bytes received from the peer.
+    pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
+        if matches!(self.state, State::Closed) {
+            return;
+        }
+        self.peer.push(bytes);
+        loop {
+            match self.peer.next_message(now) {
+                Ok(Some(message)) => {
+                    if let Err(error) = self.on_message(now, message) {
+                        self.close(Err(error));
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(error) => {
+                    self.close(Err(error));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
+        match message {
+            Message::Call(call) => self.on_call(now, call.xid, call.call),
+            Message::Reply(reply) => self.on_reply(now, reply.body),
+        }
+    }
+
+    fn on_call(&mut self, now: Instant, xid: u32, call: LdmCall) -> Result<(), SessionError> {
+        match (&self.state, call) {
+            (State::AwaitCall { .. } | State::Receiving, LdmCall::Nullproc) => {
+                self.peer.reply(now, xid, &ReplyBody::Void);
+                Ok(())
+            }
+            (State::AwaitCall { .. }, LdmCall::Feedme { class, max_hereis }) => {
+                let mode = if max_hereis > u32::MAX / 2 { FeedMode::Primary } else { FeedMode::Alternate };
+                match compile_class(&class) {
+                    Ok((class, resume_after)) => {
+                        self.state = State::Deciding { xid, what: Deciding::Feed(mode) };
+                        self.events.push_back(UpstreamEvent::FeedRequest { class, mode, resume_after });
+                    }
+                    Err(error) => self.bad_pattern(now, xid, error.to_string()),
+                }
+                Ok(())
+            }
+            (State::AwaitCall { .. }, LdmCall::Notifyme(class)) => {
+                match compile_class(&class) {
+                    Ok((class, _)) => {
+                        self.state = State::Deciding { xid, what: Deciding::Notify };
+                        self.events.push_back(UpstreamEvent::NotifyRequest { class });
+                    }
+                    Err(error) => self.bad_pattern(now, xid, error.to_string()),
+                }
+                Ok(())
+            }
+            (State::AwaitCall { .. }, LdmCall::Hiya(class)) => {
+                match compile_class(&class) {
+                    Ok((class, _)) => {
+                        self.state = State::Deciding { xid, what: Deciding::Hiya };
+                        self.events.push_back(UpstreamEvent::Hiya { class });
+                    }
+                    Err(error) => {
+                        // hiya_reply_t has no BADPATTERN arm: refuse.
+                        self.peer.reply(now, xid, &ReplyBody::Denied(AuthStat::TooWeak));
+                        self.events.push_back(UpstreamEvent::BadPattern(error.to_string()));
+                        self.close(Ok(()));
+                    }
+                }
+                Ok(())
+            }
+            (State::AwaitCall { .. }, LdmCall::IsAlive(id)) => {
+                self.state = State::Deciding { xid, what: Deciding::IsAlive };
+                self.events.push_back(UpstreamEvent::IsAlive { id });
+                Ok(())
+            }
+            (
+                State::Receiving,
+                call @ (LdmCall::Hereis { .. } | LdmCall::ComingSoon { .. } | LdmCall::BlkData { .. }),
+            ) => {
+                match self.receive.call(now, &mut self.peer, xid, call)? {
+                    Received::Product(product) => self.events.push_back(UpstreamEvent::Product(product)),
+                    Received::ComingSoon { info, abandoned } => {
+                        self.events.push_back(UpstreamEvent::ComingSoon { info, abandoned });
+                    }
+                    Received::Nothing => {}
+                }
+                Ok(())
+            }
+            (state, call) => Err(SessionError::Protocol(format!("unexpected {} call in state {state:?}", call.proc()))),
+        }
+    }
+
+    fn bad_pattern(&mut self, now: Instant, xid: u32, error: String) {
+        self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::BadPattern));
+        self.events.push_back(UpstreamEvent::BadPattern(error));
+        self.state = State::AwaitCall { deadline: now + FIRST_CALL_LIMIT };
+    }
+
+    fn on_reply(&mut self, now: Instant, body: ReplyBody) -> Result<(), SessionError> {
+        // Only the feeding upstream makes calls: NULLPROC and COMINGSOON.
+        match body {
+            ReplyBody::Void => Ok(()),
+            ReplyBody::ComingSoon(code) => {
+                let Some((signature, data)) = self.announced.take() else {
+                    return Err(SessionError::Protocol("COMINGSOON reply without an announced product".into()));
+                };
+                match code {
+                    LdmErr::Ok => {
+                        let proc = Proc::BlkData;
+                        self.peer.call_with_data(
+                            now,
+                            |out, xid| ldm7_xdr::ldm::encode_blkdata(out, xid, &signature, 0, &data),
+                            proc,
+                        );
+                    }
+                    _ => self.events.push_back(UpstreamEvent::Declined { signature }),
+                }
+                Ok(())
+            }
+            other => Err(SessionError::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Answers the pending FEEDME or NOTIFYME.
+    pub fn answer_request(&mut self, now: Instant, answer: RequestAnswer) -> Result<(), SessionError> {
+        let State::Deciding { xid, what } = self.state else {
+            return Err(SessionError::Usage("no FEEDME or NOTIFYME is waiting for an answer"));
+        };
+        let kind = match what {
+            Deciding::Feed(FeedMode::Primary) => FeedKind::Hereis,
+            Deciding::Feed(FeedMode::Alternate) => FeedKind::ComingSoon,
+            Deciding::Notify => FeedKind::Notify,
+            _ => return Err(SessionError::Usage("the pending call is not a FEEDME or NOTIFYME")),
+        };
+        match answer {
+            RequestAnswer::Ok { id } => {
+                self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::Ok(id)));
+                self.state = State::TurnAround { until: now + TURN_AROUND_DELAY, kind };
+            }
+            RequestAnswer::Reclass(class) => {
+                self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::Reclass(wire_class(&class))));
+                // The downstream may send its next FEEDME on the same connection.
+                self.state = State::AwaitCall { deadline: now + FIRST_CALL_LIMIT };
+            }
+            RequestAnswer::Refuse => {
+                self.peer.reply(now, xid, &ReplyBody::Denied(AuthStat::TooWeak));
+                self.close(Ok(()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers the pending HIYA.
+    pub fn answer_hiya(&mut self, now: Instant, answer: HiyaAnswer) -> Result<(), SessionError> {
+        let State::Deciding { xid, what: Deciding::Hiya } = self.state else {
+            return Err(SessionError::Usage("no HIYA is waiting for an answer"));
+        };
+        match answer {
+            HiyaAnswer::Ok { max_hereis } => {
+                self.peer.reply(now, xid, &ReplyBody::Hiya(HiyaReply::Ok(max_hereis)));
+                self.state = State::Receiving;
+            }
+            HiyaAnswer::Reclass { class, max_hereis } => {
+                let class = wire_class(&class);
+                self.peer.reply(now, xid, &ReplyBody::Hiya(HiyaReply::Reclass { class, max_hereis }));
+                self.state = State::Receiving;
+            }
+            HiyaAnswer::Refuse => {
+                self.peer.reply(now, xid, &ReplyBody::Denied(AuthStat::TooWeak));
+                self.close(Ok(()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers the pending IS_ALIVE; the session then ends (as the reference does).
+    pub fn answer_is_alive(&mut self, now: Instant, alive: bool) -> Result<(), SessionError> {
+        let State::Deciding { xid, what: Deciding::IsAlive } = self.state else {
+            return Err(SessionError::Usage("no IS_ALIVE is waiting for an answer"));
+        };
+        self.peer.reply(now, xid, &ReplyBody::IsAlive(alive));
+        self.close(Ok(()));
+        Ok(())
+    }
+
+    /// Answers the pending pushed COMINGSOON: accept (OK) or not (DONT_SEND: duplicate, too big).
+    pub fn answer_coming_soon(&mut self, now: Instant, accept: bool) -> Result<(), SessionError> {
+        self.receive.answer(now, &mut self.peer, accept)
+    }
+
+    /// Whether [`Upstream::send_product`] may be called: feeding, and no reply awaited.
+    pub fn ready(&self) -> bool {
+        matches!(self.state, State::Feeding { .. }) && self.peer.outstanding.is_none()
+    }
+
+    /// Sends one product (its data is not needed in notify mode and may be empty).
+    pub fn send_product(&mut self, now: Instant, info: &ProdInfo, data: &[u8]) -> Result<(), SessionError> {
+        if !self.ready() {
+            return Err(SessionError::Usage("send_product while not ready"));
+        }
+        let State::Feeding { kind } = self.state else { unreachable!("ready() checked") };
+        match kind {
+            FeedKind::Hereis => {
+                self.peer.call_with_data(
+                    now,
+                    |out, xid| ldm7_xdr::ldm::encode_hereis(out, xid, info, data),
+                    Proc::Hereis,
+                );
+            }
+            FeedKind::Notify => {
+                self.peer.call(now, &LdmCall::Notification(info.clone()));
+            }
+            FeedKind::ComingSoon => {
+                self.peer.call(now, &LdmCall::ComingSoon { info: info.clone(), pktsz: info.size });
+                self.announced = Some((info.signature, data.to_vec()));
+            }
+        }
+        self.unflushed = true;
+        Ok(())
+    }
+
+    /// The batch is over (caught up with the queue): send the NULLPROC flush if anything went
+    /// out since the last one.
+    pub fn flush(&mut self, now: Instant) {
+        if self.ready() && self.unflushed {
+            self.peer.call(now, &LdmCall::Nullproc);
+            self.unflushed = false;
+        }
+    }
+
+    /// Bytes to write to the peer (appended to `into`).
+    pub fn take_output(&mut self, into: &mut Vec<u8>) {
+        self.peer.take_output(into);
+    }
+
+    /// Whether there are bytes to write.
+    pub fn has_output(&self) -> bool {
+        self.peer.has_output()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<UpstreamEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Upstream::handle_timeout`] must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let call = self.peer.outstanding.map(|call| call.deadline);
+        let state = match self.state {
+            State::AwaitCall { deadline } => Some(deadline),
+            State::TurnAround { until, .. } => Some(until),
+            State::Feeding { .. } if self.peer.outstanding.is_none() => Some(self.peer.last_send + INTERVAL),
+            _ => None,
+        };
+        [call, state].into_iter().flatten().min()
+    }
+
+    /// Time passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(call) = self.peer.call_timed_out(now) {
+            self.close(Err(SessionError::CallTimeout(call.proc.to_string())));
+            return;
+        }
+        match self.state {
+            State::AwaitCall { deadline } if now >= deadline => {
+                self.close(Err(SessionError::Silence(FIRST_CALL_LIMIT.as_secs())));
+            }
+            State::TurnAround { until, kind } if now >= until => {
+                self.state = State::Feeding { kind };
+                self.peer.last_send = now;
+                self.events.push_back(UpstreamEvent::FeedStarted);
+            }
+            State::Feeding { .. } if self.peer.outstanding.is_none() && now >= self.peer.last_send + INTERVAL => {
+                self.peer.call(now, &LdmCall::Nullproc);
+                self.unflushed = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// The peer closed the connection (or it failed).
+    pub fn handle_eof(&mut self) {
+        if !matches!(self.state, State::Closed) {
+            self.close(Ok(()));
+        }
+    }
+
+    /// Whether the session is over.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    /// Replies skipped because no call waited on them (the reference notifyme's PROC_UNAVAIL).
+    pub fn stray_replies(&self) -> u64 {
+        self.peer.stray_replies
+    }
+
+    fn close(&mut self, result: Result<(), SessionError>) {
+        self.state = State::Closed;
+        self.events.push_back(UpstreamEvent::Closed(result));
+    }
+}
