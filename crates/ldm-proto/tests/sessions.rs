@@ -1,0 +1,304 @@
+//! Sans-IO session tests: the state machines talk to each other through byte buffers in
+//! virtual time — FEEDME with turn-around (primary and alternate), RECLASS, refusals, NOTIFYME,
+//! HIYA push with HEREIS and COMINGSOON/BLKDATA, keep-alive, silence, malformed input.
+
+use std::time::{Duration, Instant};
+
+use ldm7_ldm_proto::{
+    Downstream, DownstreamConfig, DownstreamEvent, FeedMode, HiyaAnswer, NotifyClient, NotifyEvent, PushClient,
+    PushEvent, RequestAnswer, Upstream, UpstreamEvent,
+};
+use ldm7_types::{FeedType, ProdClass, ProdInfo, Signature, Timestamp};
+
+fn product(n: u32, size: usize) -> (ProdInfo, Vec<u8>) {
+    let data: Vec<u8> = (0..size).map(|k| (k as u32).wrapping_mul(31).wrapping_add(n) as u8).collect();
+    let info = ProdInfo {
+        arrival: Timestamp { secs: 1_795_338_382, micros: n as i32 },
+        signature: Signature::md5_of(&data),
+        origin: "vm".into(),
+        feedtype: FeedType::EXP,
+        seqno: n,
+        ident: format!("TEST/cap.{n}"),
+        size: size as u32,
+    };
+    (info, data)
+}
+
+fn exp_class() -> ProdClass {
+    ProdClass::new(FeedType::EXP, ".*").unwrap()
+}
+
+/// Moves bytes between an upstream and a downstream until neither has output.
+fn pump(now: Instant, up: &mut Upstream, down: &mut Downstream) {
+    loop {
+        let mut bytes = Vec::new();
+        up.take_output(&mut bytes);
+        let from_up = !bytes.is_empty();
+        down.handle_input(now, &bytes);
+        let mut back = Vec::new();
+        down.take_output(&mut back);
+        up.handle_input(now, &back);
+        if !from_up && back.is_empty() {
+            return;
+        }
+    }
+}
+
+fn feed_started(now: Instant, mode: FeedMode) -> (Upstream, Downstream, Instant) {
+    let mut up = Upstream::new(now);
+    let mut config = DownstreamConfig::new(exp_class());
+    config.mode = mode;
+    let mut down = Downstream::new(now, config);
+    pump(now, &mut up, &mut down);
+    match up.poll_event() {
+        Some(UpstreamEvent::FeedRequest { mode: got, resume_after: None, .. }) => assert_eq!(got, mode),
+        other => panic!("{other:?}"),
+    }
+    up.answer_request(now, RequestAnswer::Ok { id: 42 }).unwrap();
+    pump(now, &mut up, &mut down);
+    assert!(matches!(down.poll_event(), Some(DownstreamEvent::Accepted { id: 42, .. })));
+    // The 1 s turn-around.
+    assert!(!up.ready());
+    assert_eq!(up.poll_timeout(), Some(now + Duration::from_secs(1)));
+    let later = now + Duration::from_secs(1);
+    up.handle_timeout(later);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedStarted)));
+    assert!(up.ready());
+    (up, down, later)
+}
+
+#[test]
+fn primary_feed_sends_hereis_then_nullproc_flush_and_keepalive() {
+    let start = Instant::now();
+    let (mut up, mut down, now) = feed_started(start, FeedMode::Primary);
+    let products: Vec<_> = (1..=3).map(|n| product(n, 8 + n as usize * 5)).collect();
+    for (info, data) in &products {
+        up.send_product(now, info, data).unwrap();
+        assert!(up.ready(), "HEREIS awaits no reply");
+    }
+    up.flush(now);
+    assert!(!up.ready(), "the flush awaits its reply");
+    pump(now, &mut up, &mut down);
+    assert!(up.ready());
+    for (info, data) in &products {
+        match down.poll_event() {
+            Some(DownstreamEvent::Product(got)) => assert_eq!((&got.info, &got.data), (info, data)),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A flush with nothing new is not sent; the keep-alive comes 30 s after the last send.
+    up.flush(now);
+    assert!(up.ready());
+    assert_eq!(up.poll_timeout(), Some(now + Duration::from_secs(30)));
+    up.handle_timeout(now + Duration::from_secs(30));
+    assert!(!up.ready());
+    pump(now + Duration::from_secs(30), &mut up, &mut down);
+    assert!(up.ready());
+    assert!(down.poll_event().is_none());
+}
+
+#[test]
+fn alternate_feed_uses_comingsoon_and_blkdata_and_honours_dont_send() {
+    let (mut up, mut down, now) = feed_started(Instant::now(), FeedMode::Alternate);
+    let (first, first_data) = product(1, 3000);
+    up.send_product(now, &first, &first_data).unwrap();
+    assert!(!up.ready(), "COMINGSOON awaits its reply");
+    pump(now, &mut up, &mut down);
+    match down.poll_event() {
+        Some(DownstreamEvent::ComingSoon { info, abandoned: None }) => assert_eq!(info, first),
+        other => panic!("{other:?}"),
+    }
+    down.answer_coming_soon(now, true).unwrap();
+    pump(now, &mut up, &mut down);
+    match down.poll_event() {
+        Some(DownstreamEvent::Product(got)) => assert_eq!(got.data, first_data),
+        other => panic!("{other:?}"),
+    }
+    assert!(up.ready());
+    let (second, second_data) = product(2, 10);
+    up.send_product(now, &second, &second_data).unwrap();
+    pump(now, &mut up, &mut down);
+    assert!(matches!(down.poll_event(), Some(DownstreamEvent::ComingSoon { .. })));
+    down.answer_coming_soon(now, false).unwrap();
+    pump(now, &mut up, &mut down);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Declined { signature }) if signature == second.signature));
+    assert!(down.poll_event().is_none());
+    assert!(up.ready());
+}
+
+#[test]
+fn reclass_is_followed_by_a_new_feedme_on_the_same_connection() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    let wanted = ProdClass::new(FeedType(0x4000_0001), ".*").unwrap();
+    let mut down = Downstream::new(now, DownstreamConfig::new(wanted));
+    pump(now, &mut up, &mut down);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedRequest { .. })));
+    up.answer_request(now, RequestAnswer::Reclass(exp_class())).unwrap();
+    pump(now, &mut up, &mut down);
+    assert!(
+        matches!(down.poll_event(), Some(DownstreamEvent::Reclassified(class)) if class.feedtype() == FeedType::EXP)
+    );
+    match up.poll_event() {
+        Some(UpstreamEvent::FeedRequest { class, .. }) => assert_eq!(class.feedtype(), FeedType::EXP),
+        other => panic!("{other:?}"),
+    }
+    up.answer_request(now, RequestAnswer::Ok { id: 7 }).unwrap();
+    pump(now, &mut up, &mut down);
+    assert!(matches!(down.poll_event(), Some(DownstreamEvent::Accepted { id: 7, .. })));
+}
+
+#[test]
+fn refused_request_ends_both_sessions() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    let mut down = Downstream::new(now, DownstreamConfig::new(ProdClass::new(FeedType::IDS, ".*").unwrap()));
+    pump(now, &mut up, &mut down);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedRequest { .. })));
+    up.answer_request(now, RequestAnswer::Refuse).unwrap();
+    pump(now, &mut up, &mut down);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Closed(Ok(())))));
+    assert!(matches!(down.poll_event(), Some(DownstreamEvent::Refused { .. })));
+    assert!(matches!(down.poll_event(), Some(DownstreamEvent::Closed(Ok(())))));
+}
+
+#[test]
+fn resume_signature_travels_as_a_sig_spec() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    let (info, _) = product(9, 10);
+    let mut config = DownstreamConfig::new(exp_class());
+    config.resume_after = Some(info.signature);
+    let mut down = Downstream::new(now, config);
+    pump(now, &mut up, &mut down);
+    match up.poll_event() {
+        Some(UpstreamEvent::FeedRequest { class, resume_after, .. }) => {
+            assert_eq!(resume_after, Some(info.signature));
+            assert_eq!(class.specs.len(), 1, "the SIG= spec is removed from the class");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_pattern_is_answered_badpattern() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    let mut class = ldm7_ldm_proto::wire_class(&exp_class());
+    class.specs[0].pattern = "(".into();
+    let mut record = Vec::new();
+    ldm7_xdr::ldm::encode_call(
+        &mut record,
+        &ldm7_xdr::ldm::Call {
+            xid: 5,
+            version: 6,
+            call: ldm7_xdr::ldm::LdmCall::Feedme { class, max_hereis: u32::MAX },
+        },
+    );
+    up.handle_input(now, &record);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::BadPattern(_))));
+    let mut reply = Vec::new();
+    up.take_output(&mut reply);
+    let decoded = ldm7_xdr::ldm::decode_message(&reply[4..], |_| Some(ldm7_xdr::ldm::Proc::Feedme)).unwrap();
+    assert!(matches!(
+        decoded,
+        ldm7_xdr::ldm::Message::Reply(r) if r.body == ldm7_xdr::ldm::ReplyBody::Fornme(ldm7_xdr::ldm::FornmeReply::BadPattern)
+    ));
+}
+
+#[test]
+fn malformed_record_closes_the_session_with_an_error() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    up.handle_input(now, &[0x80, 0, 0, 8, 1, 2, 3, 4, 0, 0, 0, 9]);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Closed(Err(_)))));
+    assert!(up.is_closed());
+}
+
+#[test]
+fn idle_connection_and_silent_upstream_time_out() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    up.handle_timeout(now + Duration::from_secs(120));
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Closed(Err(_)))));
+    let (_up, mut down, then) = feed_started(now, FeedMode::Primary);
+    let _ = down.poll_event();
+    let limit = down.poll_timeout().unwrap();
+    assert_eq!(limit, now + Duration::from_secs(300));
+    down.handle_timeout(then + Duration::from_secs(300));
+    assert!(matches!(down.poll_event(), Some(DownstreamEvent::Closed(Err(_)))));
+}
+
+#[test]
+fn notify_receives_notifications_and_skips_stray_replies() {
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    let mut client = NotifyClient::new(now, exp_class(), Duration::from_secs(120));
+    let mut bytes = Vec::new();
+    client.take_output(&mut bytes);
+    up.handle_input(now, &bytes);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::NotifyRequest { .. })));
+    up.answer_request(now, RequestAnswer::Ok { id: 1 }).unwrap();
+    let mut bytes = Vec::new();
+    up.take_output(&mut bytes);
+    client.handle_input(now, &bytes);
+    assert!(matches!(client.poll_event(), Some(NotifyEvent::Accepted { id: 1, .. })));
+    let later = now + Duration::from_secs(1);
+    up.handle_timeout(later);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedStarted)));
+    let (info, _) = product(1, 100);
+    up.send_product(later, &info, &[]).unwrap();
+    up.flush(later);
+    let mut bytes = Vec::new();
+    up.take_output(&mut bytes);
+    client.handle_input(later, &bytes);
+    assert!(matches!(client.poll_event(), Some(NotifyEvent::Notification(got)) if got == info));
+    let mut back = Vec::new();
+    client.take_output(&mut back);
+    // The reference notifyme also answers the NOTIFICATION with PROC_UNAVAIL: the upstream
+    // skips such stray replies while it waits for its NULLPROC reply.
+    let mut stray = Vec::new();
+    ldm7_xdr::ldm::encode_reply(
+        &mut stray,
+        0x4c44_0001,
+        &ldm7_xdr::ldm::ReplyBody::Error(ldm7_xdr::ldm::AcceptStat::ProcUnavail),
+    );
+    stray.extend_from_slice(&back);
+    up.handle_input(later, &stray);
+    assert!(up.ready());
+    assert_eq!(up.stray_replies(), 1);
+}
+
+#[test]
+fn push_sends_hereis_under_max_hereis_and_comingsoon_above() {
+    let now = Instant::now();
+    let mut receiver = Upstream::new(now);
+    let mut pusher = PushClient::new(now, &exp_class());
+    let exchange = |receiver: &mut Upstream, pusher: &mut PushClient| {
+        let mut bytes = Vec::new();
+        pusher.take_output(&mut bytes);
+        receiver.handle_input(now, &bytes);
+        let mut back = Vec::new();
+        receiver.take_output(&mut back);
+        pusher.handle_input(now, &back);
+    };
+    exchange(&mut receiver, &mut pusher);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Hiya { .. })));
+    receiver.answer_hiya(now, HiyaAnswer::Ok { max_hereis: 1000 }).unwrap();
+    exchange(&mut receiver, &mut pusher);
+    assert!(matches!(pusher.poll_event(), Some(PushEvent::Accepted { max_hereis: 1000, .. })));
+    let (small, small_data) = product(1, 500);
+    let (big, big_data) = product(2, 5000);
+    pusher.send_product(now, &small, &small_data).unwrap();
+    pusher.send_product(now, &big, &big_data).unwrap();
+    exchange(&mut receiver, &mut pusher);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Product(p)) if p.info == small));
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::ComingSoon { info, .. }) if info == big));
+    receiver.answer_coming_soon(now, true).unwrap();
+    exchange(&mut receiver, &mut pusher);
+    exchange(&mut receiver, &mut pusher);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Product(p)) if p.data == big_data));
+    pusher.flush(now).unwrap();
+    exchange(&mut receiver, &mut pusher);
+    assert!(matches!(pusher.poll_event(), Some(PushEvent::Flushed)));
+}
