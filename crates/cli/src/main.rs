@@ -1,5 +1,5 @@
 //! `ldm7`: one binary for the product queue and its tools. Invoked as `pqinsert`, `pqcat`,
-//! `notifyme`, `pqcreate`, `pqmon` or `pqcheck` it behaves as that classic LDM command.
+//! `notifyme`, `ldmsend`, `ldmd`, `pqcreate`, `pqmon` or `pqcheck` it behaves as that classic LDM command.
 //!
 //! Exit codes: 0 ok, 1 bad usage or input, 2 runtime failure.
 
@@ -11,6 +11,8 @@ mod exit;
 mod fmtp_cmd;
 mod insert;
 mod queue_cmd;
+mod remote;
+mod serve;
 mod sizes;
 mod trace;
 mod watch;
@@ -49,6 +51,12 @@ enum Command {
     /// FMTP multicast transport alone: send and receive products.
     #[command(subcommand)]
     Fmtp(fmtp_cmd::FmtpCommand),
+    /// Run the LDM server (ldmd): ldmd.conf, upstream and downstream LDM-6 sessions.
+    Serve(serve::ServeArgs),
+    /// Ask an LDM server for notifications of products (notifyme).
+    Notify(remote::NotifyArgs),
+    /// Push files to an LDM server (ldmsend).
+    Send(remote::SendArgs),
     /// Build and tear down the network-namespace test bed (root).
     #[command(subcommand)]
     Lab(ldm7_net::LabCommand),
@@ -79,7 +87,9 @@ fn main() {
     let result = match name.as_str() {
         "pqinsert" => legacy::<insert::InsertArgs>("pqinsert", argv).map(|args| insert::run(&args)),
         "pqcat" => legacy::<cat::CatArgs>("pqcat", argv).map(|args| cat::run(&args)),
-        "notifyme" => legacy::<watch::WatchArgs>("notifyme", argv).map(|args| watch::run(&args)),
+        "notifyme" => legacy::<remote::NotifyArgs>("notifyme", argv).map(|args| remote::notify(&args)),
+        "ldmsend" => legacy::<remote::SendArgs>("ldmsend", argv).map(|args| remote::send(&args)),
+        "ldmd" => legacy::<serve::ServeArgs>("ldmd", argv).map(|args| serve::run(&args)),
         "pqcreate" => legacy::<queue_cmd::CreateArgs>("pqcreate", argv)
             .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Create(args))),
         "pqmon" => legacy::<queue_cmd::InfoArgs>("pqmon", argv)
@@ -109,6 +119,9 @@ fn dispatch(command: Command) -> CmdResult {
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Lab(command) => lab(command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
+        Command::Serve(args) => serve::run(&args),
+        Command::Notify(args) => remote::notify(&args),
+        Command::Send(args) => remote::send(&args),
     }
 }
 

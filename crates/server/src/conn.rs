@@ -1,0 +1,283 @@
+//! One accepted connection: the sans-IO [`Upstream`] session driven over a blocking socket in
+//! its own thread (LDM forks a process per connection; a thread is our equivalent).
+//!
+//! Feeding reads the queue with a [`ldm7_pq::Follower`] from the requested position and
+//! writes products in batches; when it catches up it flushes with NULLPROC and waits for the
+//! queue to change (or for the keep-alive to be due).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ldm7_ldm_proto::{FeedMode, HiyaAnswer, RequestAnswer, Upstream, UpstreamEvent};
+use ldm7_types::{ProdClass, Signature, Timestamp};
+
+use crate::Shared;
+use crate::access::{self, PeerHost};
+use crate::log;
+
+/// Write when this much output is pending.
+const WRITE_BATCH: usize = 256 << 10;
+/// How often a blocked thread looks at the shutdown flag.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
+
+/// What the feeding part needs once a FEEDME or NOTIFYME was accepted.
+struct Feed {
+    class: ProdClass,
+    filter: access::ProductFilter,
+    resume_after: Option<Signature>,
+    notify: bool,
+}
+
+/// Serves one connection until it closes or the server shuts down.
+pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream, peer: PeerHost) {
+    let name = peer.to_string();
+    match serve_inner(&shared, stream, &peer) {
+        Ok(()) => log::debug(format_args!("{name}: connection closed")),
+        Err(error) => log::warn(format_args!("{name}: {error}")),
+    }
+}
+
+fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Result<(), String> {
+    stream.set_nodelay(true).ok();
+    let config = shared.config();
+    if !access::is_host_allowed(&config, peer) {
+        shared.counters.refused_hosts.fetch_add(1, Ordering::Relaxed);
+        log::notice(format_args!("Denying connection from {peer}: no ALLOW entry matches"));
+        refuse_host(&mut stream);
+        return Ok(());
+    }
+    log::info(format_args!("Connection from {peer}"));
+    let mut session = Upstream::new(Instant::now());
+    let mut buf = vec![0u8; 256 << 10];
+    let mut out = Vec::with_capacity(WRITE_BATCH * 2);
+    let mut feed: Option<Feed> = None;
+    let mut accepted: Option<ProdClass> = None;
+    let mut follower_from: Option<Timestamp> = None;
+    loop {
+        // Decisions and state changes.
+        while let Some(event) = session.poll_event() {
+            match event {
+                UpstreamEvent::FeedRequest { class, mode, resume_after } => {
+                    let (answer, filter) = decide_request(shared, peer, &class);
+                    if let RequestAnswer::Ok { .. } = answer {
+                        log::notice(format_args!(
+                            "Starting Up(ldm7/6): {class}, SIG={}, {}",
+                            resume_after.map_or("NONE".to_owned(), |s| s.to_string()),
+                            if mode == FeedMode::Primary { "Primary" } else { "Alternate" }
+                        ));
+                        feed = Some(Feed { class, filter, resume_after, notify: false });
+                    }
+                    session.answer_request(Instant::now(), answer).map_err(|e| e.to_string())?;
+                }
+                UpstreamEvent::NotifyRequest { class } => {
+                    let (answer, filter) = decide_request(shared, peer, &class);
+                    if let RequestAnswer::Ok { .. } = answer {
+                        log::notice(format_args!("Starting Up(ldm7/6): NOTIFYME {class}"));
+                        feed = Some(Feed { class, filter, resume_after: None, notify: true });
+                    }
+                    session.answer_request(Instant::now(), answer).map_err(|e| e.to_string())?;
+                }
+                UpstreamEvent::Hiya { class } => {
+                    log::notice(format_args!("hiya6: {class}"));
+                    let (decision, accepted_class) = access::accept(&config, peer, &class);
+                    let answer = match decision {
+                        access::AcceptDecision::Ok => HiyaAnswer::Ok { max_hereis: u32::MAX },
+                        access::AcceptDecision::Reclass(class) => HiyaAnswer::Reclass { class, max_hereis: u32::MAX },
+                        access::AcceptDecision::Refuse => {
+                            log::notice(format_args!("{peer}: no ACCEPT entry takes {class}"));
+                            HiyaAnswer::Refuse
+                        }
+                    };
+                    accepted = Some(accepted_class);
+                    session.answer_hiya(Instant::now(), answer).map_err(|e| e.to_string())?;
+                }
+                UpstreamEvent::IsAlive { id } => {
+                    session.answer_is_alive(Instant::now(), shared.is_alive(id)).map_err(|e| e.to_string())?;
+                }
+                UpstreamEvent::FeedStarted => {
+                    let Some(feed) = &feed else { return Err("feed started without a request".into()) };
+                    follower_from = Some(start_position(shared, feed));
+                }
+                UpstreamEvent::Declined { signature } => {
+                    log::debug(format_args!("{peer}: declined {signature}"));
+                }
+                UpstreamEvent::Product(product) => {
+                    let wanted = accepted
+                        .as_ref()
+                        .is_some_and(|class| class.matches_feed_ident(product.info.feedtype, &product.info.ident));
+                    if wanted {
+                        crate::receive::insert(shared, &peer.origin_name(), product.info, &product.data);
+                    } else {
+                        log::warn(format_args!("{peer}: ignoring unaccepted product: {}", product.info));
+                    }
+                }
+                UpstreamEvent::ComingSoon { info, .. } => {
+                    let accept = crate::receive::wants(shared, &info);
+                    session.answer_coming_soon(Instant::now(), accept).map_err(|e| e.to_string())?;
+                }
+                UpstreamEvent::BadPattern(error) => log::warn(format_args!("{peer}: {error}")),
+                UpstreamEvent::Closed(result) => {
+                    write_all(&mut stream, &mut session, &mut out)?;
+                    return result.map_err(|e| e.to_string());
+                }
+            }
+        }
+        write_all(&mut stream, &mut session, &mut out)?;
+        if shared.stopping.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Feeding: products while ready; else read the socket until the next timeout.
+        if let (Some(from), Some(feed)) = (follower_from, &feed) {
+            if session.ready() {
+                let next = feed_products(shared, &mut session, &mut stream, &mut out, from, feed)?;
+                follower_from = Some(next);
+                continue;
+            }
+        }
+        let now = Instant::now();
+        let wait =
+            session.poll_timeout().map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
+        if wait.is_zero() {
+            session.handle_timeout(now);
+            continue;
+        }
+        stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
+        match stream.read(&mut buf) {
+            Ok(0) => session.handle_eof(),
+            Ok(n) => session.handle_input(Instant::now(), &buf[..n]),
+            Err(error)
+                if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
+            {
+                session.handle_timeout(Instant::now());
+            }
+            Err(error) => {
+                session.handle_eof();
+                log::debug(format_args!("{peer}: read: {error}"));
+            }
+        }
+    }
+}
+
+/// Sends products from `from` on while the session is ready; returns where to go on. When
+/// caught up, flushes and waits for the queue to change until the next session timeout.
+fn feed_products(
+    shared: &Shared,
+    session: &mut Upstream,
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+    from: Timestamp,
+    feed: &Feed,
+) -> Result<Timestamp, String> {
+    let queue = &shared.queue;
+    let mut follower = queue.follow(from);
+    let mut sent = 0u64;
+    while session.ready() {
+        let found = follower
+            .next_with(Some(Duration::ZERO), |product| {
+                if feed.class.matches(&product.info) && feed.filter.allows(&product.info) {
+                    let now = Instant::now();
+                    if let Err(error) = session.send_product(now, &product.info, product.data) {
+                        return Err(error.to_string());
+                    }
+                    if feed.notify {
+                        log::info(format_args!("notifying: {}", product.info));
+                    } else {
+                        log::info(format_args!("sending: {}", product.info));
+                    }
+                    return Ok(true);
+                }
+                Ok(false)
+            })
+            .map_err(|error| format!("reading the queue: {error}"))?;
+        match found {
+            Some(result) => {
+                if result? {
+                    sent += 1;
+                    if session.has_output() {
+                        session.take_output(out);
+                        if out.len() >= WRITE_BATCH {
+                            stream.write_all(out).map_err(|e| format!("write: {e}"))?;
+                            out.clear();
+                        }
+                    }
+                }
+            }
+            None => {
+                // Caught up.
+                session.flush(Instant::now());
+                if session.ready() {
+                    // Nothing was unflushed: wait for products or the keep-alive.
+                    write_all(stream, session, out)?;
+                    let now = Instant::now();
+                    let wait = session
+                        .poll_timeout()
+                        .map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
+                    if wait.is_zero() {
+                        session.handle_timeout(now);
+                        break;
+                    }
+                    let changes = queue.changes();
+                    queue.wait_for_change(changes, Some(wait));
+                    if shared.stopping.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    continue;
+                }
+                break;
+            }
+        }
+    }
+    shared.counters.products_sent.fetch_add(sent, Ordering::Relaxed);
+    Ok(follower.position())
+}
+
+fn decide_request(shared: &Shared, peer: &PeerHost, class: &ProdClass) -> (RequestAnswer, access::ProductFilter) {
+    let config = shared.config();
+    match access::reduce_to_allowed(&config, peer, class) {
+        access::Allowed::Ok(filter) => (RequestAnswer::Ok { id: shared.next_session_id() }, filter),
+        access::Allowed::Reclass(class, filter) => (RequestAnswer::Reclass(class), filter),
+        access::Allowed::Nothing | access::Allowed::NotAllowedHost => {
+            (RequestAnswer::Refuse, access::ProductFilter::nothing())
+        }
+    }
+}
+
+/// Where the feed starts: just after the product whose signature came in `SIG=` if the queue
+/// has it, else at the class's `from` time.
+fn start_position(shared: &Shared, feed: &Feed) -> Timestamp {
+    let from = if feed.class.from <= feed.class.to { feed.class.from } else { feed.class.to };
+    let Some(signature) = feed.resume_after else { return from };
+    let found =
+        shared.queue.snapshot().ok().and_then(|snapshot| {
+            snapshot.product_by_signature(&signature).ok().flatten().map(|product| product.insertion)
+        });
+    match found {
+        Some(insertion) => Timestamp::from_unix_micros(insertion.as_unix_micros() + 1),
+        None => from,
+    }
+}
+
+fn write_all(stream: &mut TcpStream, session: &mut Upstream, out: &mut Vec<u8>) -> Result<(), String> {
+    session.take_output(out);
+    if !out.is_empty() {
+        stream.write_all(out).map_err(|e| format!("write: {e}"))?;
+        out.clear();
+    }
+    Ok(())
+}
+
+/// A host no ALLOW entry names: after its first call, a MSG_DENIED/AUTH_ERROR reply with
+/// xid 0, then a reset — what the reference does (ldm6-protocol.md §11).
+fn refuse_host(stream: &mut TcpStream) {
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut first = [0u8; 4096];
+    let _ = stream.read(&mut first);
+    let mut reply = Vec::new();
+    ldm7_xdr::ldm::encode_reply(&mut reply, 0, &ldm7_xdr::ldm::ReplyBody::Denied(ldm7_xdr::ldm::AuthStat::TooWeak));
+    let _ = stream.write_all(&reply);
+    let _ = socket2::SockRef::from(&*stream).set_linger(Some(Duration::ZERO));
+    let _ = stream.shutdown(Shutdown::Both);
+}

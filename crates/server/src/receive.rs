@@ -1,0 +1,83 @@
+//! Products arriving from elsewhere (a REQUEST's upstream, or a HIYA push): vetted, origin
+//! rewritten, inserted into the queue (duplicates dropped), one log line each.
+
+use std::sync::atomic::Ordering;
+
+use ldm7_pq::InsertOutcome;
+use ldm7_types::ProdInfo;
+
+use crate::{Shared, log};
+
+/// The origin LDM stores for a product received from `upstream_host`: the original origin up
+/// to its first `_v_`, then `_v_<upstream host>` (ldm6-protocol.md §8), cut to the 64-byte
+/// limit.
+pub fn relayed_origin(origin: &str, upstream_host: &str) -> String {
+    let base = origin.find("_v_").map_or(origin, |at| &origin[..at]);
+    let mut rewritten = format!("{base}_v_{upstream_host}");
+    if rewritten.len() > ldm7_types::ORIGIN_LEN_MAX {
+        let mut cut = ldm7_types::ORIGIN_LEN_MAX;
+        while !rewritten.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        rewritten.truncate(cut);
+    }
+    rewritten
+}
+
+/// Whether to accept a COMINGSOON: not a duplicate, and it fits the queue.
+pub(crate) fn wants(shared: &Shared, info: &ProdInfo) -> bool {
+    let duplicate = shared
+        .queue
+        .snapshot()
+        .is_ok_and(|snapshot| snapshot.product_by_signature(&info.signature).is_ok_and(|found| found.is_some()));
+    if duplicate {
+        log::info(format_args!("comingsoon6: duplicate: {info}"));
+        shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    if let Err(error) = shared.queue.check_fits(info) {
+        log::error(format_args!("Product too big: {info}: {error}"));
+        return false;
+    }
+    true
+}
+
+/// Inserts a received product; returns whether it was new.
+pub(crate) fn insert(shared: &Shared, upstream_host: &str, mut info: ProdInfo, data: &[u8]) -> bool {
+    if data.len() != info.size as usize {
+        log::error(format_args!("{upstream_host}: product of {} bytes announced as {}: {info}", data.len(), info.size));
+        shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    info.origin = relayed_origin(&info.origin, upstream_host);
+    match shared.queue.insert(&info, data) {
+        Ok(InsertOutcome::Inserted { .. }) => {
+            shared.counters.products_received.fetch_add(1, Ordering::Relaxed);
+            log::info(format_args!("{info}"));
+            true
+        }
+        Ok(InsertOutcome::Duplicate { .. }) => {
+            shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+            log::info(format_args!("{upstream_host}: duplicate: {info}"));
+            false
+        }
+        Err(error) => {
+            shared.counters.insert_errors.fetch_add(1, Ordering::Relaxed);
+            log::error(format_args!("{upstream_host}: cannot insert {info}: {error}"));
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::relayed_origin;
+
+    #[test]
+    fn origin_is_rewritten_as_ldm_does() {
+        assert_eq!(relayed_origin("vm", "127.0.0.1"), "vm_v_127.0.0.1");
+        assert_eq!(relayed_origin("vm_v_a.edu", "b.edu"), "vm_v_b.edu");
+        assert_eq!(relayed_origin("", "b.edu"), "_v_b.edu");
+        assert_eq!(relayed_origin("x", &"h".repeat(80)).len(), 64);
+    }
+}

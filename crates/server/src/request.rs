@@ -1,0 +1,199 @@
+//! A REQUEST entry: a downstream that connects to its upstream, asks with FEEDME, inserts what
+//! arrives, and reconnects after failures — resuming just after the last product it received,
+//! which survives restarts in a small state file.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use ldm7_ldm_proto::{Downstream, DownstreamConfig, DownstreamEvent, FeedMode};
+use ldm7_types::{ProdClass, Signature, Timestamp};
+use md5::{Digest, Md5};
+
+use crate::{Shared, log, receive};
+
+/// One REQUEST as the runner needs it.
+#[derive(Clone, Debug)]
+pub struct RequestSpec {
+    /// The class (feed and pattern; times are chosen per connection).
+    pub class: ProdClass,
+    /// The upstream host as written in ldmd.conf (also used in the origin rewrite).
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+    /// Primary or alternate (the first REQUEST of a feed/pattern is primary).
+    pub mode: FeedMode,
+}
+
+impl RequestSpec {
+    /// The state file of this request: `.<md5 of host, port and specs>.info` in `dir` (the
+    /// reference's naming, ldm6-protocol.md §8).
+    pub fn state_path(&self, dir: &std::path::Path) -> PathBuf {
+        let mut hasher = Md5::new();
+        hasher.update(self.host.as_bytes());
+        hasher.update(self.port.to_be_bytes());
+        for spec in &self.class.specs {
+            hasher.update(spec.feedtype.bits().to_be_bytes());
+            hasher.update(spec.pattern.as_str().as_bytes());
+        }
+        let digest: [u8; 16] = hasher.finalize().into();
+        dir.join(format!(".{}.info", Signature(digest)))
+    }
+}
+
+/// The resume point: the last product received.
+fn load_state(path: &std::path::Path) -> Option<Signature> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+fn save_state(path: &std::path::Path, signature: &Signature) {
+    let temporary = path.with_extension("info.tmp");
+    let saved = std::fs::write(&temporary, format!("{signature}\n")).and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(error) = saved {
+        log::warn(format_args!("cannot save the resume point in {}: {error}", path.display()));
+    }
+}
+
+/// How often the resume point is written while products arrive.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs the request until the server stops.
+pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
+    let state_path = request.state_path(&shared.options.state_dir);
+    let mut resume_after = load_state(&state_path);
+    let mut backoff = shared.options.retry_min;
+    while !shared.stopping.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let outcome = session(&shared, &request, &state_path, &mut resume_after);
+        if let Err(error) = &outcome {
+            log::warn(format_args!("{}:{}: {error}", request.host, request.port));
+        }
+        if shared.stopping.load(Ordering::Relaxed) {
+            break;
+        }
+        // A session that ran a while resets the back-off.
+        if started.elapsed() > shared.options.retry_max {
+            backoff = shared.options.retry_min;
+        }
+        log::notice(format_args!("{}:{}: reconnecting in {} s", request.host, request.port, backoff.as_secs_f64()));
+        shared.sleep(backoff);
+        backoff = (backoff * 2).min(shared.options.retry_max);
+    }
+    if let Some(signature) = resume_after {
+        save_state(&state_path, &signature);
+    }
+}
+
+fn session(
+    shared: &Shared,
+    request: &RequestSpec,
+    state_path: &std::path::Path,
+    resume_after: &mut Option<Signature>,
+) -> Result<(), String> {
+    let address = (request.host.as_str(), request.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve: {e}"))?
+        .next()
+        .ok_or("no address")?;
+    let mut stream =
+        TcpStream::connect_timeout(&address, Duration::from_secs(30)).map_err(|e| format!("cannot connect: {e}"))?;
+    stream.set_nodelay(true).ok();
+    let now = SystemTime::now();
+    let from = Timestamp::from_system_time(now).saturating_sub(shared.options.time_offset);
+    let class = request.class.clone().between(from, Timestamp::END);
+    log::notice(format_args!("Starting Up(ldm7): {}:{} {class}", request.host, request.port));
+    let mut config = DownstreamConfig::new(class);
+    config.mode = request.mode;
+    config.resume_after = *resume_after;
+    config.silence = shared.options.silence;
+    let mut session = Downstream::new(Instant::now(), config);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut out = Vec::new();
+    let mut last_save = Instant::now();
+    let mut unsaved = false;
+    let result = loop {
+        let mut ended = None;
+        while let Some(event) = session.poll_event() {
+            match event {
+                DownstreamEvent::Accepted { id, class } => {
+                    log::notice(format_args!(
+                        "Upstream LDM-6 on {} is willing to be {} feeder (id {id}): {class}",
+                        request.host,
+                        if request.mode == FeedMode::Primary { "a primary" } else { "an alternate" }
+                    ));
+                }
+                DownstreamEvent::Reclassified(class) => {
+                    log::notice(format_args!("{}: reclassified to {class}", request.host));
+                }
+                DownstreamEvent::Product(product) => {
+                    let max_latency = shared.options.max_latency;
+                    let oldest = Timestamp::from_system_time(SystemTime::now()).saturating_sub(max_latency);
+                    if product.info.arrival < oldest {
+                        log::warn(format_args!("Ignoring too-old product: {}", product.info));
+                    } else if !session.class().matches_feed_ident(product.info.feedtype, &product.info.ident) {
+                        log::warn(format_args!("Ignoring unrequested product: {}", product.info));
+                    } else {
+                        let signature = product.info.signature;
+                        receive::insert(shared, &request.host, product.info, &product.data);
+                        *resume_after = Some(signature);
+                        unsaved = true;
+                    }
+                }
+                DownstreamEvent::ComingSoon { info, .. } => {
+                    let accept = receive::wants(shared, &info);
+                    session.answer_coming_soon(Instant::now(), accept).map_err(|e| e.to_string())?;
+                }
+                DownstreamEvent::Refused { why } => log::error(format_args!("{}: {why}", request.host)),
+                DownstreamEvent::Closed(result) => ended = Some(result.map_err(|e| e.to_string())),
+            }
+        }
+        if unsaved && last_save.elapsed() >= SAVE_EVERY {
+            if let Some(signature) = resume_after {
+                save_state(state_path, signature);
+            }
+            last_save = Instant::now();
+            unsaved = false;
+        }
+        session.take_output(&mut out);
+        if !out.is_empty() {
+            stream.write_all(&out).map_err(|e| format!("write: {e}"))?;
+            out.clear();
+        }
+        if let Some(result) = ended {
+            break result;
+        }
+        if shared.stopping.load(Ordering::Relaxed) {
+            break Ok(());
+        }
+        let now = Instant::now();
+        let wait = session
+            .poll_timeout()
+            .map_or(Duration::from_millis(250), |at| at.saturating_duration_since(now))
+            .min(Duration::from_millis(250));
+        if wait.is_zero() {
+            session.handle_timeout(now);
+            continue;
+        }
+        stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
+        match stream.read(&mut buf) {
+            Ok(0) => session.handle_eof(),
+            Ok(n) => session.handle_input(Instant::now(), &buf[..n]),
+            Err(error)
+                if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
+            {
+                session.handle_timeout(Instant::now());
+            }
+            Err(error) => break Err(format!("read: {error}")),
+        }
+    };
+    if unsaved {
+        if let Some(signature) = resume_after {
+            save_state(state_path, signature);
+        }
+    }
+    result
+}

@@ -1,0 +1,304 @@
+//! The daemon: listens for LDM connections, runs the REQUEST downstreams and the EXEC
+//! children, reloads the configuration on SIGHUP and drains on SIGTERM/SIGINT.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ldm7_ldm_proto::FeedMode;
+use ldm7_pq::Queue;
+
+use crate::access::PeerHost;
+use crate::config::Config;
+use crate::request::RequestSpec;
+use crate::{conn, log, request};
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// ldmd.conf.
+    pub config_path: PathBuf,
+    /// The product queue.
+    pub queue_path: PathBuf,
+    /// Where to listen (LDM: 0.0.0.0:388).
+    pub listen: SocketAddr,
+    /// Where REQUEST resume points are kept.
+    pub state_dir: PathBuf,
+    /// How far back a fresh REQUEST asks (`-o`, default 3600 s).
+    pub time_offset: Duration,
+    /// Older products are ignored by downstreams (`-m`, default 3600 s).
+    pub max_latency: Duration,
+    /// A downstream closes after this long without a message (300 s).
+    pub silence: Duration,
+    /// First reconnection delay of a downstream; doubles up to `retry_max`.
+    pub retry_min: Duration,
+    /// Longest reconnection delay (LDM: 60 s).
+    pub retry_max: Duration,
+}
+
+impl ServerOptions {
+    /// LDM's defaults for the given files and address.
+    pub fn new(config_path: PathBuf, queue_path: PathBuf, listen: SocketAddr) -> Self {
+        Self {
+            config_path,
+            queue_path,
+            listen,
+            state_dir: PathBuf::from("."),
+            time_offset: Duration::from_secs(3600),
+            max_latency: Duration::from_secs(3600),
+            silence: Duration::from_secs(300),
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Counters of the whole server.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections refused because no ALLOW entry names the host.
+    pub refused_hosts: AtomicU64,
+    /// Products sent to downstreams.
+    pub products_sent: AtomicU64,
+    /// Products received and inserted.
+    pub products_received: AtomicU64,
+    /// Products received that the queue already had.
+    pub duplicates: AtomicU64,
+    /// Products that could not be inserted.
+    pub insert_errors: AtomicU64,
+    /// Products whose data did not match their metadata.
+    pub malformed: AtomicU64,
+}
+
+/// What every thread of the server shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub(crate) options: ServerOptions,
+    pub(crate) queue: Queue,
+    config: RwLock<Arc<Config>>,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) counters: Counters,
+    session_ids: AtomicU32,
+    wake: (Mutex<()>, Condvar),
+}
+
+impl Shared {
+    /// The current configuration.
+    pub(crate) fn config(&self) -> Arc<Config> {
+        self.config.read().map_or_else(|poisoned| poisoned.into_inner().clone(), |config| config.clone())
+    }
+
+    pub(crate) fn next_session_id(&self) -> u32 {
+        std::process::id().wrapping_mul(1000).wrapping_add(self.session_ids.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn is_alive(&self, id: u32) -> bool {
+        id.wrapping_sub(std::process::id().wrapping_mul(1000)) < self.session_ids.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps, waking early when the server stops.
+    pub(crate) fn sleep(&self, duration: Duration) {
+        let (lock, condvar) = &self.wake;
+        let guard = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !self.stopping.load(Ordering::Relaxed) {
+            let _ = condvar.wait_timeout(guard, duration);
+        }
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is wrong.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    /// The queue cannot be opened.
+    #[error("cannot open the product queue {path}: {source}")]
+    Queue {
+        /// The queue.
+        path: String,
+        /// Why.
+        source: ldm7_pq::OpenError,
+    },
+    /// The port cannot be listened on.
+    #[error("cannot listen on {address}: {source} (ports below 1024 need root; use --port)")]
+    Listen {
+        /// The address.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The state directory cannot be used.
+    #[error("cannot use the state directory {path}: {source}")]
+    StateDir {
+        /// The directory.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    threads: Vec<JoinHandle<()>>,
+    children: Vec<Child>,
+}
+
+impl Server {
+    /// Loads the configuration, opens the queue, listens, starts the REQUEST downstreams and
+    /// the EXEC children.
+    pub fn start(options: ServerOptions) -> Result<Self, ServerError> {
+        let config = Config::load(&options.config_path)?;
+        warn_unsupported(&config);
+        let queue = Queue::open(&options.queue_path)
+            .map_err(|source| ServerError::Queue { path: options.queue_path.display().to_string(), source })?;
+        std::fs::create_dir_all(&options.state_dir)
+            .map_err(|source| ServerError::StateDir { path: options.state_dir.display().to_string(), source })?;
+        let listener = TcpListener::bind(options.listen)
+            .map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        let local_addr =
+            listener.local_addr().map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        listener.set_nonblocking(true).map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        let shared = Arc::new(Shared {
+            options,
+            queue,
+            config: RwLock::new(Arc::new(config)),
+            stopping: AtomicBool::new(false),
+            counters: Counters::default(),
+            session_ids: AtomicU32::new(0),
+            wake: (Mutex::new(()), Condvar::new()),
+        });
+        log::notice(format_args!("Starting Up (ldm7 {}), listening on {local_addr}", env!("CARGO_PKG_VERSION")));
+        let mut threads = Vec::new();
+        let acceptor = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("accept".into())
+                .spawn(move || accept_loop(&acceptor, &listener))
+                .expect("spawn"),
+        );
+        let config = shared.config();
+        for request in requests(&config, local_addr.port()) {
+            let shared = shared.clone();
+            let name = format!("request {}", request.host);
+            threads.push(
+                std::thread::Builder::new().name(name).spawn(move || request::run(shared, request)).expect("spawn"),
+            );
+        }
+        let children = start_execs(&config);
+        Ok(Self { shared, local_addr, threads, children })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// What the threads share (counters).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Re-reads the configuration: new connections see the new ALLOW/ACCEPT entries at once;
+    /// REQUEST and EXEC changes take effect at the next start (as with LDM's `ldmadmin restart`).
+    pub fn reload(&self) -> Result<(), ServerError> {
+        let config = Config::load(&self.shared.options.config_path)?;
+        warn_unsupported(&config);
+        *self.shared.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
+        log::notice(format_args!("Configuration reloaded from {}", self.shared.options.config_path.display()));
+        Ok(())
+    }
+
+    /// Stops: no new connections, sessions end after their current product, downstreams save
+    /// their resume points, EXEC children get SIGTERM.
+    pub fn stop(mut self) {
+        log::notice(format_args!("Exiting"));
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.shared.wake.1.notify_all();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        for child in &mut self.children {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+    while !shared.stopping.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, address)) => {
+                let _ = stream.set_nonblocking(false);
+                shared.counters.connections.fetch_add(1, Ordering::Relaxed);
+                let shared = shared.clone();
+                let spawned = std::thread::Builder::new().name(format!("conn {address}")).spawn(move || {
+                    let peer = PeerHost::resolve(address.ip());
+                    conn::serve(shared, stream, peer);
+                });
+                if let Err(error) = spawned {
+                    log::error(format_args!("cannot start a thread for {address}: {error}"));
+                }
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => {
+                log::warn(format_args!("accept: {error}"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// The REQUEST entries as downstream runs; the first of a feed/pattern is primary.
+fn requests(config: &Config, default_port: u16) -> Vec<RequestSpec> {
+    config
+        .requests
+        .iter()
+        .map(|entry| RequestSpec {
+            class: entry.class(),
+            host: entry.host.clone(),
+            port: entry.port.unwrap_or(default_port),
+            mode: if entry.primary { FeedMode::Primary } else { FeedMode::Alternate },
+        })
+        .collect()
+}
+
+fn start_execs(config: &Config) -> Vec<Child> {
+    let mut children = Vec::new();
+    for exec in &config.execs {
+        let Some((program, args)) = exec.argv.split_first() else { continue };
+        match Command::new(program).args(args).spawn() {
+            Ok(child) => {
+                log::notice(format_args!("EXEC {:?}: pid {}", exec.argv, child.id()));
+                children.push(child);
+            }
+            Err(error) => log::error(format_args!("EXEC {:?}: {error}", exec.argv)),
+        }
+    }
+    children
+}
+
+fn warn_unsupported(config: &Config) {
+    for entry in &config.unsupported {
+        log::warn(format_args!("{entry}: not supported yet (LDM-7 multicast arrives with a later release); ignored"));
+    }
+}
