@@ -231,7 +231,7 @@ impl Downstream {
     /// The upstream closed the connection.
     pub fn handle_eof(&mut self) {
         if !matches!(self.state, State::Closed) {
-            self.close(Ok(()));
+            self.close(self.peer.eof_result());
         }
     }
 

@@ -51,6 +51,9 @@ pub enum SessionError {
     /// A synchronous call got no reply in time.
     #[error("no reply to {0} within {secs} s", secs = CALL_TIMEOUT.as_secs())]
     CallTimeout(String),
+    /// The peer closed the connection while a reply was awaited.
+    #[error("the peer closed the connection before replying to {0}")]
+    ClosedBeforeReply(String),
     /// Nothing arrived for too long.
     #[error("nothing received for {0} s")]
     Silence(u64),

@@ -159,7 +159,7 @@ impl NotifyClient {
     /// The upstream closed the connection.
     pub fn handle_eof(&mut self) {
         if !self.closed {
-            self.close(Ok(()));
+            self.close(self.peer.eof_result());
         }
     }
 

@@ -70,6 +70,13 @@ impl Peer {
                 outstanding.filter(|call| call.xid == xid).map(|call| call.proc)
             });
             match message {
+                // A host the server does not allow at all gets its denial with xid 0 (§11).
+                Ok(Message::Reply(reply))
+                    if reply.xid == 0 && outstanding.is_some() && matches!(reply.body, ReplyBody::Denied(_)) =>
+                {
+                    self.outstanding = None;
+                    return Ok(Some(Message::Reply(reply)));
+                }
                 Ok(Message::Reply(reply)) if outstanding.is_none_or(|call| call.xid != reply.xid) => {
                     self.stray_replies += 1;
                 }
@@ -128,6 +135,14 @@ impl Peer {
 
     pub fn has_output(&self) -> bool {
         !self.out.is_empty()
+    }
+
+    /// How a session ends when the peer closes: an error if a reply was awaited.
+    pub fn eof_result(&self) -> Result<(), SessionError> {
+        match self.outstanding {
+            Some(call) => Err(SessionError::ClosedBeforeReply(call.proc.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// Whether the outstanding call timed out.

@@ -192,7 +192,7 @@ impl PushClient {
     /// The receiver closed the connection.
     pub fn handle_eof(&mut self) {
         if self.state != State::Closed {
-            self.close(Ok(()));
+            self.close(self.peer.eof_result());
         }
     }
 

@@ -458,7 +458,7 @@ impl Upstream {
     /// The peer closed the connection (or it failed).
     pub fn handle_eof(&mut self) {
         if !matches!(self.state, State::Closed) {
-            self.close(Ok(()));
+            self.close(self.peer.eof_result());
         }
     }
 
