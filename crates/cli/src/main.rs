@@ -4,6 +4,7 @@
 //! Exit codes: 0 ok, 1 bad usage or input, 2 runtime failure.
 
 mod bench;
+mod bench_ldm6;
 mod cat;
 mod common;
 mod demo;
@@ -66,6 +67,8 @@ enum Command {
 enum BenchCommand {
     /// Queue insert and read rates, and cross-process wake-up latency.
     Queue(bench::BenchQueueArgs),
+    /// LDM-6 fan-out on loopback: 1 and 4 downstream servers from a preloaded queue.
+    Ldm6(bench_ldm6::BenchLdm6Args),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -117,6 +120,7 @@ fn dispatch(command: Command) -> CmdResult {
         Command::Watch(args) => watch::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
+        Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
         Command::Lab(command) => lab(command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
         Command::Serve(args) => serve::run(&args),
