@@ -83,7 +83,7 @@ const LOCAL: &str = r"^((localhost|loopback)|(127\.0\.0\.1\.?))$";
 
 /// Runs the benchmark and prints the results.
 pub fn run(args: &BenchLdm6Args) -> anyhow::Result<()> {
-    if args.products == 0 || args.size == 0 || args.repeat == 0 || args.downstreams.iter().any(|n| *n == 0) {
+    if args.products == 0 || args.size == 0 || args.repeat == 0 || args.downstreams.contains(&0) {
         bail!("--products, --size, --repeat and --downstreams must be positive");
     }
     let exe = std::env::current_exe().context("find the ldm7 executable")?;
