@@ -100,9 +100,7 @@ impl Node {
     }
 
     fn count(&self) -> u64 {
-        Queue::open(Path::new(&self.queue_path()))
-            .and_then(|q| Ok(q.stats().expect("stats").product_count))
-            .unwrap_or(0)
+        Queue::open(Path::new(&self.queue_path())).map(|q| q.stats().expect("stats").product_count).unwrap_or(0)
     }
 
     fn wait_for(&self, count: u64, within: Duration) {
