@@ -371,3 +371,32 @@ fn send_pushes_files_that_notify_then_sees() {
     assert_eq!(server.count(), 3);
     server.stop();
 }
+
+#[test]
+fn sighup_reloads_the_configuration_and_exec_runs_programs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut server =
+        Node::new(root.path(), "s", "50M", "ALLOW ANY ^nohost\\.example\\.org$\nEXEC \"touch exec-ran\"\n");
+    server.start();
+    let host = format!("127.0.0.1:{}", server.port);
+    let notify =
+        |host: &str| Command::new(LDM7).args(["notify", "-h", host, "-o", "60", "-T", "3"]).output().expect("notify");
+    assert_eq!(notify(&host).status.code(), Some(1), "refused before the reload");
+    std::fs::write(server.dir.join("ldmd.conf"), allow_local()).expect("rewrite");
+    let pid = server.child.as_ref().expect("running").id();
+    assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().expect("kill").success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !server.log().contains("Configuration reloaded") {
+        assert!(Instant::now() < deadline, "no reload: {}", tail(&server.log()));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Allowed now: notify connects and ends on its own silence limit (nothing in the queue).
+    let output = notify(&host);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("accepted"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(server.dir.join("exec-ran").exists(), "EXEC ran its program in the server's directory");
+    server.stop();
+}

@@ -210,10 +210,12 @@ async fn serve_receiver(
             }
         }
     });
-    let _ = notices.send(SenderNotice::ReceiverJoined(id, peer));
+    // The sender learns of the receiver before anyone is told it joined: products handed over
+    // after the notice then count it among their receivers.
     if inputs.send(SenderInput::Connected(id, out_tx, peer)).is_err() {
         return Ok(());
     }
+    let _ = notices.send(SenderNotice::ReceiverJoined(id, peer));
     loop {
         while let Split::Frame { frame, rest } = wire::split_frame(&buffer).map_err(io::Error::other)? {
             let consumed = buffer.len() - rest.len();

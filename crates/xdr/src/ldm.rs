@@ -320,7 +320,7 @@ pub fn decode_message(record: &[u8], reply_proc: impl Fn(u32) -> Option<Proc>) -
     let mut decoder = Decoder::new(record);
     match decode_header(&mut decoder)? {
         Header::Call(header) => {
-            if header.program != LDM_PROGRAM || !(5..=7).contains(&header.version) {
+            if header.program != LDM_PROGRAM || header.version != 6 {
                 return Err(XdrError::WrongProgram { program: header.program, version: header.version });
             }
             let proc = Proc::from_number(header.procedure)

@@ -72,7 +72,7 @@ pub enum XdrError {
         xid: u32,
     },
     /// A call for another program or version.
-    #[error("call for program {program} version {version}: only LDM (300029) versions 5–7 are served")]
+    #[error("call for program {program} version {version}: only LDM (300029) version 6 is served")]
     WrongProgram {
         /// The program.
         program: u32,
