@@ -302,3 +302,106 @@ fn push_sends_hereis_under_max_hereis_and_comingsoon_above() {
     exchange(&mut receiver, &mut pusher);
     assert!(matches!(pusher.poll_event(), Some(PushEvent::Flushed)));
 }
+
+/// Hex words of a transcript's byte stream (`NNNNNNNN  xxxxxxxx xxxxxxxx … |…|` lines) after
+/// the line starting with `header`.
+fn capture_stream(file: &str, header: &str) -> Vec<u8> {
+    let path = std::env::var_os("LDM7_SHARED")
+        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"), Into::into)
+        .join("data/captures")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut bytes = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with(header) {
+            inside = true;
+            continue;
+        }
+        if inside {
+            let Some((offset, rest)) = line.split_once("  ") else { break };
+            if offset.len() != 8 || !offset.chars().all(|c| c.is_ascii_hexdigit()) {
+                break;
+            }
+            for word in rest.split('|').next().unwrap_or("").split_whitespace() {
+                for k in (0..word.len()).step_by(2) {
+                    bytes.push(u8::from_str_radix(&word[k..k + 2], 16).unwrap());
+                }
+            }
+        }
+    }
+    bytes
+}
+
+/// Splits a byte stream into records (single fragments, as in the captures).
+fn split_records(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut records = Vec::new();
+    while bytes.len() >= 4 {
+        let len = (u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) & 0x7fff_ffff) as usize;
+        records.push(bytes[..4 + len].to_vec());
+        bytes = &bytes[4 + len..];
+    }
+    records
+}
+
+#[test]
+fn our_upstream_answers_the_captured_feedme_with_the_captured_bytes() {
+    // The real downstream's FEEDME (LDM 6.15), fed to our upstream session: the reply and the
+    // HEREIS records must be the bytes the real upstream sent, except the xids of our calls.
+    let client = capture_stream("ldm6-feedme-primary.txt", "### Byte stream C>S");
+    let server = capture_stream("ldm6-feedme-primary.txt", "### Byte stream S>C");
+    let (client, server) = (split_records(&client), split_records(&server));
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    up.handle_input(now, &client[0]);
+    let Some(UpstreamEvent::FeedRequest { class, mode: FeedMode::Primary, resume_after: None }) = up.poll_event()
+    else {
+        panic!("no FEEDME")
+    };
+    assert_eq!(class.to_string(), "20261122080618.545555 TS_ENDT {{EXP, \".*\"}}");
+    up.answer_request(now, RequestAnswer::Ok { id: 29362 }).unwrap();
+    let mut reply = Vec::new();
+    up.take_output(&mut reply);
+    assert_eq!(reply, server[0], "FEEDME reply");
+    up.handle_timeout(now + Duration::from_secs(1));
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedStarted)));
+    for record in &server[1..4] {
+        // Re-send the captured product through our session.
+        let decoded = ldm7_xdr::ldm::decode_message(&record[4..], |_| None).unwrap();
+        let ldm7_xdr::ldm::Message::Call(ldm7_xdr::ldm::Call {
+            call: ldm7_xdr::ldm::LdmCall::Hereis { info, data },
+            ..
+        }) = decoded
+        else {
+            panic!("not a HEREIS")
+        };
+        up.send_product(now, &info, &data).unwrap();
+        let mut ours = Vec::new();
+        up.take_output(&mut ours);
+        assert_eq!(ours.len(), record.len());
+        assert_eq!(ours[8..], record[8..], "HEREIS of {} differs beyond the xid", info.ident);
+    }
+    up.flush(now);
+    let mut flush = Vec::new();
+    up.take_output(&mut flush);
+    assert_eq!(flush[8..], server[4][8..], "NULLPROC flush");
+}
+
+#[test]
+fn our_downstream_feedme_has_the_captured_layout() {
+    let client = split_records(&capture_stream("ldm6-feedme-primary.txt", "### Byte stream C>S"));
+    let decoded = ldm7_xdr::ldm::decode_message(&client[0][4..], |_| None).unwrap();
+    let ldm7_xdr::ldm::Message::Call(ldm7_xdr::ldm::Call {
+        call: ldm7_xdr::ldm::LdmCall::Feedme { class, .. }, ..
+    }) = decoded
+    else {
+        panic!("not a FEEDME")
+    };
+    let (class, _) = ldm7_ldm_proto::compile_class(&class).unwrap();
+    let now = Instant::now();
+    let mut down = Downstream::new(now, DownstreamConfig::new(class));
+    let mut ours = Vec::new();
+    down.take_output(&mut ours);
+    assert_eq!(ours.len(), client[0].len());
+    assert_eq!(ours[8..], client[0][8..], "FEEDME beyond the xid");
+}
