@@ -20,6 +20,8 @@ use crate::log;
 
 /// Write when this much output is pending.
 const WRITE_BATCH: usize = 256 << 10;
+/// Most products sent under one read transaction.
+const BATCH_MAX: usize = 64;
 /// How often a blocked thread looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
 
@@ -161,8 +163,10 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
     }
 }
 
-/// Sends products from `from` on while the session is ready; returns where to go on. When
-/// caught up, flushes and waits for the queue to change until the next session timeout.
+/// Sends products from `from` on while the session is ready; returns where to go on. Products
+/// are read in batches under one read transaction (released before writing to the socket, so a
+/// slow downstream never pins queue pages). When caught up, flushes and waits for the queue to
+/// change until the next session timeout.
 fn feed_products(
     shared: &Shared,
     session: &mut Upstream,
@@ -172,66 +176,63 @@ fn feed_products(
     feed: &Feed,
 ) -> Result<Timestamp, String> {
     let queue = &shared.queue;
-    let mut follower = queue.follow(from);
+    let storage = |error: ldm7_pq::StorageError| format!("reading the queue: {error}");
+    let mut position = from;
     let mut sent = 0u64;
     while session.ready() {
-        let found = follower
-            .next_with(Some(Duration::ZERO), |product| {
+        let changes = queue.changes();
+        let mut caught_up = true;
+        {
+            let snapshot = queue.snapshot().map_err(storage)?;
+            let mut batch = 0;
+            for product in snapshot.products_from(position).map_err(storage)? {
+                let product = product.map_err(storage)?;
+                position = Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1);
                 if feed.class.matches(&product.info) && feed.filter.allows(&product.info) {
-                    let now = Instant::now();
-                    if let Err(error) = session.send_product(now, &product.info, product.data) {
-                        return Err(error.to_string());
-                    }
+                    session.send_product(Instant::now(), &product.info, product.data).map_err(|e| e.to_string())?;
                     if feed.notify {
                         log::info(format_args!("notifying: {}", product.info));
                     } else {
                         log::info(format_args!("sending: {}", product.info));
                     }
-                    return Ok(true);
-                }
-                Ok(false)
-            })
-            .map_err(|error| format!("reading the queue: {error}"))?;
-        match found {
-            Some(result) => {
-                if result? {
                     sent += 1;
-                    if session.has_output() {
-                        session.take_output(out);
-                        if out.len() >= WRITE_BATCH {
-                            stream.write_all(out).map_err(|e| format!("write: {e}"))?;
-                            out.clear();
-                        }
-                    }
+                    batch += 1;
+                    session.take_output(out);
+                }
+                if !session.ready() || out.len() >= WRITE_BATCH || batch >= BATCH_MAX {
+                    caught_up = false;
+                    break;
                 }
             }
-            None => {
-                // Caught up.
-                session.flush(Instant::now());
-                if session.ready() {
-                    // Nothing was unflushed: wait for products or the keep-alive.
-                    write_all(stream, session, out)?;
-                    let now = Instant::now();
-                    let wait = session
-                        .poll_timeout()
-                        .map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
-                    if wait.is_zero() {
-                        session.handle_timeout(now);
-                        break;
-                    }
-                    let changes = queue.changes();
-                    queue.wait_for_change(changes, Some(wait));
-                    if shared.stopping.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    continue;
-                }
-                break;
-            }
+        }
+        if !out.is_empty() {
+            stream.write_all(out).map_err(|e| format!("write: {e}"))?;
+            out.clear();
+        }
+        if !caught_up {
+            continue;
+        }
+        session.flush(Instant::now());
+        if !session.ready() {
+            // The flush waits for its reply: read it in the caller's loop.
+            break;
+        }
+        // Nothing new and nothing unflushed: wait for products or the keep-alive.
+        write_all(stream, session, out)?;
+        let now = Instant::now();
+        let wait =
+            session.poll_timeout().map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
+        if wait.is_zero() {
+            session.handle_timeout(now);
+            break;
+        }
+        queue.wait_for_change(changes, Some(wait));
+        if shared.stopping.load(Ordering::Relaxed) {
+            break;
         }
     }
     shared.counters.products_sent.fetch_add(sent, Ordering::Relaxed);
-    Ok(follower.position())
+    Ok(position)
 }
 
 fn decide_request(shared: &Shared, peer: &PeerHost, class: &ProdClass) -> (RequestAnswer, access::ProductFilter) {
