@@ -1,12 +1,13 @@
 //! `ldm7 notify` (remote notifyme) and `ldm7 send` (ldmsend): LDM-6 client sessions over a
 //! blocking socket.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ldm7_ldm_proto::{NotifyClient, NotifyEvent, PushClient, PushEvent};
+use ldm7_server::wait::{Input, wait_input};
 use ldm7_types::{ProdClass, ProdInfo, Signature, Timestamp};
 
 use crate::common::{now, origin, parse_feed, parse_pattern};
@@ -37,35 +38,13 @@ fn connect(host: &str) -> CmdResult<TcpStream> {
     Ok(stream)
 }
 
-/// What one round of waiting on the socket brought.
-enum Pumped {
-    /// `n` bytes, in the buffer.
-    Bytes(usize),
-    /// The session's timeout came.
-    Timeout,
-    /// The peer closed the connection.
-    Eof,
-}
-
-/// One round of a client session: write its output, wait for input until its next timeout.
-fn pump(stream: &mut TcpStream, buf: &mut [u8], out: &mut Vec<u8>, timeout: Option<Instant>) -> CmdResult<Pumped> {
+/// Writes the session's output, then waits for input until its next timeout.
+fn pump(stream: &mut TcpStream, buf: &mut [u8], out: &mut Vec<u8>, timeout: Option<Instant>) -> CmdResult<Input> {
     if !out.is_empty() {
         stream.write_all(out).map_err(|error| runtime(anyhow::anyhow!("write: {error}")))?;
         out.clear();
     }
-    let wait = timeout.map_or(Duration::from_secs(1), |at| at.saturating_duration_since(Instant::now()));
-    if wait.is_zero() {
-        return Ok(Pumped::Timeout);
-    }
-    stream.set_read_timeout(Some(wait)).map_err(runtime)?;
-    match stream.read(buf) {
-        Ok(0) => Ok(Pumped::Eof),
-        Ok(n) => Ok(Pumped::Bytes(n)),
-        Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-            Ok(Pumped::Timeout)
-        }
-        Err(error) => Err(runtime(anyhow::anyhow!("read: {error}"))),
-    }
+    wait_input(stream, buf, timeout, Duration::from_secs(1)).map_err(|error| runtime(anyhow::anyhow!("read: {error}")))
 }
 
 /// Arguments of `ldm7 notify` / `notifyme`.
@@ -153,9 +132,9 @@ pub fn notify(args: &NotifyArgs) -> CmdResult {
         session.take_output(&mut out);
         let timeout = session.poll_timeout();
         match pump(&mut stream, &mut buf, &mut out, timeout)? {
-            Pumped::Bytes(n) => session.handle_input(Instant::now(), &buf[..n]),
-            Pumped::Timeout => session.handle_timeout(Instant::now()),
-            Pumped::Eof => session.handle_eof(),
+            Input::Bytes(n) => session.handle_input(Instant::now(), &buf[..n]),
+            Input::Timeout => session.handle_timeout(Instant::now()),
+            Input::Eof => session.handle_eof(),
         }
     }
 }
@@ -265,9 +244,9 @@ pub fn send(args: &SendArgs) -> CmdResult {
         session.take_output(&mut out);
         let timeout = session.poll_timeout();
         match pump(&mut stream, &mut buf, &mut out, timeout)? {
-            Pumped::Bytes(n) => session.handle_input(Instant::now(), &buf[..n]),
-            Pumped::Timeout => session.handle_timeout(Instant::now()),
-            Pumped::Eof => session.handle_eof(),
+            Input::Bytes(n) => session.handle_input(Instant::now(), &buf[..n]),
+            Input::Timeout => session.handle_timeout(Instant::now()),
+            Input::Eof => session.handle_eof(),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! writes products in batches; when it catches up it flushes with NULLPROC and waits for the
 //! queue to change (or for the keep-alive to be due).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,6 +17,7 @@ use ldm7_types::{ProdClass, Signature, Timestamp};
 use crate::Shared;
 use crate::access::{self, PeerHost};
 use crate::log;
+use crate::wait::{Input, wait_input};
 
 /// Write when this much output is pending.
 const WRITE_BATCH: usize = 256 << 10;
@@ -139,22 +140,10 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                 continue;
             }
         }
-        let now = Instant::now();
-        let wait =
-            session.poll_timeout().map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
-        if wait.is_zero() {
-            session.handle_timeout(now);
-            continue;
-        }
-        stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
-        match stream.read(&mut buf) {
-            Ok(0) => session.handle_eof(),
-            Ok(n) => session.handle_input(Instant::now(), &buf[..n]),
-            Err(error)
-                if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
-            {
-                session.handle_timeout(Instant::now());
-            }
+        match wait_input(&mut stream, &mut buf, session.poll_timeout(), SHUTDOWN_POLL) {
+            Ok(Input::Bytes(n)) => session.handle_input(Instant::now(), &buf[..n]),
+            Ok(Input::Timeout) => session.handle_timeout(Instant::now()),
+            Ok(Input::Eof) => session.handle_eof(),
             Err(error) => {
                 session.handle_eof();
                 log::debug(format_args!("{peer}: read: {error}"));

@@ -10,6 +10,7 @@ pub mod log;
 pub mod receive;
 mod request;
 mod server;
+pub mod wait;
 
 pub use request::RequestSpec;
 pub use server::{Counters, Server, ServerError, ServerOptions, Shared};

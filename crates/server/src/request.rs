@@ -2,7 +2,7 @@
 //! arrives, and reconnects after failures — resuming just after the last product it received,
 //! which survives restarts in a small state file.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use ldm7_ldm_proto::{Downstream, DownstreamConfig, DownstreamEvent, FeedMode};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
 
+use crate::wait::{Input, wait_input};
 use crate::{Shared, log, receive};
 
 /// One REQUEST as the runner needs it.
@@ -169,24 +170,10 @@ fn session(
         if shared.stopping.load(Ordering::Relaxed) {
             break Ok(());
         }
-        let now = Instant::now();
-        let wait = session
-            .poll_timeout()
-            .map_or(Duration::from_millis(250), |at| at.saturating_duration_since(now))
-            .min(Duration::from_millis(250));
-        if wait.is_zero() {
-            session.handle_timeout(now);
-            continue;
-        }
-        stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
-        match stream.read(&mut buf) {
-            Ok(0) => session.handle_eof(),
-            Ok(n) => session.handle_input(Instant::now(), &buf[..n]),
-            Err(error)
-                if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
-            {
-                session.handle_timeout(Instant::now());
-            }
+        match wait_input(&mut stream, &mut buf, session.poll_timeout(), Duration::from_millis(250)) {
+            Ok(Input::Bytes(n)) => session.handle_input(Instant::now(), &buf[..n]),
+            Ok(Input::Timeout) => session.handle_timeout(Instant::now()),
+            Ok(Input::Eof) => session.handle_eof(),
             Err(error) => break Err(format!("read: {error}")),
         }
     };
