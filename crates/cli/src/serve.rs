@@ -41,6 +41,9 @@ pub struct ServeArgs {
     /// Longest delay between reconnection attempts, seconds (doubles from 1 s).
     #[arg(long = "retry-max", value_name = "SECONDS", default_value_t = 60.0)]
     pub retry_max: f64,
+    /// Most connections served at once; more are refused (LDM's /server/max-clients).
+    #[arg(long = "max-clients", default_value_t = 256)]
+    pub max_clients: usize,
     /// One log line per product (INFO).
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -71,6 +74,7 @@ pub fn run(args: &ServeArgs) -> CmdResult {
     options.max_latency = Duration::from_secs(args.max_latency);
     options.retry_max = Duration::from_secs_f64(args.retry_max);
     options.retry_min = options.retry_min.min(options.retry_max);
+    options.max_clients = args.max_clients.max(1);
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(runtime)?;
     let server = Server::start(options).map_err(|error| match error {
         ldm7_server::ServerError::Config(_) | ldm7_server::ServerError::Queue { .. } => input(error),

@@ -37,6 +37,7 @@ struct Node {
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
+    extra: Vec<String>,
 }
 
 impl Node {
@@ -45,7 +46,7 @@ impl Node {
         std::fs::create_dir_all(&dir).expect("dir");
         run(&["queue", "create", "-q", dir.join("q.pq").to_str().expect("utf-8"), "--size", queue_size]);
         std::fs::write(dir.join("ldmd.conf"), config).expect("config");
-        Self { dir, port: free_port(), child: None }
+        Self { dir, port: free_port(), child: None, extra: Vec::new() }
     }
 
     fn queue_path(&self) -> String {
@@ -57,6 +58,7 @@ impl Node {
         let child = Command::new(LDM7)
             .args(["serve", "-c", "ldmd.conf", "-q", "q.pq", "--state-dir", "state", "--retry-max", "0.5", "-v"])
             .args(["-P", &self.port.to_string()])
+            .args(&self.extra)
             .current_dir(&self.dir)
             .stdout(Stdio::null())
             .stderr(log)
@@ -398,5 +400,25 @@ fn sighup_reloads_the_configuration_and_exec_runs_programs() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(server.dir.join("exec-ran").exists(), "EXEC ran its program in the server's directory");
+    server.stop();
+}
+
+#[test]
+fn connections_beyond_max_clients_are_refused_and_counted() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut server = Node::new(root.path(), "s", "50M", &allow_local());
+    server.extra = vec!["--max-clients".into(), "1".into()];
+    server.start();
+    // The start-up probe's connection has closed; hold the only slot with an idle connection.
+    std::thread::sleep(Duration::from_millis(300));
+    let _idle = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    std::thread::sleep(Duration::from_millis(300));
+    let output = Command::new(LDM7)
+        .args(["notify", "-h", &format!("127.0.0.1:{}", server.port), "-T", "5"])
+        .output()
+        .expect("notify");
+    assert_eq!(output.status.code(), Some(2), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("closed the connection"));
+    assert!(server.log().contains("refusing"), "{}", tail(&server.log()));
     server.stop();
 }

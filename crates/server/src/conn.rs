@@ -123,6 +123,9 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                 }
                 UpstreamEvent::BadPattern(error) => log::warn(format_args!("{peer}: {error}")),
                 UpstreamEvent::Closed(result) => {
+                    if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
+                        shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
                     write_all(&mut stream, &mut session, &mut out)?;
                     return result.map_err(|e| e.to_string());
                 }

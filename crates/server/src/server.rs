@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -38,6 +38,8 @@ pub struct ServerOptions {
     pub retry_min: Duration,
     /// Longest reconnection delay (LDM: 60 s).
     pub retry_max: Duration,
+    /// Most connections served at once (LDM's `/server/max-clients`: 256).
+    pub max_clients: usize,
 }
 
 impl ServerOptions {
@@ -53,6 +55,7 @@ impl ServerOptions {
             silence: Duration::from_secs(300),
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(60),
+            max_clients: 256,
         }
     }
 }
@@ -62,6 +65,8 @@ impl ServerOptions {
 pub struct Counters {
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Connections refused because `max_clients` were open.
+    pub refused_busy: AtomicU64,
     /// Connections refused because no ALLOW entry names the host.
     pub refused_hosts: AtomicU64,
     /// Products sent to downstreams.
@@ -72,7 +77,8 @@ pub struct Counters {
     pub duplicates: AtomicU64,
     /// Products that could not be inserted.
     pub insert_errors: AtomicU64,
-    /// Products whose data did not match their metadata.
+    /// Malformed records (each closes its connection) and products whose data did not match
+    /// their metadata.
     pub malformed: AtomicU64,
 }
 
@@ -84,6 +90,7 @@ pub struct Shared {
     config: RwLock<Arc<Config>>,
     pub(crate) stopping: AtomicBool,
     pub(crate) counters: Counters,
+    active_connections: AtomicUsize,
     session_ids: AtomicU32,
     wake: (Mutex<()>, Condvar),
 }
@@ -179,6 +186,7 @@ impl Server {
             config: RwLock::new(Arc::new(config)),
             stopping: AtomicBool::new(false),
             counters: Counters::default(),
+            active_connections: AtomicUsize::new(0),
             session_ids: AtomicU32::new(0),
             wake: (Mutex::new(()), Condvar::new()),
         });
@@ -248,10 +256,20 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
             Ok((stream, address)) => {
                 let _ = stream.set_nonblocking(false);
                 shared.counters.connections.fetch_add(1, Ordering::Relaxed);
+                let active = shared.active_connections.fetch_add(1, Ordering::Relaxed);
+                if active >= shared.options.max_clients {
+                    shared.active_connections.fetch_sub(1, Ordering::Relaxed);
+                    shared.counters.refused_busy.fetch_add(1, Ordering::Relaxed);
+                    log::warn(format_args!(
+                        "refusing {address}: {active} connections already (the limit; raise --max-clients)"
+                    ));
+                    continue;
+                }
                 let shared = shared.clone();
                 let spawned = std::thread::Builder::new().name(format!("conn {address}")).spawn(move || {
                     let peer = PeerHost::resolve(address.ip());
-                    conn::serve(shared, stream, peer);
+                    conn::serve(shared.clone(), stream, peer);
+                    shared.active_connections.fetch_sub(1, Ordering::Relaxed);
                 });
                 if let Err(error) = spawned {
                     log::error(format_args!("cannot start a thread for {address}: {error}"));
