@@ -58,3 +58,48 @@ pub fn origin() -> String {
     }
     name
 }
+
+/// The product selection and line format of notifyme-style commands (`watch`, `notify`).
+#[derive(clap::Args, Debug)]
+pub struct LineOptions {
+    /// Feedtype expression the products must match.
+    #[arg(short = 'f', long = "feed", default_value = "ANY")]
+    pub feed: String,
+    /// Extended regular expression the product identifier must match.
+    #[arg(short = 'p', long = "pattern", default_value = ".*")]
+    pub pattern: String,
+    /// Start OFFSET seconds back [default: 0 = only new products].
+    #[arg(short = 'o', long = "offset", value_name = "SECONDS", default_value_t = 0.0)]
+    pub offset: f64,
+    /// Lines carry the signature.
+    #[arg(short = 'x')]
+    pub debug: bool,
+    /// Append the product's origin to each line.
+    #[arg(short = 'O')]
+    pub origin: bool,
+    /// Exit after this many products.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+}
+
+impl LineOptions {
+    /// The selection: feedtype, pattern and the time to start from (now − offset).
+    pub fn selection(&self) -> CmdResult<(FeedType, Pattern, Timestamp)> {
+        let feed = parse_feed(&self.feed)?;
+        let pattern = parse_pattern(&self.pattern)?;
+        if !(self.offset.is_finite() && self.offset >= 0.0) {
+            return Err(bad_input(format!("invalid offset {}: give seconds ≥ 0", self.offset)));
+        }
+        Ok((feed, pattern, now().saturating_sub(Duration::from_secs_f64(self.offset))))
+    }
+
+    /// A product's line, as notifyme prints it.
+    pub fn line(&self, info: &ldm7_types::ProdInfo) -> String {
+        let mut line = info.line(self.debug);
+        if self.origin {
+            line.push(' ');
+            line.push_str(&info.origin);
+        }
+        line
+    }
+}

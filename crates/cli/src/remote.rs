@@ -10,7 +10,7 @@ use ldm7_ldm_proto::{NotifyClient, NotifyEvent, PushClient, PushEvent};
 use ldm7_server::wait::{Input, wait_input};
 use ldm7_types::{ProdClass, ProdInfo, Signature, Timestamp};
 
-use crate::common::{now, origin, parse_feed, parse_pattern};
+use crate::common::{LineOptions, now, origin, parse_feed};
 use crate::exit::{CmdResult, bad_input, input, runtime};
 
 /// LDM's well-known port.
@@ -57,24 +57,8 @@ pub struct NotifyArgs {
     /// The upstream LDM server.
     #[arg(short = 'h', long = "host", value_name = "HOST[:PORT]", default_value = "localhost")]
     pub host: String,
-    /// Feedtype expression.
-    #[arg(short = 'f', long = "feed", default_value = "ANY")]
-    pub feed: String,
-    /// Extended regular expression the product identifier must match.
-    #[arg(short = 'p', long = "pattern", default_value = ".*")]
-    pub pattern: String,
-    /// Ask for products from OFFSET seconds ago [default: 0 = from now].
-    #[arg(short = 'o', long = "offset", value_name = "SECONDS", default_value_t = 0.0)]
-    pub offset: f64,
-    /// Lines carry the signature.
-    #[arg(short = 'x')]
-    pub debug: bool,
-    /// Append the product's origin to each line.
-    #[arg(short = 'O')]
-    pub origin: bool,
-    /// Exit after this many notifications.
-    #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
+    #[command(flatten)]
+    pub lines: LineOptions,
     /// Exit after this many seconds without a message (notifyme: 300).
     #[arg(short = 'T', long = "timeout", value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,
@@ -88,16 +72,11 @@ pub struct NotifyArgs {
 
 /// Runs `notify`: one line per NOTIFICATION, as notifyme prints it.
 pub fn notify(args: &NotifyArgs) -> CmdResult {
-    let feed = parse_feed(&args.feed)?;
-    let pattern = parse_pattern(&args.pattern)?;
-    if !(args.offset.is_finite() && args.offset >= 0.0) {
-        return Err(bad_input(format!("invalid offset {}: give seconds ≥ 0", args.offset)));
-    }
+    let (feedtype, pattern, from) = args.lines.selection()?;
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         return Err(bad_input(format!("invalid timeout {}: give seconds > 0", args.timeout)));
     }
-    let from = now().saturating_sub(Duration::from_secs_f64(args.offset));
-    let class = ProdClass { from, to: Timestamp::END, specs: vec![ldm7_types::ProdSpec { feedtype: feed, pattern }] };
+    let class = ProdClass { from, to: Timestamp::END, specs: vec![ldm7_types::ProdSpec { feedtype, pattern }] };
     let mut stream = connect(&args.host)?;
     let mut session = NotifyClient::new(Instant::now(), class, Duration::from_secs_f64(args.timeout));
     let mut buf = vec![0u8; 64 << 10];
@@ -110,17 +89,13 @@ pub fn notify(args: &NotifyArgs) -> CmdResult {
                 NotifyEvent::Accepted { class, .. } => eprintln!("notify: {}: NOTIFYME {class} accepted", args.host),
                 NotifyEvent::Reclassified(class) => eprintln!("notify: {}: reclassified to {class}", args.host),
                 NotifyEvent::Notification(info) => {
-                    let mut line = info.line(args.debug);
-                    if args.origin {
-                        line.push(' ');
-                        line.push_str(&info.origin);
-                    }
+                    let line = args.lines.line(&info);
                     let mut lock = stdout.lock();
                     if writeln!(lock, "{line}").and_then(|()| lock.flush()).is_err() {
                         return Ok(()); // stdout closed (e.g. piped into head)
                     }
                     seen += 1;
-                    if args.count.is_some_and(|count| seen >= count) {
+                    if args.lines.count.is_some_and(|count| seen >= count) {
                         return Ok(());
                     }
                 }

@@ -5,30 +5,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::{now, open_queue, parse_feed, parse_pattern, queue_path, since};
+use crate::common::{LineOptions, open_queue, queue_path};
 use crate::exit::{CmdResult, runtime};
 
 /// Arguments of `ldm7 watch` / `notifyme` (local queue).
 #[derive(clap::Args, Debug)]
 pub struct WatchArgs {
-    /// Feedtype expression the products must match.
-    #[arg(short = 'f', long = "feed", default_value = "ANY")]
-    pub feed: String,
-    /// Extended regular expression the product identifier must match.
-    #[arg(short = 'p', long = "pattern", default_value = ".*")]
-    pub pattern: String,
-    /// Start OFFSET seconds back in the queue [default: 0 = only new products].
-    #[arg(short = 'o', long = "offset", value_name = "SECONDS", default_value_t = 0.0)]
-    pub offset: f64,
-    /// Lines carry the signature.
-    #[arg(short = 'x')]
-    pub debug: bool,
-    /// Append the product's origin to each line.
-    #[arg(short = 'O')]
-    pub origin: bool,
-    /// Exit after this many products.
-    #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
+    #[command(flatten)]
+    pub lines: LineOptions,
     /// Exit after this many seconds without a matching product.
     #[arg(long, short = 'T', value_name = "SECONDS")]
     pub timeout: Option<f64>,
@@ -48,9 +32,7 @@ pub struct WatchArgs {
 
 /// Runs `watch`.
 pub fn run(args: &WatchArgs) -> CmdResult {
-    let feed = parse_feed(&args.feed)?;
-    let pattern = parse_pattern(&args.pattern)?;
-    let from = if args.offset == 0.0 { now() } else { since(Some(args.offset))? };
+    let (feed, pattern, from) = args.lines.selection()?;
     let timeout = match args.timeout {
         Some(secs) if secs.is_finite() && secs >= 0.0 => Some(Duration::from_secs_f64(secs)),
         Some(secs) => return Err(crate::exit::bad_input(format!("invalid --timeout {secs}: give seconds ≥ 0"))),
@@ -61,19 +43,14 @@ pub fn run(args: &WatchArgs) -> CmdResult {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let (mut matched, mut seen, mut skipped_reported) = (0u64, 0u64, 0u64);
-    while args.count.is_none_or(|count| matched < count) {
+    while args.lines.count.is_none_or(|count| matched < count) {
         let line = follower
             .next_with(timeout, |product| {
                 let info = &product.info;
                 if !(feed.intersects(info.feedtype) && pattern.is_match(&info.ident)) {
                     return None;
                 }
-                let mut line = info.line(args.debug);
-                if args.origin {
-                    line.push(' ');
-                    line.push_str(&info.origin);
-                }
-                Some(line)
+                Some(args.lines.line(info))
             })
             .map_err(runtime)?;
         let Some(line) = line else { break };
