@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{FornmeReply, LdmCall, Message, ReplyBody};
 
-use crate::peer::Peer;
+use crate::peer::{Peer, Receiving};
 use crate::receive::{Receive, Received, ReceivedProduct};
 use crate::{FeedMode, MAX_HEREIS_PRIMARY, SessionError, compile_class, signature_spec, wire_class};
 
@@ -112,28 +112,68 @@ impl Downstream {
 
     /// Bytes received from the upstream.
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
-        if matches!(self.state, State::Closed) {
-            return;
+        self.receive(now, bytes);
+    }
+
+    /// Answers the pending COMINGSOON: accept (OK) or not (DONT_SEND: duplicate, too big).
+    pub fn answer_coming_soon(&mut self, now: Instant, accept: bool) -> Result<(), SessionError> {
+        self.receive.answer(now, &mut self.peer, accept)
+    }
+
+    /// Bytes to write to the upstream (appended to `into`).
+    pub fn take_output(&mut self, into: &mut Vec<u8>) {
+        self.peer.take_output(into);
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<DownstreamEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Downstream::handle_timeout`] must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Requesting => self.peer.outstanding.map(|call| call.deadline),
+            State::Receiving => Some(self.peer.last_receive + self.config.silence),
+            State::Closed => None,
         }
-        self.peer.push(bytes);
-        loop {
-            match self.peer.next_message(now) {
-                Ok(Some(message)) => {
-                    if let Err(error) = self.on_message(now, message) {
-                        self.close(Err(error));
-                        return;
-                    }
-                    if matches!(self.state, State::Closed) {
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(error) => {
-                    self.close(Err(error));
-                    return;
+    }
+
+    /// Time passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.state {
+            State::Requesting => {
+                if let Some(call) = self.peer.call_timed_out(now) {
+                    self.close(Err(SessionError::CallTimeout(call.proc.to_string())));
                 }
             }
+            State::Receiving if now >= self.peer.last_receive + self.config.silence => {
+                self.close(Err(SessionError::Silence(self.config.silence.as_secs())));
+            }
+            _ => {}
         }
+    }
+
+    /// The upstream closed the connection.
+    pub fn handle_eof(&mut self) {
+        if !matches!(self.state, State::Closed) {
+            self.close(self.peer.eof_result());
+        }
+    }
+
+    /// The class requested now (after any RECLASS).
+    pub fn class(&self) -> &ProdClass {
+        &self.config.class
+    }
+}
+
+impl Receiving for Downstream {
+    fn peer(&mut self) -> &mut Peer {
+        &mut self.peer
+    }
+
+    fn closed(&self) -> bool {
+        matches!(self.state, State::Closed)
     }
 
     fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
@@ -187,57 +227,6 @@ impl Downstream {
             }
             (state, message) => Err(SessionError::Protocol(format!("unexpected {message:?} in state {state:?}"))),
         }
-    }
-
-    /// Answers the pending COMINGSOON: accept (OK) or not (DONT_SEND: duplicate, too big).
-    pub fn answer_coming_soon(&mut self, now: Instant, accept: bool) -> Result<(), SessionError> {
-        self.receive.answer(now, &mut self.peer, accept)
-    }
-
-    /// Bytes to write to the upstream (appended to `into`).
-    pub fn take_output(&mut self, into: &mut Vec<u8>) {
-        self.peer.take_output(into);
-    }
-
-    /// The next event.
-    pub fn poll_event(&mut self) -> Option<DownstreamEvent> {
-        self.events.pop_front()
-    }
-
-    /// When [`Downstream::handle_timeout`] must be called next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        match self.state {
-            State::Requesting => self.peer.outstanding.map(|call| call.deadline),
-            State::Receiving => Some(self.peer.last_receive + self.config.silence),
-            State::Closed => None,
-        }
-    }
-
-    /// Time passed.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        match self.state {
-            State::Requesting => {
-                if let Some(call) = self.peer.call_timed_out(now) {
-                    self.close(Err(SessionError::CallTimeout(call.proc.to_string())));
-                }
-            }
-            State::Receiving if now >= self.peer.last_receive + self.config.silence => {
-                self.close(Err(SessionError::Silence(self.config.silence.as_secs())));
-            }
-            _ => {}
-        }
-    }
-
-    /// The upstream closed the connection.
-    pub fn handle_eof(&mut self) {
-        if !matches!(self.state, State::Closed) {
-            self.close(self.peer.eof_result());
-        }
-    }
-
-    /// The class requested now (after any RECLASS).
-    pub fn class(&self) -> &ProdClass {
-        &self.config.class
     }
 
     fn close(&mut self, result: Result<(), SessionError>) {

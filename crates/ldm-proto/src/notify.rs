@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ldm7_types::{ProdClass, ProdInfo};
 use ldm7_xdr::ldm::{FornmeReply, LdmCall, Message, ReplyBody};
 
-use crate::peer::Peer;
+use crate::peer::{Peer, Receiving};
 use crate::{SessionError, compile_class, wire_class};
 
 /// What the session reports.
@@ -56,66 +56,7 @@ impl NotifyClient {
 
     /// Bytes received.
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
-        if self.closed {
-            return;
-        }
-        self.peer.push(bytes);
-        while !self.closed {
-            match self.peer.next_message(now) {
-                Ok(Some(message)) => {
-                    if let Err(error) = self.on_message(now, message) {
-                        self.close(Err(error));
-                    }
-                }
-                Ok(None) => return,
-                Err(error) => self.close(Err(error)),
-            }
-        }
-    }
-
-    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
-        match message {
-            Message::Reply(reply) if !self.accepted => match reply.body {
-                ReplyBody::Fornme(FornmeReply::Ok(id)) => {
-                    self.accepted = true;
-                    self.events.push_back(NotifyEvent::Accepted { id, class: self.class.clone() });
-                    Ok(())
-                }
-                ReplyBody::Fornme(FornmeReply::Reclass(wire)) => {
-                    let (class, _) = compile_class(&wire)
-                        .map_err(|error| SessionError::Protocol(format!("RECLASS pattern: {error}")))?;
-                    if class.specs.is_empty() {
-                        self.refuse(format!("the upstream allows nothing of {}", self.class));
-                        return Ok(());
-                    }
-                    self.class = class.clone();
-                    self.events.push_back(NotifyEvent::Reclassified(class));
-                    self.peer.call(now, &LdmCall::Notifyme(wire_class(&self.class)));
-                    Ok(())
-                }
-                ReplyBody::Fornme(FornmeReply::BadPattern) => {
-                    self.refuse(format!("the upstream cannot compile a pattern of {}", self.class));
-                    Ok(())
-                }
-                ReplyBody::Denied(stat) => {
-                    self.refuse(format!("the upstream denies access ({stat:?}): check its ALLOW entries"));
-                    Ok(())
-                }
-                other => Err(SessionError::Protocol(format!("unexpected reply to NOTIFYME: {other:?}"))),
-            },
-            Message::Call(call) if self.accepted => match call.call {
-                LdmCall::Notification(info) => {
-                    self.events.push_back(NotifyEvent::Notification(info));
-                    Ok(())
-                }
-                LdmCall::Nullproc => {
-                    self.peer.reply(now, call.xid, &ReplyBody::Void);
-                    Ok(())
-                }
-                other => Err(SessionError::Protocol(format!("unexpected {} call", other.proc()))),
-            },
-            other => Err(SessionError::Protocol(format!("unexpected {other:?}"))),
-        }
+        self.receive(now, bytes);
     }
 
     fn refuse(&mut self, why: String) {
@@ -160,6 +101,61 @@ impl NotifyClient {
     pub fn handle_eof(&mut self) {
         if !self.closed {
             self.close(self.peer.eof_result());
+        }
+    }
+}
+
+impl Receiving for NotifyClient {
+    fn peer(&mut self) -> &mut Peer {
+        &mut self.peer
+    }
+
+    fn closed(&self) -> bool {
+        self.closed
+    }
+
+    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
+        match message {
+            Message::Reply(reply) if !self.accepted => match reply.body {
+                ReplyBody::Fornme(FornmeReply::Ok(id)) => {
+                    self.accepted = true;
+                    self.events.push_back(NotifyEvent::Accepted { id, class: self.class.clone() });
+                    Ok(())
+                }
+                ReplyBody::Fornme(FornmeReply::Reclass(wire)) => {
+                    let (class, _) = compile_class(&wire)
+                        .map_err(|error| SessionError::Protocol(format!("RECLASS pattern: {error}")))?;
+                    if class.specs.is_empty() {
+                        self.refuse(format!("the upstream allows nothing of {}", self.class));
+                        return Ok(());
+                    }
+                    self.class = class.clone();
+                    self.events.push_back(NotifyEvent::Reclassified(class));
+                    self.peer.call(now, &LdmCall::Notifyme(wire_class(&self.class)));
+                    Ok(())
+                }
+                ReplyBody::Fornme(FornmeReply::BadPattern) => {
+                    self.refuse(format!("the upstream cannot compile a pattern of {}", self.class));
+                    Ok(())
+                }
+                ReplyBody::Denied(stat) => {
+                    self.refuse(format!("the upstream denies access ({stat:?}): check its ALLOW entries"));
+                    Ok(())
+                }
+                other => Err(SessionError::Protocol(format!("unexpected reply to NOTIFYME: {other:?}"))),
+            },
+            Message::Call(call) if self.accepted => match call.call {
+                LdmCall::Notification(info) => {
+                    self.events.push_back(NotifyEvent::Notification(info));
+                    Ok(())
+                }
+                LdmCall::Nullproc => {
+                    self.peer.reply(now, call.xid, &ReplyBody::Void);
+                    Ok(())
+                }
+                other => Err(SessionError::Protocol(format!("unexpected {} call", other.proc()))),
+            },
+            other => Err(SessionError::Protocol(format!("unexpected {other:?}"))),
         }
     }
 

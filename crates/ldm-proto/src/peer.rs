@@ -150,3 +150,30 @@ impl Peer {
         self.outstanding.filter(|call| now >= call.deadline)
     }
 }
+
+/// What every session does with bytes from the socket: decode each whole record, hand the message
+/// to the session, and close the session on the first error.
+pub(crate) trait Receiving {
+    fn peer(&mut self) -> &mut Peer;
+    fn closed(&self) -> bool;
+    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError>;
+    fn close(&mut self, result: Result<(), SessionError>);
+
+    fn receive(&mut self, now: Instant, bytes: &[u8]) {
+        if self.closed() {
+            return;
+        }
+        self.peer().push(bytes);
+        while !self.closed() {
+            match self.peer().next_message(now) {
+                Ok(Some(message)) => {
+                    if let Err(error) = self.on_message(now, message) {
+                        self.close(Err(error));
+                    }
+                }
+                Ok(None) => return,
+                Err(error) => self.close(Err(error)),
+            }
+        }
+    }
+}

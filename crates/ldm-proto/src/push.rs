@@ -8,7 +8,7 @@ use std::time::Instant;
 use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{HiyaReply, LdmCall, LdmErr, Message, Proc, ReplyBody};
 
-use crate::peer::Peer;
+use crate::peer::{Peer, Receiving};
 use crate::{SessionError, compile_class, wire_class};
 
 /// What the session reports.
@@ -64,26 +64,7 @@ impl PushClient {
 
     /// Bytes received.
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
-        if self.state == State::Closed {
-            return;
-        }
-        self.peer.push(bytes);
-        while self.state != State::Closed {
-            match self.peer.next_message(now) {
-                Ok(Some(Message::Reply(reply))) => {
-                    if let Err(error) = self.on_reply(now, reply.body) {
-                        self.close(Err(error));
-                    }
-                }
-                Ok(Some(Message::Call(call))) => {
-                    let error =
-                        SessionError::Protocol(format!("unexpected {} call from the receiver", call.call.proc()));
-                    self.close(Err(error));
-                }
-                Ok(None) => return,
-                Err(error) => self.close(Err(error)),
-            }
-        }
+        self.receive(now, bytes);
     }
 
     fn on_reply(&mut self, now: Instant, body: ReplyBody) -> Result<(), SessionError> {
@@ -193,6 +174,25 @@ impl PushClient {
     pub fn handle_eof(&mut self) {
         if self.state != State::Closed {
             self.close(self.peer.eof_result());
+        }
+    }
+}
+
+impl Receiving for PushClient {
+    fn peer(&mut self) -> &mut Peer {
+        &mut self.peer
+    }
+
+    fn closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
+        match message {
+            Message::Reply(reply) => self.on_reply(now, reply.body),
+            Message::Call(call) => {
+                Err(SessionError::Protocol(format!("unexpected {} call from the receiver", call.call.proc())))
+            }
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{AuthStat, FornmeReply, HiyaReply, LdmCall, LdmErr, Message, Proc, ReplyBody};
 
-use crate::peer::Peer;
+use crate::peer::{Peer, Receiving};
 use crate::receive::{Receive, Received, ReceivedProduct};
 use crate::{INTERVAL, SessionError, compile_class, wire_class};
 
@@ -175,32 +175,7 @@ impl Upstream {
 
     /// Bytes received from the peer.
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
-        if matches!(self.state, State::Closed) {
-            return;
-        }
-        self.peer.push(bytes);
-        loop {
-            match self.peer.next_message(now) {
-                Ok(Some(message)) => {
-                    if let Err(error) = self.on_message(now, message) {
-                        self.close(Err(error));
-                        return;
-                    }
-                }
-                Ok(None) => return,
-                Err(error) => {
-                    self.close(Err(error));
-                    return;
-                }
-            }
-        }
-    }
-
-    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
-        match message {
-            Message::Call(call) => self.on_call(now, call.xid, call.call),
-            Message::Reply(reply) => self.on_reply(now, reply.body),
-        }
+        self.receive(now, bytes);
     }
 
     fn on_call(&mut self, now: Instant, xid: u32, call: LdmCall) -> Result<(), SessionError> {
@@ -470,6 +445,23 @@ impl Upstream {
     /// Replies skipped because no call waited on them (the reference notifyme's PROC_UNAVAIL).
     pub fn stray_replies(&self) -> u64 {
         self.peer.stray_replies
+    }
+}
+
+impl Receiving for Upstream {
+    fn peer(&mut self) -> &mut Peer {
+        &mut self.peer
+    }
+
+    fn closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError> {
+        match message {
+            Message::Call(call) => self.on_call(now, call.xid, call.call),
+            Message::Reply(reply) => self.on_reply(now, reply.body),
+        }
     }
 
     fn close(&mut self, result: Result<(), SessionError>) {
