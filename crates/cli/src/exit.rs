@@ -31,9 +31,19 @@ impl Failure {
     }
 }
 
+/// The error and its causes, `: `-separated; a cause whose message the text already holds (errors
+/// that print their source themselves) is not repeated.
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#}", self.error)
+        let mut text = self.error.to_string();
+        for cause in self.error.chain().skip(1) {
+            let message = cause.to_string();
+            if !text.contains(&message) {
+                text.push_str(": ");
+                text.push_str(&message);
+            }
+        }
+        f.write_str(&text)
     }
 }
 
@@ -53,4 +63,25 @@ pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
 /// Shorthand: a bad-input failure from a message.
 pub fn bad_input(message: impl fmt::Display) -> Failure {
     input(anyhow::anyhow!("{message}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot open {path}: {source}")]
+    struct Open {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn causes_are_printed_once() {
+        let open = Open { path: "q.pq", source: std::io::Error::other("no such queue") };
+        assert_eq!(runtime(open).to_string(), "cannot open q.pq: no such queue");
+        let io = std::io::Error::other("refused");
+        let failure = runtime(anyhow::Error::new(io).context("cannot connect to h:388"));
+        assert_eq!(failure.to_string(), "cannot connect to h:388: refused");
+    }
 }
