@@ -159,6 +159,10 @@ pub(crate) trait Receiving {
     fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError>;
     fn close(&mut self, result: Result<(), SessionError>);
 
+    /// A call this end does not serve was answered (PROG_MISMATCH, PROC_UNAVAIL …); the
+    /// connection goes on.
+    fn on_unserved(&mut self, _call: ldm7_xdr::XdrError) {}
+
     fn receive(&mut self, now: Instant, bytes: &[u8]) {
         if self.closed() {
             return;
@@ -172,6 +176,12 @@ pub(crate) trait Receiving {
                     }
                 }
                 Ok(None) => return,
+                Err(SessionError::Malformed(error)) if error.unserved_call().is_some() => {
+                    if let Some((xid, stat)) = error.unserved_call() {
+                        self.peer().reply(now, xid, &ReplyBody::Error(stat));
+                    }
+                    self.on_unserved(error);
+                }
                 Err(error) => self.close(Err(error)),
             }
         }

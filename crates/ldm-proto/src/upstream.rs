@@ -85,6 +85,9 @@ pub enum UpstreamEvent {
     },
     /// A request's pattern does not compile; BADPATTERN was replied.
     BadPattern(String),
+    /// A call LDM-6 does not serve (another version or procedure) was answered with the
+    /// standard RPC error; the connection goes on.
+    Unserved(String),
     /// The session is over; close the connection.
     Closed(Result<(), SessionError>),
 }
@@ -462,6 +465,10 @@ impl Receiving for Upstream {
             Message::Call(call) => self.on_call(now, call.xid, call.call),
             Message::Reply(reply) => self.on_reply(now, reply.body),
         }
+    }
+
+    fn on_unserved(&mut self, call: ldm7_xdr::XdrError) {
+        self.events.push_back(UpstreamEvent::Unserved(call.to_string()));
     }
 
     fn close(&mut self, result: Result<(), SessionError>) {

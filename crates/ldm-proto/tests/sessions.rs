@@ -207,6 +207,41 @@ fn bad_pattern_is_answered_badpattern() {
 }
 
 #[test]
+fn calls_not_served_get_the_rpc_answer_and_the_connection_goes_on() {
+    use ldm7_xdr::ldm::{AcceptStat, Call, LdmCall, Message, ReplyBody, decode_message, encode_call};
+    let now = Instant::now();
+    let mut up = Upstream::new(now);
+    let feedme = LdmCall::Feedme { class: ldm7_ldm_proto::wire_class(&exp_class()), max_hereis: u32::MAX };
+    let mut records = Vec::new();
+    // An LDM-5 peer's FEEDME, then an unknown procedure (header only), then a version-6 FEEDME.
+    encode_call(&mut records, &Call { xid: 7, version: 5, call: feedme.clone() });
+    let mut unknown = Vec::new();
+    encode_call(&mut unknown, &Call { xid: 8, version: 6, call: LdmCall::Nullproc });
+    unknown[4 + 20..4 + 24].copy_from_slice(&99u32.to_be_bytes());
+    records.extend_from_slice(&unknown);
+    encode_call(&mut records, &Call { xid: 9, version: 6, call: feedme });
+    up.handle_input(now, &records);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Unserved(why)) if why.contains("version 5")));
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Unserved(why)) if why.contains("procedure 99")));
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedRequest { .. })));
+    let mut out = Vec::new();
+    up.take_output(&mut out);
+    let mut replies = Vec::new();
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        let len = (u32::from_be_bytes(rest[..4].try_into().unwrap()) & 0x7fff_ffff) as usize;
+        replies.push(decode_message(&rest[4..4 + len], |_| None).unwrap());
+        rest = &rest[4 + len..];
+    }
+    let expected = [(7, AcceptStat::ProgMismatch { low: 6, high: 6 }), (8, AcceptStat::ProcUnavail)];
+    assert_eq!(replies.len(), expected.len());
+    for (reply, (xid, stat)) in replies.iter().zip(expected) {
+        assert!(matches!(reply, Message::Reply(r) if r.xid == xid && r.body == ReplyBody::Error(stat)), "{reply:?}");
+    }
+    assert!(!up.is_closed());
+}
+
+#[test]
 fn malformed_record_closes_the_session_with_an_error() {
     let now = Instant::now();
     let mut up = Upstream::new(now);

@@ -122,6 +122,10 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                     session.answer_coming_soon(Instant::now(), accept).map_err(|e| e.to_string())?;
                 }
                 UpstreamEvent::BadPattern(error) => log::warn(format_args!("{peer}: {error}")),
+                UpstreamEvent::Unserved(call) => {
+                    shared.counters.unserved_calls.fetch_add(1, Ordering::Relaxed);
+                    log::warn(format_args!("{peer}: {call}; answered as RPC does"));
+                }
                 UpstreamEvent::Closed(result) => {
                     if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
                         shared.counters.malformed.fetch_add(1, Ordering::Relaxed);

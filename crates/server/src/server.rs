@@ -80,6 +80,8 @@ pub struct Counters {
     /// Malformed records (each closes its connection) and products whose data did not match
     /// their metadata.
     pub malformed: AtomicU64,
+    /// Calls answered PROG_UNAVAIL, PROG_MISMATCH or PROC_UNAVAIL (e.g. an LDM-5 or LDM-7 peer).
+    pub unserved_calls: AtomicU64,
 }
 
 /// What every thread of the server shares.

@@ -321,10 +321,14 @@ pub fn decode_message(record: &[u8], reply_proc: impl Fn(u32) -> Option<Proc>) -
     match decode_header(&mut decoder)? {
         Header::Call(header) => {
             if header.program != LDM_PROGRAM || header.version != 6 {
-                return Err(XdrError::WrongProgram { program: header.program, version: header.version });
+                return Err(XdrError::WrongProgram {
+                    xid: header.xid,
+                    program: header.program,
+                    version: header.version,
+                });
             }
             let proc = Proc::from_number(header.procedure)
-                .ok_or(XdrError::UnknownProcedure { procedure: header.procedure })?;
+                .ok_or(XdrError::UnknownProcedure { xid: header.xid, procedure: header.procedure })?;
             let call = decode_call(&mut decoder, proc)?;
             decoder.finish("call")?;
             Ok(Message::Call(Call { xid: header.xid, version: header.version, call }))

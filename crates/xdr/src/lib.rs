@@ -74,6 +74,8 @@ pub enum XdrError {
     /// A call for another program or version.
     #[error("call for program {program} version {version}: only LDM (300029) version 6 is served")]
     WrongProgram {
+        /// The call's xid.
+        xid: u32,
         /// The program.
         program: u32,
         /// The version.
@@ -82,7 +84,25 @@ pub enum XdrError {
     /// A procedure LDM-6 does not have.
     #[error("unknown LDM procedure {procedure}")]
     UnknownProcedure {
+        /// The call's xid.
+        xid: u32,
         /// The number.
         procedure: u32,
     },
+}
+
+impl XdrError {
+    /// A well-formed call this end does not serve, with the standard RPC answer to it: another
+    /// program → PROG_UNAVAIL, another LDM version → PROG_MISMATCH (6..6), an unknown procedure
+    /// → PROC_UNAVAIL. The connection can go on, as with Sun RPC.
+    pub fn unserved_call(&self) -> Option<(u32, rpc::AcceptStat)> {
+        match *self {
+            XdrError::WrongProgram { xid, program, .. } if program != rpc::LDM_PROGRAM => {
+                Some((xid, rpc::AcceptStat::ProgUnavail))
+            }
+            XdrError::WrongProgram { xid, .. } => Some((xid, rpc::AcceptStat::ProgMismatch { low: 6, high: 6 })),
+            XdrError::UnknownProcedure { xid, .. } => Some((xid, rpc::AcceptStat::ProcUnavail)),
+            _ => None,
+        }
+    }
 }
