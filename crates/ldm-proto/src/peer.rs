@@ -176,12 +176,13 @@ pub(crate) trait Receiving {
                     }
                 }
                 Ok(None) => return,
-                Err(SessionError::Malformed(error)) if error.unserved_call().is_some() => {
-                    if let Some((xid, stat)) = error.unserved_call() {
+                Err(SessionError::Malformed(error)) => match error.unserved_call() {
+                    Some((xid, stat)) => {
                         self.peer().reply(now, xid, &ReplyBody::Error(stat));
+                        self.on_unserved(error);
                     }
-                    self.on_unserved(error);
-                }
+                    None => self.close(Err(error.into())),
+                },
                 Err(error) => self.close(Err(error)),
             }
         }
