@@ -26,8 +26,8 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 0.0)]
     pub speed: f64,
     /// Queue capacity (smaller than the trace, so the queue evicts as a real one does).
-    #[arg(long, default_value = "1G", value_parser = crate::sizes::parse_size)]
-    pub queue_size: u64,
+    #[arg(long, default_value = "1G")]
+    pub queue_size: ldm7_types::ByteSize,
     /// Lines of the watcher to show at the start (then every 2000th).
     #[arg(long, default_value_t = 15)]
     pub show: u64,
@@ -47,7 +47,10 @@ pub fn run(args: &DemoArgs) -> CmdResult {
     let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
     let dir = tempfile::Builder::new().prefix("ldm7-demo-").tempdir().map_err(runtime)?;
     let queue_path = dir.path().join("ldm7.pq");
-    let capacity = Capacity { bytes: args.queue_size, slots: Capacity::default_slots(args.queue_size).max(20_000) };
+    let capacity = Capacity {
+        bytes: args.queue_size.bytes(),
+        slots: Capacity::default_slots(args.queue_size.bytes()).max(20_000),
+    };
     println!("== ldm7 demo ==");
     println!("trace    {} ({} products, {:.2} GB)", trace.display(), products.len(), total_bytes as f64 / 1e9);
     println!("queue    {} ({} MB, {} slots)", queue_path.display(), capacity.bytes / 1_000_000, capacity.slots);

@@ -15,8 +15,8 @@ use ldm7_types::Signature;
 use rand::{RngCore, SeedableRng};
 
 use crate::exit::{CmdResult, bad_input, runtime};
-use crate::sizes::parse_size;
 use crate::trace::read_trace;
+use ldm7_types::Rate;
 
 /// `ldm7 fmtp …`
 #[derive(clap::Subcommand, Debug)]
@@ -36,9 +36,9 @@ pub struct SendArgs {
     /// Address of the interface to send from.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     pub iface: IpAddr,
-    /// Sending rate in bits/s (K/M/G = 10^3/10^6/10^9).
-    #[arg(long, default_value = "100M", value_parser = parse_size)]
-    pub rate: u64,
+    /// Sending rate: bits/s with k, M, G (10^3, 10^6, 10^9), e.g. 100M or "40 Mbit/s".
+    #[arg(long, default_value = "100M")]
+    pub rate: Rate,
     /// Where the retransmission server listens [default: the interface, any port].
     #[arg(long, value_name = "ADDR:PORT")]
     pub retx_listen: Option<SocketAddr>,
@@ -97,9 +97,9 @@ pub struct RecvArgs {
     /// Exit after this many seconds without a product.
     #[arg(long, default_value_t = 120.0)]
     pub timeout: f64,
-    /// Expected rate in bits/s (sizes the socket buffer).
-    #[arg(long, default_value = "100M", value_parser = parse_size)]
-    pub rate: u64,
+    /// Expected rate, e.g. 100M (sizes the socket buffer).
+    #[arg(long, default_value = "100M")]
+    pub rate: Rate,
 }
 
 /// Runs an `fmtp` subcommand.
@@ -127,11 +127,8 @@ fn multicast(group: SocketAddr, iface: IpAddr, ttl: u32, rate: u64) -> CmdResult
 }
 
 async fn send(args: &SendArgs) -> CmdResult {
-    if args.rate == 0 {
-        return Err(bad_input("--rate must be positive, e.g. --rate 100M"));
-    }
     let products = load_products(args)?;
-    let mut proto = SenderConfig::with_rate(args.rate);
+    let mut proto = SenderConfig::with_rate(args.rate.bits_per_s());
     // Pace on-the-wire bytes, as tc HTB counts them: Ethernet (14), IPv4 (20) and UDP (8) headers.
     for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
         pacing.overhead_bytes_per_message = 42;
@@ -141,7 +138,7 @@ async fn send(args: &SendArgs) -> CmdResult {
     proto.retained_products_max = proto.retained_products_max.max(products.len() + 1);
     let retx_listen = args.retx_listen.unwrap_or(SocketAddr::new(args.iface, 0));
     let mut sender = FmtpSender::start(SenderOptions {
-        multicast: multicast(args.group, args.iface, args.ttl, args.rate)?,
+        multicast: multicast(args.group, args.iface, args.ttl, args.rate.bits_per_s())?,
         retx_listen,
         proto,
         authorize: Arc::new(|_| true),
@@ -255,7 +252,7 @@ async fn recv(args: &RecvArgs) -> CmdResult {
             .map_err(|error| bad_input(format!("cannot create --out {}: {error}", out.display())))?;
     }
     let options = ReceiverOptions {
-        multicast: multicast(args.group, args.iface, 1, args.rate)?,
+        multicast: multicast(args.group, args.iface, 1, args.rate.bits_per_s())?,
         source: args.source,
         sender_retx: args.sender,
         proto: ReceiverConfig::default(),

@@ -14,7 +14,6 @@ mod insert;
 mod queue_cmd;
 mod remote;
 mod serve;
-mod sizes;
 mod trace;
 mod watch;
 

@@ -6,7 +6,7 @@ use ldm7_pq::{Capacity, CreateError, Queue, QueueStats};
 
 use crate::common::{now, open_queue, queue_path};
 use crate::exit::{CmdResult, bad_input, input, runtime};
-use crate::sizes::parse_size;
+use ldm7_types::ByteSize;
 
 /// `ldm7 queue …`
 #[derive(clap::Subcommand, Debug)]
@@ -26,8 +26,8 @@ pub struct CreateArgs {
     #[arg(long, short = 'q', visible_alias = "queue", value_name = "PATH")]
     pub path: Option<PathBuf>,
     /// Capacity in bytes: K/M/G = 10^3/10^6/10^9 as in LDM, or KiB/MiB/GiB.
-    #[arg(long, short = 's', default_value = "500M", value_parser = parse_size)]
-    pub size: u64,
+    #[arg(long, short = 's', default_value = "500M")]
+    pub size: ByteSize,
     /// Most products the queue holds [default: size / 140000, LDM's rule].
     #[arg(long, short = 'S')]
     pub slots: Option<u64>,
@@ -65,18 +65,15 @@ pub fn run(command: &QueueCommand) -> CmdResult {
 
 fn create(args: &CreateArgs) -> CmdResult {
     let path = queue_path(args.path.as_deref());
-    if args.size == 0 {
-        return Err(bad_input("queue size must be at least 1 byte: give --size, e.g. --size 500M"));
-    }
-    let slots = args.slots.unwrap_or_else(|| Capacity::default_slots(args.size));
+    let bytes = args.size.bytes();
+    let slots = args.slots.unwrap_or_else(|| Capacity::default_slots(bytes));
     if slots == 0 {
         return Err(bad_input("slots must be at least 1: give --slots, e.g. --slots 100000"));
     }
-    let queue =
-        Queue::create(&path, Capacity { bytes: args.size, slots }, args.force).map_err(|error| match error {
-            CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) => input(error),
-            CreateError::Storage { .. } => runtime(error),
-        })?;
+    let queue = Queue::create(&path, Capacity { bytes, slots }, args.force).map_err(|error| match error {
+        CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) => input(error),
+        CreateError::Storage { .. } => runtime(error),
+    })?;
     let capacity = queue.capacity();
     println!("created product queue {}: {} bytes, {} slots", path.display(), capacity.bytes, capacity.slots);
     Ok(())

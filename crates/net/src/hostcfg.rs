@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 
 use crate::command::{Cmd, CommandError};
-use crate::units::LossPercent;
+use ldm7_types::units::LossPercent;
 
 /// An IPv4 address with its prefix length, e.g. `10.77.1.2/24`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

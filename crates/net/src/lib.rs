@@ -16,8 +16,7 @@ pub mod lab;
 pub mod netns;
 pub mod path;
 pub mod tc;
-pub mod units;
 
 pub use lab::{LabCommand, LabError, run_lab};
+pub use ldm7_types::units::{self, ByteSize, LossPercent, Rate};
 pub use path::{Endpoint, Leg, PathError, PathInfo, PathService};
-pub use units::{ByteSize, LossPercent, Rate};

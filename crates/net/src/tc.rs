@@ -17,7 +17,7 @@
 //! unit-tested; [`install`] only runs the commands.
 
 use crate::command::{Cmd, CommandError};
-use crate::units::{ByteSize, Rate};
+use ldm7_types::units::{ByteSize, Rate};
 
 /// HTB class id of the path (parent) class.
 pub const PATH_CLASS: &str = "1:1";

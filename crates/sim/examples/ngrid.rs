@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use ldm7_fmtp_proto::SenderConfig;
-use ldm7_net::units::Rate;
 use ldm7_sim::{ContentMode, LossModel, ReceiverSpec, SimConfig, Simulation, Workload, seed_from_env};
+use ldm7_types::Rate;
 
 #[derive(Parser)]
 #[command(about = "Multicast an LDM trace to simulated receivers and time it")]

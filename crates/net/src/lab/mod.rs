@@ -22,7 +22,7 @@ use crate::path::bridge::BridgePaths;
 use crate::path::vde::VdePaths;
 use crate::path::{Endpoint, Leg, PathError, PathInfo, PathService};
 use crate::tc::{self, HtbPlan, TcCounters};
-use crate::units::LossPercent;
+use ldm7_types::units::LossPercent;
 
 pub use cli::{LabCommand, run_lab};
 pub use spec::{FeedSpec, HostSpec, LabSpec, SpecError};

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::hostcfg::Ipv4Cidr;
-use crate::units::{ByteSize, LossPercent, Rate, parse_delay};
+use ldm7_types::units::{ByteSize, LossPercent, Rate, parse_delay};
 
 /// Where every lab keeps its run directory.
 pub const LAB_RUN_BASE: &str = "/run/ldm7-lab";

@@ -8,7 +8,7 @@
 
 use super::{Endpoint, Leg, PathError, PathInfo, PathService};
 use crate::command::Cmd;
-use crate::units::Rate;
+use ldm7_types::units::Rate;
 
 const ALIAS_PREFIX: &str = "ldm7 path rate=";
 

@@ -17,7 +17,7 @@ pub mod vde;
 use std::time::Duration;
 
 use crate::command::CommandError;
-use crate::units::{LossPercent, Rate};
+use ldm7_types::units::{LossPercent, Rate};
 
 /// Where a leg attaches: a switch (node), a port (interface) and, on VLAN paths, a tag.
 ///

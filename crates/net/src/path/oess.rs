@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{Endpoint, Leg, PathError, PathInfo, PathService};
-use crate::units::Rate;
+use ldm7_types::units::Rate;
 
 /// Which OESS web-service dialect to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

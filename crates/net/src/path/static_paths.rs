@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{Endpoint, Leg, PathError, PathInfo, PathService};
-use crate::units::Rate;
+use ldm7_types::units::Rate;
 
 /// One pre-provisioned path.
 #[derive(Debug, Clone, PartialEq)]

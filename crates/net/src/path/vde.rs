@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::{Endpoint, Leg, PathError, PathInfo, PathService};
 use crate::command::Cmd;
 use crate::netns::process_alive;
-use crate::units::Rate;
+use ldm7_types::units::Rate;
 
 /// How long to wait for a VDE process to come up or go away.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(3);

@@ -1,8 +1,12 @@
-//! Typed quantities parsed from operator text: rates, byte sizes, delays and loss percentages.
+//! Typed quantities parsed from operator text — flags, TOML settings, lab specs: rates, byte
+//! sizes, durations, delays and loss percentages. Every command-line flag and configuration
+//! field of these kinds goes through the one parser here.
 //!
 //! Parse, don't validate: a spec field such as `rate = "40 Mbit/s"` becomes a [`Rate`] once, and
 //! everything after that works with the typed value. Prefixes are decimal (k = 1000) except the
-//! explicit binary ones (`KiB`, `MiB`, `GiB`), as in tc(8) for rates and as in product sizes.
+//! explicit binary ones (`KiB`, `MiB`, `GiB`, `TiB`), as in tc(8) for rates and as LDM's
+//! `pqcreate` reads sizes. Values that are not finite, negative or absurdly large are refused
+//! with what was expected, never panicked on.
 
 use std::fmt;
 use std::str::FromStr;
@@ -136,22 +140,25 @@ impl fmt::Display for ByteSize {
 impl FromStr for ByteSize {
     type Err = QuantityError;
 
-    /// Accepts `600MB`, `600 MB`, `600M`, `64KiB`, `1GiB`, `1500`, `1500B`.
+    /// Accepts `600MB`, `600 MB`, `600M`, `64KiB`, `1GiB`, `2T`, `1500`, `1500B` (at least one
+    /// byte).
     fn from_str(text: &str) -> Result<ByteSize, QuantityError> {
-        const EXPECTED: &str = "expected a size such as \"600 MB\", \"64KiB\" or \"1500\" (bytes)";
+        const EXPECTED: &str = "expected a size such as \"600 MB\", \"500M\", \"64KiB\" or \"1500\" (bytes)";
         let (number, unit) = split_number(text).ok_or_else(|| QuantityError::new("size", text, EXPECTED))?;
         let multiplier = match unit.to_ascii_lowercase().as_str() {
             "" | "b" => 1.0,
             "k" | "kb" => 1e3,
             "m" | "mb" => 1e6,
             "g" | "gb" => 1e9,
+            "t" | "tb" => 1e12,
             "kib" => 1024.0,
             "mib" => 1024.0 * 1024.0,
             "gib" => 1024.0 * 1024.0 * 1024.0,
+            "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
             _ => return Err(QuantityError::new("size", text, EXPECTED)),
         };
         let bytes = number * multiplier;
-        if !(1.0..1e15).contains(&bytes) {
+        if !(1.0..1e16).contains(&bytes) {
             return Err(QuantityError::new("size", text, EXPECTED));
         }
         Ok(ByteSize { bytes: bytes.round() as u64 })
@@ -173,6 +180,43 @@ pub fn parse_delay(text: &str) -> Result<Duration, QuantityError> {
         return Err(QuantityError::new("delay", text, "expected a delay between 0 and 60 s"));
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Longest duration accepted from operator text: ten years (anything longer is a typo).
+pub const DURATION_MAX: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// Parses a duration such as `300` (seconds, as LDM's flags take them), `1.5s`, `250ms`,
+/// `50us`, `5min`, `2h` or `1d`. Refuses negative, non-finite (`inf`, `nan`) and longer than
+/// [`DURATION_MAX`] values with a message saying what is expected.
+pub fn parse_duration(text: &str) -> Result<Duration, QuantityError> {
+    const EXPECTED: &str =
+        "expected a duration such as \"300\" (seconds), \"1.5s\", \"250ms\", \"5min\" or \"2h\" (at most 10 years)";
+    let (number, unit) = split_number(text).ok_or_else(|| QuantityError::new("duration", text, EXPECTED))?;
+    let seconds = match unit.to_ascii_lowercase().as_str() {
+        "" | "s" | "sec" | "secs" => number,
+        "ms" => number / 1e3,
+        "us" | "µs" => number / 1e6,
+        "ns" => number / 1e9,
+        "m" | "min" | "mins" => number * 60.0,
+        "h" | "hr" | "hours" => number * 3600.0,
+        "d" | "days" => number * 86_400.0,
+        _ => return Err(QuantityError::new("duration", text, EXPECTED)),
+    };
+    if !(seconds.is_finite() && seconds >= 0.0 && seconds <= DURATION_MAX.as_secs_f64()) {
+        return Err(QuantityError::new("duration", text, EXPECTED));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Formats a duration the way [`parse_duration`] reads it back (`300s`, `1.5s`, `250ms`).
+pub fn format_duration(duration: Duration) -> String {
+    if duration.subsec_nanos() == 0 {
+        format!("{}s", duration.as_secs())
+    } else if duration < Duration::from_secs(1) && duration.as_nanos() % 1_000_000 == 0 {
+        format!("{}ms", duration.as_millis())
+    } else {
+        format!("{}s", duration.as_secs_f64())
+    }
 }
 
 /// A loss probability given in percent, 0–100.
@@ -253,7 +297,10 @@ mod tests {
         assert_eq!("600 M".parse::<ByteSize>().unwrap().bytes(), 600_000_000);
         assert_eq!("64KiB".parse::<ByteSize>().unwrap().bytes(), 65_536);
         assert_eq!("1500".parse::<ByteSize>().unwrap().bytes(), 1500);
+        assert_eq!("2T".parse::<ByteSize>().unwrap().bytes(), 2_000_000_000_000);
+        assert_eq!("1.5k".parse::<ByteSize>().unwrap().bytes(), 1500);
         assert!("lots".parse::<ByteSize>().is_err());
+        assert!("-5M".parse::<ByteSize>().is_err());
         assert!("0".parse::<ByteSize>().is_err());
     }
 
@@ -266,6 +313,23 @@ mod tests {
         assert!(parse_delay("20").is_err());
         assert!(parse_delay("2h").is_err());
         assert!(parse_delay("120s").is_err());
+    }
+
+    #[test]
+    fn durations_parse_or_are_refused_clearly() {
+        assert_eq!(parse_duration("300").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("5min").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("2 h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        for bad in ["inf", "nan", "-1", "", "5 parsecs", "1e400", "99999999999"] {
+            let error = parse_duration(bad).unwrap_err().to_string();
+            assert!(error.contains("expected a duration"), "{bad}: {error}");
+        }
+        for duration in [Duration::from_secs(300), Duration::from_millis(1500), Duration::from_millis(250)] {
+            assert_eq!(parse_duration(&format_duration(duration)).unwrap(), duration);
+        }
     }
 
     #[test]
