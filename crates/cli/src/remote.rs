@@ -4,11 +4,12 @@
 use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use ldm7_io::Clock;
 use ldm7_ldm_proto::{NotifyClient, NotifyEvent, PushClient, PushEvent};
 use ldm7_server::wait::{Input, wait_input};
-use ldm7_types::{ProdClass, ProdInfo, Signature, Timestamp};
+use ldm7_types::{Instant, ProdClass, ProdInfo, Signature, Timestamp};
 
 use crate::common::{LineOptions, now, origin, parse_feed};
 use crate::exit::{CmdResult, bad_input, input, runtime};
@@ -78,7 +79,7 @@ pub fn notify(args: &NotifyArgs) -> CmdResult {
     }
     let class = ProdClass { from, to: Timestamp::END, specs: vec![ldm7_types::ProdSpec { feedtype, pattern }] };
     let mut stream = connect(&args.host)?;
-    let mut session = NotifyClient::new(Instant::now(), class, Duration::from_secs_f64(args.timeout));
+    let mut session = NotifyClient::new(Clock::now(), class, Duration::from_secs_f64(args.timeout));
     let mut buf = vec![0u8; 64 << 10];
     let mut out = Vec::new();
     let mut seen = 0u64;
@@ -107,8 +108,8 @@ pub fn notify(args: &NotifyArgs) -> CmdResult {
         session.take_output(&mut out);
         let timeout = session.poll_timeout();
         match pump(&mut stream, &mut buf, &mut out, timeout)? {
-            Input::Bytes(n) => session.handle_input(Instant::now(), &buf[..n]),
-            Input::Timeout => session.handle_timeout(Instant::now()),
+            Input::Bytes(n) => session.handle_input(Clock::now(), &buf[..n]),
+            Input::Timeout => session.handle_timeout(Clock::now()),
             Input::Eof => session.handle_eof(),
         }
     }
@@ -170,7 +171,7 @@ pub fn send(args: &SendArgs) -> CmdResult {
         specs: vec![ldm7_types::ProdSpec::new(feed, ".*").map_err(input)?],
     };
     let mut stream = connect(&args.host)?;
-    let mut session = PushClient::new(Instant::now(), &class);
+    let mut session = PushClient::new(Clock::now(), &class);
     let mut buf = vec![0u8; 64 << 10];
     let mut out = Vec::new();
     let mut next = 0;
@@ -208,19 +209,19 @@ pub fn send(args: &SendArgs) -> CmdResult {
         }
         while session.ready() && next < products.len() {
             let (info, data) = &products[next];
-            session.send_product(Instant::now(), info, data).map_err(runtime)?;
+            session.send_product(Clock::now(), info, data).map_err(runtime)?;
             sent += 1;
             next += 1;
         }
         if session.ready() && next == products.len() {
-            session.flush(Instant::now()).map_err(runtime)?;
+            session.flush(Clock::now()).map_err(runtime)?;
             next += 1;
         }
         session.take_output(&mut out);
         let timeout = session.poll_timeout();
         match pump(&mut stream, &mut buf, &mut out, timeout)? {
-            Input::Bytes(n) => session.handle_input(Instant::now(), &buf[..n]),
-            Input::Timeout => session.handle_timeout(Instant::now()),
+            Input::Bytes(n) => session.handle_input(Clock::now(), &buf[..n]),
+            Input::Timeout => session.handle_timeout(Clock::now()),
             Input::Eof => session.handle_eof(),
         }
     }

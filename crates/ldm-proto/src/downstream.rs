@@ -8,7 +8,9 @@
 //! [`SessionError::Silence`] and the driver reconnects.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ldm7_types::Instant;
 
 use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{FornmeReply, LdmCall, Message, ReplyBody};

@@ -3,7 +3,9 @@
 //! upstreams discard) and NULLPROC flushes (answered).
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ldm7_types::Instant;
 
 use ldm7_types::{ProdClass, ProdInfo};
 use ldm7_xdr::ldm::{FornmeReply, LdmCall, Message, ReplyBody};

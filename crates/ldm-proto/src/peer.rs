@@ -5,7 +5,9 @@
 //! match the outstanding call is skipped (Sun `clnt_tcp` behaviour: the reference `notifyme`
 //! answers NOTIFICATIONs with stray PROC_UNAVAIL replies, ldm6-protocol.md §2).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ldm7_types::Instant;
 
 use ldm7_xdr::ldm::{Call, LdmCall, Message, Proc, ReplyBody};
 use ldm7_xdr::rpc::RecordReader;

@@ -2,8 +2,8 @@
 //! class; then each product by HEREIS when `sz ≤ max_hereis`, else COMINGSOON and, if the
 //! receiver wants it, BLKDATA; a NULLPROC flush at the end.
 
+use ldm7_types::Instant;
 use std::collections::VecDeque;
-use std::time::Instant;
 
 use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{HiyaReply, LdmCall, LdmErr, Message, Proc, ReplyBody};

@@ -6,7 +6,7 @@
 //! error, the product is complete when `sz` bytes arrived, and a new COMINGSOON discards an
 //! incomplete one.
 
-use std::time::Instant;
+use ldm7_types::Instant;
 
 use ldm7_types::{ProdInfo, Signature};
 use ldm7_xdr::ldm::{LdmCall, LdmErr, ReplyBody};

@@ -17,7 +17,9 @@
 //! A connection that makes no call within 120 s is closed (4 × interval, §7).
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ldm7_types::Instant;
 
 use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{AuthStat, FornmeReply, HiyaReply, LdmCall, LdmErr, Message, Proc, ReplyBody};

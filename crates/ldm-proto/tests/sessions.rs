@@ -2,7 +2,9 @@
 //! virtual time — FEEDME with turn-around (primary and alternate), RECLASS, refusals, NOTIFYME,
 //! HIYA push with HEREIS and COMINGSOON/BLKDATA, keep-alive, silence, malformed input.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ldm7_types::Instant;
 
 use ldm7_ldm_proto::{
     Downstream, DownstreamConfig, DownstreamEvent, FeedMode, HiyaAnswer, NotifyClient, NotifyEvent, PushClient,
@@ -69,7 +71,7 @@ fn feed_started(now: Instant, mode: FeedMode) -> (Upstream, Downstream, Instant)
 
 #[test]
 fn primary_feed_sends_hereis_then_nullproc_flush_and_keepalive() {
-    let start = Instant::now();
+    let start = Instant::from_nanos(1_000_000_000);
     let (mut up, mut down, now) = feed_started(start, FeedMode::Primary);
     let products: Vec<_> = (1..=3).map(|n| product(n, 8 + n as usize * 5)).collect();
     for (info, data) in &products {
@@ -99,7 +101,7 @@ fn primary_feed_sends_hereis_then_nullproc_flush_and_keepalive() {
 
 #[test]
 fn alternate_feed_uses_comingsoon_and_blkdata_and_honours_dont_send() {
-    let (mut up, mut down, now) = feed_started(Instant::now(), FeedMode::Alternate);
+    let (mut up, mut down, now) = feed_started(Instant::from_nanos(1_000_000_000), FeedMode::Alternate);
     let (first, first_data) = product(1, 3000);
     up.send_product(now, &first, &first_data).unwrap();
     assert!(!up.ready(), "COMINGSOON awaits its reply");
@@ -128,7 +130,7 @@ fn alternate_feed_uses_comingsoon_and_blkdata_and_honours_dont_send() {
 
 #[test]
 fn reclass_is_followed_by_a_new_feedme_on_the_same_connection() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     let wanted = ProdClass::new(FeedType(0x4000_0001), ".*").unwrap();
     let mut down = Downstream::new(now, DownstreamConfig::new(wanted));
@@ -150,7 +152,7 @@ fn reclass_is_followed_by_a_new_feedme_on_the_same_connection() {
 
 #[test]
 fn refused_request_ends_both_sessions() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     let mut down = Downstream::new(now, DownstreamConfig::new(ProdClass::new(FeedType::IDS, ".*").unwrap()));
     pump(now, &mut up, &mut down);
@@ -164,7 +166,7 @@ fn refused_request_ends_both_sessions() {
 
 #[test]
 fn resume_signature_travels_as_a_sig_spec() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     let (info, _) = product(9, 10);
     let mut config = DownstreamConfig::new(exp_class());
@@ -182,7 +184,7 @@ fn resume_signature_travels_as_a_sig_spec() {
 
 #[test]
 fn bad_pattern_is_answered_badpattern() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     let mut class = ldm7_ldm_proto::wire_class(&exp_class());
     class.specs[0].pattern = "(".into();
@@ -209,7 +211,7 @@ fn bad_pattern_is_answered_badpattern() {
 #[test]
 fn calls_not_served_get_the_rpc_answer_and_the_connection_goes_on() {
     use ldm7_xdr::ldm::{AcceptStat, Call, LdmCall, Message, ReplyBody, decode_message, encode_call};
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     let feedme = LdmCall::Feedme { class: ldm7_ldm_proto::wire_class(&exp_class()), max_hereis: u32::MAX };
     let mut records = Vec::new();
@@ -243,7 +245,7 @@ fn calls_not_served_get_the_rpc_answer_and_the_connection_goes_on() {
 
 #[test]
 fn malformed_record_closes_the_session_with_an_error() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     up.handle_input(now, &[0x80, 0, 0, 8, 1, 2, 3, 4, 0, 0, 0, 9]);
     assert!(matches!(up.poll_event(), Some(UpstreamEvent::Closed(Err(_)))));
@@ -252,7 +254,7 @@ fn malformed_record_closes_the_session_with_an_error() {
 
 #[test]
 fn idle_connection_and_silent_upstream_time_out() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     up.handle_timeout(now + Duration::from_secs(120));
     assert!(matches!(up.poll_event(), Some(UpstreamEvent::Closed(Err(_)))));
@@ -266,7 +268,7 @@ fn idle_connection_and_silent_upstream_time_out() {
 
 #[test]
 fn notify_receives_notifications_and_skips_stray_replies() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     let mut client = NotifyClient::new(now, exp_class(), Duration::from_secs(120));
     let mut bytes = Vec::new();
@@ -306,7 +308,7 @@ fn notify_receives_notifications_and_skips_stray_replies() {
 
 #[test]
 fn push_sends_hereis_under_max_hereis_and_comingsoon_above() {
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut receiver = Upstream::new(now);
     let mut pusher = PushClient::new(now, &exp_class());
     let exchange = |receiver: &mut Upstream, pusher: &mut PushClient| {
@@ -386,7 +388,7 @@ fn our_upstream_answers_the_captured_feedme_with_the_captured_bytes() {
     let client = capture_stream("ldm6-feedme-primary.txt", "### Byte stream C>S");
     let server = capture_stream("ldm6-feedme-primary.txt", "### Byte stream S>C");
     let (client, server) = (split_records(&client), split_records(&server));
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut up = Upstream::new(now);
     up.handle_input(now, &client[0]);
     let Some(UpstreamEvent::FeedRequest { class, mode: FeedMode::Primary, resume_after: None }) = up.poll_event()
@@ -433,7 +435,7 @@ fn our_downstream_feedme_has_the_captured_layout() {
         panic!("not a FEEDME")
     };
     let (class, _) = ldm7_ldm_proto::compile_class(&class).unwrap();
-    let now = Instant::now();
+    let now = Instant::from_nanos(1_000_000_000);
     let mut down = Downstream::new(now, DownstreamConfig::new(class));
     let mut ours = Vec::new();
     down.take_output(&mut ours);

@@ -9,8 +9,9 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use ldm7_io::Clock;
 use ldm7_ldm_proto::{FeedMode, HiyaAnswer, RequestAnswer, Upstream, UpstreamEvent};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 
@@ -53,7 +54,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
         return Ok(());
     }
     log::info(format_args!("Connection from {peer}"));
-    let mut session = Upstream::new(Instant::now());
+    let mut session = Upstream::new(Clock::now());
     let mut buf = vec![0u8; 256 << 10];
     let mut out = Vec::with_capacity(WRITE_BATCH * 2);
     let mut feed: Option<Feed> = None;
@@ -73,7 +74,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                         ));
                         feed = Some(Feed { class, filter, resume_after, notify: false });
                     }
-                    session.answer_request(Instant::now(), answer).map_err(|e| e.to_string())?;
+                    session.answer_request(Clock::now(), answer).map_err(|e| e.to_string())?;
                 }
                 UpstreamEvent::NotifyRequest { class } => {
                     let (answer, filter) = decide_request(shared, peer, &class);
@@ -81,7 +82,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                         log::notice(format_args!("Starting Up(ldm7/6): NOTIFYME {class}"));
                         feed = Some(Feed { class, filter, resume_after: None, notify: true });
                     }
-                    session.answer_request(Instant::now(), answer).map_err(|e| e.to_string())?;
+                    session.answer_request(Clock::now(), answer).map_err(|e| e.to_string())?;
                 }
                 UpstreamEvent::Hiya { class } => {
                     log::notice(format_args!("hiya6: {class}"));
@@ -95,10 +96,10 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                         }
                     };
                     accepted = Some(accepted_class);
-                    session.answer_hiya(Instant::now(), answer).map_err(|e| e.to_string())?;
+                    session.answer_hiya(Clock::now(), answer).map_err(|e| e.to_string())?;
                 }
                 UpstreamEvent::IsAlive { id } => {
-                    session.answer_is_alive(Instant::now(), shared.is_alive(id)).map_err(|e| e.to_string())?;
+                    session.answer_is_alive(Clock::now(), shared.is_alive(id)).map_err(|e| e.to_string())?;
                 }
                 UpstreamEvent::FeedStarted => {
                     let Some(feed) = &feed else { return Err("feed started without a request".into()) };
@@ -119,7 +120,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                 }
                 UpstreamEvent::ComingSoon { info, .. } => {
                     let accept = crate::receive::wants(shared, &info);
-                    session.answer_coming_soon(Instant::now(), accept).map_err(|e| e.to_string())?;
+                    session.answer_coming_soon(Clock::now(), accept).map_err(|e| e.to_string())?;
                 }
                 UpstreamEvent::BadPattern(error) => log::warn(format_args!("{peer}: {error}")),
                 UpstreamEvent::Unserved(call) => {
@@ -148,8 +149,8 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
             }
         }
         match wait_input(&mut stream, &mut buf, session.poll_timeout(), SHUTDOWN_POLL) {
-            Ok(Input::Bytes(n)) => session.handle_input(Instant::now(), &buf[..n]),
-            Ok(Input::Timeout) => session.handle_timeout(Instant::now()),
+            Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
+            Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
             Err(error) => {
                 session.handle_eof();
@@ -185,7 +186,7 @@ fn feed_products(
                 let product = product.map_err(storage)?;
                 position = Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1);
                 if feed.class.matches(&product.info) && feed.filter.allows(&product.info) {
-                    session.send_product(Instant::now(), &product.info, product.data).map_err(|e| e.to_string())?;
+                    session.send_product(Clock::now(), &product.info, product.data).map_err(|e| e.to_string())?;
                     if feed.notify {
                         log::info(format_args!("notifying: {}", product.info));
                     } else {
@@ -208,14 +209,14 @@ fn feed_products(
         if !caught_up {
             continue;
         }
-        session.flush(Instant::now());
+        session.flush(Clock::now());
         if !session.ready() {
             // The flush waits for its reply: read it in the caller's loop.
             break;
         }
         // Nothing new and nothing unflushed: wait for products or the keep-alive.
         write_all(stream, session, out)?;
-        let now = Instant::now();
+        let now = Clock::now();
         let wait =
             session.poll_timeout().map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
         if wait.is_zero() {

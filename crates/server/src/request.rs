@@ -7,8 +7,9 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
+use ldm7_io::Clock;
 use ldm7_ldm_proto::{Downstream, DownstreamConfig, DownstreamEvent, FeedMode};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
@@ -68,7 +69,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
     let mut resume_after = load_state(&state_path);
     let mut backoff = shared.options.retry_min;
     while !shared.stopping.load(Ordering::Relaxed) {
-        let started = Instant::now();
+        let started = Clock::now();
         let outcome = session(&shared, &request, &state_path, &mut resume_after);
         if let Err(error) = &outcome {
             log::warn(format_args!("{}:{}: {error}", request.host, request.port));
@@ -77,7 +78,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
             break;
         }
         // A session that ran a while resets the back-off.
-        if started.elapsed() > shared.options.retry_max {
+        if (Clock::now() - started) > shared.options.retry_max {
             backoff = shared.options.retry_min;
         }
         log::notice(format_args!("{}:{}: reconnecting in {} s", request.host, request.port, backoff.as_secs_f64()));
@@ -111,10 +112,10 @@ fn session(
     config.mode = request.mode;
     config.resume_after = *resume_after;
     config.silence = shared.options.silence;
-    let mut session = Downstream::new(Instant::now(), config);
+    let mut session = Downstream::new(Clock::now(), config);
     let mut buf = vec![0u8; 1 << 20];
     let mut out = Vec::new();
-    let mut last_save = Instant::now();
+    let mut last_save = Clock::now();
     let mut unsaved = false;
     let result = loop {
         let mut ended = None;
@@ -146,17 +147,17 @@ fn session(
                 }
                 DownstreamEvent::ComingSoon { info, .. } => {
                     let accept = receive::wants(shared, &info);
-                    session.answer_coming_soon(Instant::now(), accept).map_err(|e| e.to_string())?;
+                    session.answer_coming_soon(Clock::now(), accept).map_err(|e| e.to_string())?;
                 }
                 DownstreamEvent::Refused { why } => log::error(format_args!("{}: {why}", request.host)),
                 DownstreamEvent::Closed(result) => ended = Some(result.map_err(|e| e.to_string())),
             }
         }
-        if unsaved && last_save.elapsed() >= SAVE_EVERY {
+        if unsaved && (Clock::now() - last_save) >= SAVE_EVERY {
             if let Some(signature) = resume_after {
                 save_state(state_path, signature);
             }
-            last_save = Instant::now();
+            last_save = Clock::now();
             unsaved = false;
         }
         session.take_output(&mut out);
@@ -171,8 +172,8 @@ fn session(
             break Ok(());
         }
         match wait_input(&mut stream, &mut buf, session.poll_timeout(), Duration::from_millis(250)) {
-            Ok(Input::Bytes(n)) => session.handle_input(Instant::now(), &buf[..n]),
-            Ok(Input::Timeout) => session.handle_timeout(Instant::now()),
+            Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
+            Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
             Err(error) => break Err(format!("read: {error}")),
         }

@@ -3,7 +3,10 @@
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ldm7_io::Clock;
+use ldm7_types::Instant;
 
 /// What waiting brought.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,7 +27,7 @@ pub fn wait_input(
     deadline: Option<Instant>,
     longest: Duration,
 ) -> std::io::Result<Input> {
-    let wait = deadline.map_or(longest, |at| at.saturating_duration_since(Instant::now()).min(longest));
+    let wait = deadline.map_or(longest, |at| Clock::until(at).min(longest));
     if wait.is_zero() {
         return Ok(Input::Timeout);
     }
