@@ -1,5 +1,5 @@
-//! `ldmd.conf` (ldm-formats.md §1): the entries ALLOW, ACCEPT, REQUEST (alias POLL), EXEC and
-//! INCLUDE; MULTICAST and RECEIVE are recognised and reported as not supported yet.
+//! `ldmd.conf` (ldm-formats.md §1): the entries ALLOW, ACCEPT, REQUEST (alias POLL), EXEC,
+//! INCLUDE, and the LDM-7 entries MULTICAST and RECEIVE (ldm7-multicast.md §4.1).
 //!
 //! Lexical rules, as the reference scanner: keywords count only at the start of a line and in
 //! any case; `#` starts a comment; fields are runs of non-blank characters without `"`, or
@@ -12,7 +12,19 @@
 //! REQUEST feedtypeExpr  prodIdERE  host[:port]  [PRIMARY|ALTERNATE]   # 4th field ignored
 //! EXEC    "command args…"
 //! INCLUDE pathname                                                    # relative to this file
+//! MULTICAST feedtypeExpr group[:port] [fmtpServer[:port] subnetLen vlanId switchId switchPort]
+//! RECEIVE   feedtypeExpr ldmServer[:port] [fmtpIface switchId portId [vlanTag]]
 //! ```
+//!
+//! MULTICAST: the group is an IPv4 multicast address; its port defaults to the server's port.
+//! The short form has FMTP server `0.0.0.0` with a port the system chooses, no subnet (subscribers
+//! are authorized by their own address, §4.3) and no VLAN; the long form's `fmtpServer/subnetLen`
+//! is the feed's private subnet, from which subscribers get their addresses (§4.2), and
+//! `vlanId switchId switchPort` is the publisher's attachment to the feed's path (a `dummy`
+//! switch or port means none). RECEIVE: `fmtpIface` is the interface on which the subscriber
+//! configures the address the publisher hands out and joins the group (`<ifname>.<vlanTag>`
+//! names a VLAN interface); `switchId portId vlanTag` is the subscriber's attachment, sent in
+//! SUBSCRIBE so that the publisher can add it to the path.
 //!
 //! Host EREs are case-insensitive (matched against the peer's address and its name); product
 //! EREs are checked here and matched case-sensitively at run time. Of several REQUESTs with the
@@ -108,21 +120,63 @@ pub struct Exec {
     pub location: Location,
 }
 
-/// An entry recognised but not supported yet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unsupported {
-    /// The keyword.
-    pub keyword: String,
-    /// Its fields.
-    pub fields: Vec<String>,
+/// Where a host attaches to a feed's layer-2 path (the LDM-7 `VcEndPoint`): switch, port and
+/// VLAN tag. Empty switch and port (or `dummy`) mean no path service is involved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attachment {
+    /// Switch (AL2S node, or the lab host).
+    pub switch: String,
+    /// Port (interface).
+    pub port: String,
+    /// VLAN tag (0: none).
+    pub vlan: u16,
+}
+
+impl Attachment {
+    /// Whether this names a real attachment (not empty, not `dummy`).
+    pub fn is_set(&self) -> bool {
+        let dummy = |text: &str| text.is_empty() || text.eq_ignore_ascii_case("dummy");
+        !(dummy(&self.switch) || dummy(&self.port))
+    }
+}
+
+/// `MULTICAST`: a feed this server multicasts with FMTP (ldm7-multicast.md §4.1).
+#[derive(Clone, Debug)]
+pub struct Multicast {
+    /// The feed.
+    pub feedtype: FeedType,
+    /// The multicast group.
+    pub group: std::net::Ipv4Addr,
+    /// Its UDP port (`None`: the server's port).
+    pub group_port: Option<u16>,
+    /// The FMTP retransmission server's address (`0.0.0.0`: any).
+    pub fmtp_server: std::net::Ipv4Addr,
+    /// Its TCP port (0: chosen by the system).
+    pub fmtp_port: u16,
+    /// Prefix length of the feed's private subnet around `fmtp_server` (0: none; subscribers
+    /// are authorized by their own address).
+    pub subnet_len: u8,
+    /// The publisher's attachment to the feed's path.
+    pub attachment: Attachment,
     /// Where.
     pub location: Location,
 }
 
-impl fmt::Display for Unsupported {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} {}", self.location, self.keyword, self.fields.join(" "))
-    }
+/// `RECEIVE`: a feed this server subscribes to by LDM-7 multicast.
+#[derive(Clone, Debug)]
+pub struct Receive {
+    /// The feed.
+    pub feedtype: FeedType,
+    /// The upstream LDM server.
+    pub host: String,
+    /// Its port (`None`: the server's own port).
+    pub port: Option<u16>,
+    /// The interface for FMTP (address configuration and the join), if given.
+    pub interface: Option<String>,
+    /// This host's attachment to the feed's path.
+    pub attachment: Attachment,
+    /// Where.
+    pub location: Location,
 }
 
 /// A parsed configuration (INCLUDEs expanded, in file order).
@@ -136,8 +190,10 @@ pub struct Config {
     pub requests: Vec<Request>,
     /// EXEC entries.
     pub execs: Vec<Exec>,
-    /// MULTICAST and RECEIVE entries (later releases).
-    pub unsupported: Vec<Unsupported>,
+    /// MULTICAST entries.
+    pub multicasts: Vec<Multicast>,
+    /// RECEIVE entries.
+    pub receives: Vec<Receive>,
 }
 
 /// Why a configuration cannot be used.
@@ -359,18 +415,7 @@ impl Config {
             }
             "REQUEST" => {
                 count(3, 4, "feedtype prodIdERE host[:port] [PRIMARY|ALTERNATE]")?;
-                let (host, port) = match fields[2].split_once(':') {
-                    Some((host, port)) => {
-                        let port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                            entry_error(location, format!("invalid port in {:?}: give host[:port]", fields[2]))
-                        })?;
-                        (host, Some(port))
-                    }
-                    None => (fields[2], None),
-                };
-                if host.is_empty() {
-                    return Err(entry_error(location, "REQUEST without a host"));
-                }
+                let (host, port) = host_and_port(fields[2], location)?;
                 self.requests.push(Request {
                     feedtype: feedtype(fields[0], location)?,
                     pattern: product_pattern(fields[1], location)?,
@@ -401,11 +446,89 @@ impl Config {
                     other => other,
                 })?;
             }
-            _ => self.unsupported.push(Unsupported {
-                keyword: keyword.to_owned(),
-                fields: fields.iter().map(|f| (*f).to_owned()).collect(),
-                location: location.clone(),
-            }),
+            "MULTICAST" => {
+                if fields.len() != 2 && fields.len() != 7 {
+                    return Err(entry_error(
+                        location,
+                        format!(
+                            "MULTICAST takes feedtype group[:port], or feedtype group[:port] fmtpServer[:port] \
+                             subnetLen vlanId switchId switchPort; found {} field(s)",
+                            fields.len()
+                        ),
+                    ));
+                }
+                let feedtype = feedtype(fields[0], location)?;
+                let (group, group_port) = address_and_port(fields[1], "multicast group", location)?;
+                if !group.is_multicast() {
+                    return Err(entry_error(
+                        location,
+                        format!("{group} is not an IPv4 multicast address (224.0.0.0/4); e.g. 239.77.1.1:38800"),
+                    ));
+                }
+                let mut entry = Multicast {
+                    feedtype,
+                    group,
+                    group_port,
+                    fmtp_server: std::net::Ipv4Addr::UNSPECIFIED,
+                    fmtp_port: 0,
+                    subnet_len: 0,
+                    attachment: Attachment::default(),
+                    location: location.clone(),
+                };
+                if fields.len() == 7 {
+                    let (server, port) = address_and_port(fields[2], "FMTP server", location)?;
+                    entry.fmtp_server = server;
+                    entry.fmtp_port = port.unwrap_or(0);
+                    entry.subnet_len = fields[3].parse::<u8>().ok().filter(|len| *len <= 32).ok_or_else(|| {
+                        entry_error(location, format!("subnetLen {:?} is not a prefix length 0–32", fields[3]))
+                    })?;
+                    entry.attachment = Attachment {
+                        vlan: vlan(fields[4], location)?,
+                        switch: fields[5].to_owned(),
+                        port: fields[6].to_owned(),
+                    };
+                }
+                if self.multicasts.iter().any(|other| other.feedtype.intersects(entry.feedtype)) {
+                    return Err(entry_error(
+                        location,
+                        format!(
+                            "feed {feedtype} is already multicast by an earlier MULTICAST entry: one group per feed"
+                        ),
+                    ));
+                }
+                self.multicasts.push(entry);
+            }
+            "RECEIVE" => {
+                if !(fields.len() == 2 || fields.len() == 5 || fields.len() == 6) {
+                    return Err(entry_error(
+                        location,
+                        format!(
+                            "RECEIVE takes feedtype ldmServer[:port], or feedtype ldmServer[:port] fmtpIface \
+                             switchId portId [vlanTag]; found {} field(s)",
+                            fields.len()
+                        ),
+                    ));
+                }
+                let (host, port) = host_and_port(fields[1], location)?;
+                let mut entry = Receive {
+                    feedtype: feedtype(fields[0], location)?,
+                    host: host.to_owned(),
+                    port,
+                    interface: None,
+                    attachment: Attachment::default(),
+                    location: location.clone(),
+                };
+                if fields.len() >= 5 {
+                    entry.interface = Some(fields[2].to_owned());
+                    entry.attachment = Attachment {
+                        switch: fields[3].to_owned(),
+                        port: fields[4].to_owned(),
+                        vlan: fields.get(5).map(|tag| vlan(tag, location)).transpose()?.unwrap_or(0),
+                    };
+                }
+                self.receives.push(entry);
+            }
+            other => return Err(entry_error(location, format!("{other} is not handled"))),
         }
         Ok(())
     }
@@ -419,6 +542,45 @@ impl Config {
             self.requests[k].primary = !earlier;
         }
     }
+}
+
+/// `host[:port]` split at the first `:` (no IPv6 literals, as the reference).
+fn host_and_port<'a>(text: &'a str, location: &Location) -> Result<(&'a str, Option<u16>), ConfigError> {
+    let (host, port) = match text.split_once(':') {
+        Some((host, port)) => {
+            let port = port
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| entry_error(location, format!("invalid port in {text:?}: give host[:port]")))?;
+            (host, Some(port))
+        }
+        None => (text, None),
+    };
+    if host.is_empty() {
+        return Err(entry_error(location, format!("{text:?} has no host: give host[:port]")));
+    }
+    Ok((host, port))
+}
+
+/// `a.b.c.d[:port]`.
+fn address_and_port(
+    text: &str,
+    what: &str,
+    location: &Location,
+) -> Result<(std::net::Ipv4Addr, Option<u16>), ConfigError> {
+    let (host, port) = host_and_port(text, location)?;
+    let address = host
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|_| entry_error(location, format!("{what} {host:?} is not an IPv4 address (a.b.c.d[:port])")))?;
+    Ok((address, port))
+}
+
+fn vlan(text: &str, location: &Location) -> Result<u16, ConfigError> {
+    text.parse::<u16>()
+        .ok()
+        .filter(|tag| *tag < 4095)
+        .ok_or_else(|| entry_error(location, format!("VLAN tag {text:?} is not a number 0–4094")))
 }
 
 fn feedtype(text: &str, location: &Location) -> Result<FeedType, ConfigError> {
@@ -544,10 +706,46 @@ mod tests {
         std::fs::write(dir.path().join("etc/ldmd.conf"), "ALLOW ANY .*\nINCLUDE more.conf\n").unwrap();
         std::fs::write(dir.path().join("etc/more.conf"), "REQUEST EXP .* up\nMULTICAST EXP 224.0.0.1:38800\n").unwrap();
         let config = Config::load(&dir.path().join("etc/ldmd.conf")).unwrap();
-        assert_eq!((config.allows.len(), config.requests.len(), config.unsupported.len()), (1, 1, 1));
+        assert_eq!((config.allows.len(), config.requests.len(), config.multicasts.len()), (1, 1, 1));
         std::fs::write(dir.path().join("etc/more.conf"), "INCLUDE ldmd.conf\n").unwrap();
         let error = Config::load(&dir.path().join("etc/ldmd.conf")).unwrap_err().to_string();
         assert!(error.contains("cycle"), "{error}");
+    }
+
+    #[test]
+    fn multicast_and_receive_entries() {
+        let config = parse(
+            "MULTICAST NGRID 239.77.1.1:38800\n\
+             MULTICAST IDS|DDPLUS 239.77.2.1 10.77.2.1:38801 24 332 sdn-sw-1 eth1/1\n\
+             RECEIVE NGRID pub.example.edu\n\
+             RECEIVE EXP pub.example.edu:3880 eth1.332 sdn-sw-2 eth2/7 332\n",
+        )
+        .unwrap();
+        let short = &config.multicasts[0];
+        assert_eq!((short.group.to_string(), short.group_port), ("239.77.1.1".into(), Some(38800)));
+        assert_eq!((short.fmtp_server, short.fmtp_port, short.subnet_len), (std::net::Ipv4Addr::UNSPECIFIED, 0, 0));
+        assert!(!short.attachment.is_set());
+        let long = &config.multicasts[1];
+        assert_eq!((long.fmtp_server.to_string(), long.fmtp_port, long.subnet_len), ("10.77.2.1".into(), 38801, 24));
+        assert_eq!(long.attachment, Attachment { switch: "sdn-sw-1".into(), port: "eth1/1".into(), vlan: 332 });
+        assert_eq!(long.group_port, None);
+        assert_eq!((config.receives[0].host.as_str(), config.receives[0].port), ("pub.example.edu", None));
+        let full = &config.receives[1];
+        assert_eq!((full.port, full.interface.as_deref()), (Some(3880), Some("eth1.332")));
+        assert_eq!(full.attachment.vlan, 332);
+        for (bad, why) in [
+            ("MULTICAST EXP 10.0.0.1\n", "not an IPv4 multicast"),
+            ("MULTICAST EXP 239.1.1.1 10.0.0.1 24\n", "MULTICAST takes"),
+            ("MULTICAST EXP 239.1.1.1 10.0.0.1 33 0 s p\n", "subnetLen"),
+            ("MULTICAST EXP 239.1.1.1 10.0.0.1 24 5000 s p\n", "VLAN tag"),
+            ("MULTICAST EXP group.example\n", "not an IPv4 address"),
+            ("MULTICAST ANY 239.1.1.1\nMULTICAST EXP 239.1.1.2\n", "already multicast"),
+            ("RECEIVE EXP\n", "RECEIVE takes"),
+            ("RECEIVE EXP host:0\n", "invalid port"),
+        ] {
+            let error = parse(bad).unwrap_err().to_string();
+            assert!(error.contains(why), "{bad:?}: {error}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod access;
 pub mod config;
 mod conn;
 pub mod log;
+pub mod multicast;
 pub mod receive;
 mod request;
 mod server;

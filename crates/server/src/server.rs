@@ -318,7 +318,7 @@ fn start_execs(config: &Config) -> Vec<Child> {
 }
 
 fn warn_unsupported(config: &Config) {
-    for entry in &config.unsupported {
-        log::warn(format_args!("{entry}: not supported yet (LDM-7 multicast arrives with a later release); ignored"));
+    for location in config.multicasts.iter().map(|m| &m.location).chain(config.receives.iter().map(|r| &r.location)) {
+        log::warn(format_args!("{location}: MULTICAST/RECEIVE are not served yet; ignored"));
     }
 }
