@@ -11,6 +11,7 @@ pub mod multicast;
 pub mod receive;
 mod request;
 mod server;
+pub mod settings;
 pub mod wait;
 
 pub use request::RequestSpec;

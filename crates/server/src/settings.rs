@@ -1,0 +1,600 @@
+//! The settings file (`ldm7.toml`, `ldm7 serve --settings FILE`): what `ldmd.conf` has no place
+//! for and the reference keeps in its registry — the multicast rate, the retransmission deadline
+//! policy, the path service, the subscriber's interface and limits. Every key is optional; the
+//! defaults below are what a server without the file uses.
+//!
+//! ```toml
+//! [multicast]                     # every MULTICAST feed (publisher side)
+//! rate = "100 Mbit/s"             # FMTP pacing rate = the feed's path rate
+//! retx_timeout = "5min"           # retransmission deadline per product (reference: 300 s)
+//! deadline = "constant"           # or "proportional": max(factor × size / rate, max RTT, min)
+//! deadline_factor = 50.0          # proportional only
+//! deadline_min = "1s"             # proportional only
+//! ttl = 1                         # multicast TTL
+//! interface = "10.77.1.1"         # address of the interface to multicast from (default: the
+//!                                 # MULTICAST entry's FMTP server address, else 0.0.0.0)
+//! subscribers_max = 256           # per feed; more SUBSCRIBEs are refused
+//! index_map_capacity = 1048576    # products the product-index map remembers
+//! product_queue_max = 1024        # products handed to FMTP and not yet multicast
+//!
+//! [multicast.feeds.NGRID]         # per-feed overrides of the keys above, and:
+//! rate = "40 Mbit/s"
+//! path = "ngrid"                  # the path's name for the path service (default: the feed name)
+//!
+//! [path]                          # how legs are added to and removed from a feed's path
+//! driver = "none"                 # none | linux-bridge | vde | oess
+//! netns = "lab-core"              # linux-bridge: the namespace that holds the bridges
+//! run_dir = "/run/ldm7-lab/lab/vde"   # vde: the run directory of the switches
+//! oess_url = "https://…/oess/services-kerb"   # oess (with oess_user, oess_password_file,
+//! oess_workgroup, oess_api = "circuit" | "provisioning")
+//!
+//! [receive]                       # every RECEIVE feed (subscriber side)
+//! time_offset = "1h"              # backlog asked for when there is no previous session
+//! retry_min = "1s"                # reconnection back-off (doubles) …
+//! retry_max = "60s"               # … up to this
+//! spool_dir = "fmtp-spool"        # products being received (relative to --state-dir)
+//! in_flight_bytes_max = "600 MB"  # bound on the spool
+//! rate = "100 Mbit/s"             # expected multicast rate (socket buffer, receive timer)
+//! drop = 0.0                      # test knob: drop this share of multicast datagrams on receipt
+//!
+//! [receive.feeds.NGRID]           # per-feed overrides of the keys above
+//! drop = 0.02
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ldm7_types::units::{ByteSize, Rate, parse_duration};
+use ldm7_types::{FeedType, QuantityError};
+
+/// Why the settings file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The file cannot be read.
+    #[error("cannot read the settings file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown keys.
+    #[error("settings file {path}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// What the TOML reader said (with the line).
+        message: String,
+    },
+    /// A value is out of range or of the wrong kind.
+    #[error("settings file {path}: {key}: {message}")]
+    Value {
+        /// The file.
+        path: PathBuf,
+        /// The key, e.g. `multicast.feeds.NGRID.rate`.
+        key: String,
+        /// What is wrong and what is expected.
+        message: String,
+    },
+}
+
+/// The reference's retransmission timeout (registry `/fmtp-retx-timeout`, ldm7-multicast.md §3.8).
+pub const RETX_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+
+/// How long a product stays available for repairs (RESEARCH.md §3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Deadline {
+    /// A constant per feed (the adopted form).
+    Constant(Duration),
+    /// `max(factor × size × 8 / rate, max RTT, min)` (the early form).
+    Proportional {
+        /// `f_snd`.
+        factor: f64,
+        /// The floor.
+        min: Duration,
+    },
+}
+
+/// Publisher settings of one multicast feed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MulticastSettings {
+    /// FMTP pacing rate (the path rate).
+    pub rate: Rate,
+    /// Retransmission deadline policy.
+    pub deadline: Deadline,
+    /// Multicast TTL.
+    pub ttl: u32,
+    /// The interface to multicast from, by address (`None`: from the MULTICAST entry).
+    pub interface: Option<std::net::Ipv4Addr>,
+    /// Bound: subscribers of the feed at once.
+    pub subscribers_max: usize,
+    /// Products the product-index map remembers.
+    pub index_map_capacity: u32,
+    /// Bound: products handed to FMTP and not yet multicast.
+    pub product_queue_max: usize,
+    /// The path's name for the path service (`None`: the feed's name).
+    pub path: Option<String>,
+}
+
+impl Default for MulticastSettings {
+    fn default() -> Self {
+        Self {
+            rate: Rate::from_megabits_per_s(100),
+            deadline: Deadline::Constant(RETX_TIMEOUT_DEFAULT),
+            ttl: 1,
+            interface: None,
+            subscribers_max: 256,
+            index_map_capacity: super::multicast::index_map::CAPACITY_DEFAULT,
+            product_queue_max: 1024,
+            path: None,
+        }
+    }
+}
+
+/// Which path service adds and removes legs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum PathSettings {
+    /// None: the path is static or not needed (loopback, a campus LAN).
+    #[default]
+    None,
+    /// One Linux bridge per feed in a namespace (`ldm7 lab`).
+    LinuxBridge {
+        /// The namespace holding the bridges (`None`: this one).
+        netns: Option<String>,
+    },
+    /// One `vde_switch` per feed.
+    Vde {
+        /// The switches' run directory.
+        run_dir: PathBuf,
+    },
+    /// Internet2 AL2S through OESS.
+    Oess {
+        /// The services URL.
+        url: String,
+        /// HTTP Basic user.
+        user: String,
+        /// File holding the password (not the password itself).
+        password_file: PathBuf,
+        /// The workgroup owning the circuits.
+        workgroup: u64,
+        /// `circuit` (current) or `provisioning` (deprecated, as LDM 7 used).
+        api: String,
+    },
+}
+
+/// Subscriber settings of one received feed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceiveSettings {
+    /// Backlog asked for when there is no previous session.
+    pub time_offset: Duration,
+    /// First reconnection delay.
+    pub retry_min: Duration,
+    /// Longest reconnection delay.
+    pub retry_max: Duration,
+    /// Where products being received are spooled (relative: to the state directory).
+    pub spool_dir: PathBuf,
+    /// Bound: bytes of products being received.
+    pub in_flight_bytes_max: ByteSize,
+    /// Expected multicast rate.
+    pub rate: Rate,
+    /// Test knob: share of multicast datagrams dropped on receipt.
+    pub drop: f64,
+}
+
+impl Default for ReceiveSettings {
+    fn default() -> Self {
+        Self {
+            time_offset: Duration::from_secs(3600),
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+            spool_dir: PathBuf::from("fmtp-spool"),
+            in_flight_bytes_max: ByteSize::from_bytes(600_000_000),
+            rate: Rate::from_megabits_per_s(100),
+            drop: 0.0,
+        }
+    }
+}
+
+/// The settings file, typed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settings {
+    multicast: MulticastSettings,
+    multicast_feeds: BTreeMap<String, MulticastSettings>,
+    /// The path service.
+    pub path: PathSettings,
+    receive: ReceiveSettings,
+    receive_feeds: BTreeMap<String, ReceiveSettings>,
+    /// Where the settings came from (`None`: defaults).
+    pub source: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Reads and checks a settings file.
+    pub fn load(path: &Path) -> Result<Self, SettingsError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SettingsError::Io { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses settings text (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &Path) -> Result<Self, SettingsError> {
+        let raw: raw::File = toml::from_str(text)
+            .map_err(|error| SettingsError::Syntax { path: origin.to_path_buf(), message: error.to_string() })?;
+        let value = |key: String, message: String| SettingsError::Value { path: origin.to_path_buf(), key, message };
+        let multicast = raw.multicast.apply(&MulticastSettings::default(), "multicast", &value)?;
+        let mut multicast_feeds = BTreeMap::new();
+        for (feed, overrides) in raw.multicast.feeds {
+            let key = format!("multicast.feeds.{feed}");
+            check_feed(&feed).map_err(|message| value(key.clone(), message))?;
+            multicast_feeds.insert(feed.to_ascii_uppercase(), overrides.apply(&multicast, &key, &value)?);
+        }
+        let receive = raw.receive.apply(&ReceiveSettings::default(), "receive", &value)?;
+        let mut receive_feeds = BTreeMap::new();
+        for (feed, overrides) in raw.receive.feeds {
+            let key = format!("receive.feeds.{feed}");
+            check_feed(&feed).map_err(|message| value(key.clone(), message))?;
+            receive_feeds.insert(feed.to_ascii_uppercase(), overrides.apply(&receive, &key, &value)?);
+        }
+        let path = raw.path.typed(&value)?;
+        Ok(Self { multicast, multicast_feeds, path, receive, receive_feeds, source: Some(origin.to_path_buf()) })
+    }
+
+    /// The publisher settings of `feed` (its overrides, else the defaults).
+    pub fn multicast(&self, feed: FeedType) -> &MulticastSettings {
+        self.multicast_feeds.get(&feed.to_string().to_ascii_uppercase()).unwrap_or(&self.multicast)
+    }
+
+    /// The subscriber settings of `feed`.
+    pub fn receive(&self, feed: FeedType) -> &ReceiveSettings {
+        self.receive_feeds.get(&feed.to_string().to_ascii_uppercase()).unwrap_or(&self.receive)
+    }
+}
+
+fn check_feed(name: &str) -> Result<(), String> {
+    name.parse::<FeedType>().map(|_| ()).map_err(|error| format!("{name:?} is not a feedtype: {error}"))
+}
+
+/// The file as written: every key optional, quantities as text.
+mod raw {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct File {
+        #[serde(default)]
+        pub multicast: MulticastFile,
+        #[serde(default)]
+        pub path: PathFile,
+        #[serde(default)]
+        pub receive: ReceiveFile,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct MulticastFile {
+        #[serde(flatten)]
+        pub keys: MulticastKeys,
+        #[serde(default)]
+        pub feeds: BTreeMap<String, MulticastKeys>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct MulticastKeys {
+        rate: Option<String>,
+        retx_timeout: Option<String>,
+        deadline: Option<String>,
+        deadline_factor: Option<f64>,
+        deadline_min: Option<String>,
+        ttl: Option<u32>,
+        interface: Option<String>,
+        subscribers_max: Option<usize>,
+        index_map_capacity: Option<u32>,
+        product_queue_max: Option<usize>,
+        path: Option<String>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct PathFile {
+        driver: Option<String>,
+        netns: Option<String>,
+        run_dir: Option<PathBuf>,
+        oess_url: Option<String>,
+        oess_user: Option<String>,
+        oess_password_file: Option<PathBuf>,
+        oess_workgroup: Option<u64>,
+        oess_api: Option<String>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ReceiveFile {
+        #[serde(flatten)]
+        pub keys: ReceiveKeys,
+        #[serde(default)]
+        pub feeds: BTreeMap<String, ReceiveKeys>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ReceiveKeys {
+        time_offset: Option<String>,
+        retry_min: Option<String>,
+        retry_max: Option<String>,
+        spool_dir: Option<PathBuf>,
+        in_flight_bytes_max: Option<String>,
+        rate: Option<String>,
+        drop: Option<f64>,
+    }
+
+    type Value<'a> = &'a dyn Fn(String, String) -> SettingsError;
+
+    fn quantity<T>(
+        text: &Option<String>,
+        key: &str,
+        name: &str,
+        parse: impl Fn(&str) -> Result<T, QuantityError>,
+        value: Value<'_>,
+    ) -> Result<Option<T>, SettingsError> {
+        text.as_deref()
+            .map(|text| parse(text).map_err(|error| value(format!("{key}.{name}"), error.to_string())))
+            .transpose()
+    }
+
+    impl MulticastFile {
+        pub(super) fn apply(
+            &self,
+            base: &MulticastSettings,
+            key: &str,
+            value: Value<'_>,
+        ) -> Result<MulticastSettings, SettingsError> {
+            self.keys.apply(base, key, value)
+        }
+    }
+
+    impl MulticastKeys {
+        pub(super) fn apply(
+            &self,
+            base: &MulticastSettings,
+            key: &str,
+            value: Value<'_>,
+        ) -> Result<MulticastSettings, SettingsError> {
+            let mut settings = base.clone();
+            if let Some(rate) = quantity(&self.rate, key, "rate", str::parse::<Rate>, value)? {
+                settings.rate = rate;
+            }
+            let timeout = quantity(&self.retx_timeout, key, "retx_timeout", parse_duration, value)?;
+            let minimum = quantity(&self.deadline_min, key, "deadline_min", parse_duration, value)?;
+            let proportional = match self.deadline.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                None => matches!(settings.deadline, Deadline::Proportional { .. }),
+                Some("constant") => false,
+                Some("proportional") => true,
+                Some(other) => {
+                    return Err(value(
+                        format!("{key}.deadline"),
+                        format!("{other:?} is not a deadline policy: give \"constant\" or \"proportional\""),
+                    ));
+                }
+            };
+            settings.deadline = if proportional {
+                let (factor, min) = match settings.deadline {
+                    Deadline::Proportional { factor, min } => (factor, min),
+                    Deadline::Constant(_) => (50.0, Duration::from_secs(1)),
+                };
+                let factor = self.deadline_factor.unwrap_or(factor);
+                if !(factor.is_finite() && factor >= 0.0) {
+                    return Err(value(format!("{key}.deadline_factor"), "give a finite number ≥ 0".into()));
+                }
+                Deadline::Proportional { factor, min: minimum.unwrap_or(min) }
+            } else {
+                let previous = match settings.deadline {
+                    Deadline::Constant(previous) => previous,
+                    Deadline::Proportional { .. } => RETX_TIMEOUT_DEFAULT,
+                };
+                Deadline::Constant(timeout.unwrap_or(previous))
+            };
+            if let Some(ttl) = self.ttl {
+                if !(1..=255).contains(&ttl) {
+                    return Err(value(format!("{key}.ttl"), "give a TTL of 1–255".into()));
+                }
+                settings.ttl = ttl;
+            }
+            if let Some(interface) = &self.interface {
+                settings.interface =
+                    Some(interface.parse().map_err(|_| {
+                        value(format!("{key}.interface"), format!("{interface:?} is not an IPv4 address"))
+                    })?);
+            }
+            if let Some(max) = self.subscribers_max {
+                if max == 0 {
+                    return Err(value(format!("{key}.subscribers_max"), "give at least 1".into()));
+                }
+                settings.subscribers_max = max;
+            }
+            if let Some(capacity) = self.index_map_capacity {
+                if capacity < 1024 {
+                    return Err(value(format!("{key}.index_map_capacity"), "give at least 1024 products".into()));
+                }
+                settings.index_map_capacity = capacity;
+            }
+            if let Some(max) = self.product_queue_max {
+                if max == 0 {
+                    return Err(value(format!("{key}.product_queue_max"), "give at least 1".into()));
+                }
+                settings.product_queue_max = max;
+            }
+            if let Some(path) = &self.path {
+                settings.path = Some(path.clone());
+            }
+            Ok(settings)
+        }
+    }
+
+    impl PathFile {
+        pub(super) fn typed(&self, value: Value<'_>) -> Result<PathSettings, SettingsError> {
+            let missing =
+                |name: &str, driver: &str| value(format!("path.{name}"), format!("the {driver} driver needs it"));
+            match self.driver.as_deref().unwrap_or("none") {
+                "none" => Ok(PathSettings::None),
+                "linux-bridge" => Ok(PathSettings::LinuxBridge { netns: self.netns.clone() }),
+                "vde" => {
+                    Ok(PathSettings::Vde { run_dir: self.run_dir.clone().ok_or_else(|| missing("run_dir", "vde"))? })
+                }
+                "oess" => {
+                    let api = self.oess_api.clone().unwrap_or_else(|| "circuit".into());
+                    if api != "circuit" && api != "provisioning" {
+                        return Err(value("path.oess_api".into(), "give \"circuit\" or \"provisioning\"".into()));
+                    }
+                    Ok(PathSettings::Oess {
+                        url: self.oess_url.clone().ok_or_else(|| missing("oess_url", "oess"))?,
+                        user: self.oess_user.clone().ok_or_else(|| missing("oess_user", "oess"))?,
+                        password_file: self
+                            .oess_password_file
+                            .clone()
+                            .ok_or_else(|| missing("oess_password_file", "oess"))?,
+                        workgroup: self.oess_workgroup.ok_or_else(|| missing("oess_workgroup", "oess"))?,
+                        api,
+                    })
+                }
+                other => Err(value(
+                    "path.driver".into(),
+                    format!("{other:?} is not a path driver: give none, linux-bridge, vde or oess"),
+                )),
+            }
+        }
+    }
+
+    impl ReceiveFile {
+        pub(super) fn apply(
+            &self,
+            base: &ReceiveSettings,
+            key: &str,
+            value: Value<'_>,
+        ) -> Result<ReceiveSettings, SettingsError> {
+            self.keys.apply(base, key, value)
+        }
+    }
+
+    impl ReceiveKeys {
+        pub(super) fn apply(
+            &self,
+            base: &ReceiveSettings,
+            key: &str,
+            value: Value<'_>,
+        ) -> Result<ReceiveSettings, SettingsError> {
+            let mut settings = base.clone();
+            if let Some(offset) = quantity(&self.time_offset, key, "time_offset", parse_duration, value)? {
+                settings.time_offset = offset;
+            }
+            if let Some(min) = quantity(&self.retry_min, key, "retry_min", parse_duration, value)? {
+                settings.retry_min = min;
+            }
+            if let Some(max) = quantity(&self.retry_max, key, "retry_max", parse_duration, value)? {
+                settings.retry_max = max;
+            }
+            if settings.retry_min.is_zero() || settings.retry_max < settings.retry_min {
+                return Err(value(format!("{key}.retry_min"), "give 0 < retry_min ≤ retry_max".into()));
+            }
+            if let Some(dir) = &self.spool_dir {
+                settings.spool_dir = dir.clone();
+            }
+            if let Some(bytes) =
+                quantity(&self.in_flight_bytes_max, key, "in_flight_bytes_max", str::parse::<ByteSize>, value)?
+            {
+                settings.in_flight_bytes_max = bytes;
+            }
+            if let Some(rate) = quantity(&self.rate, key, "rate", str::parse::<Rate>, value)? {
+                settings.rate = rate;
+            }
+            if let Some(drop) = self.drop {
+                if !(0.0..1.0).contains(&drop) {
+                    return Err(value(format!("{key}.drop"), "give a share in [0, 1), e.g. 0.02".into()));
+                }
+                settings.drop = drop;
+            }
+            Ok(settings)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Settings, SettingsError> {
+        Settings::parse(text, Path::new("ldm7.toml"))
+    }
+
+    #[test]
+    fn defaults_without_a_file() {
+        let settings = parse("").unwrap();
+        let ngrid = settings.multicast(FeedType::from_name("NGRID").unwrap());
+        assert_eq!(ngrid.rate, Rate::from_megabits_per_s(100));
+        assert_eq!(ngrid.deadline, Deadline::Constant(Duration::from_secs(300)));
+        assert_eq!(settings.receive(FeedType::ANY).time_offset, Duration::from_secs(3600));
+        assert_eq!(settings.path, PathSettings::None);
+    }
+
+    #[test]
+    fn feeds_override_the_defaults() {
+        let settings = parse(
+            r#"
+[multicast]
+rate = "40 Mbit/s"
+retx_timeout = "2min"
+[multicast.feeds.NGRID]
+rate = "500M"
+path = "ngrid"
+[multicast.feeds.EXP]
+deadline = "proportional"
+deadline_factor = 20
+[path]
+driver = "linux-bridge"
+netns = "lab-core"
+[receive]
+retry_max = "10s"
+[receive.feeds.ngrid]
+drop = 0.02
+"#,
+        )
+        .unwrap();
+        let feed = |name| FeedType::from_name(name).unwrap();
+        assert_eq!(settings.multicast(feed("NGRID")).rate, Rate::from_megabits_per_s(500));
+        assert_eq!(settings.multicast(feed("NGRID")).deadline, Deadline::Constant(Duration::from_secs(120)));
+        assert_eq!(settings.multicast(feed("NGRID")).path.as_deref(), Some("ngrid"));
+        assert_eq!(settings.multicast(feed("IDS")).rate, Rate::from_megabits_per_s(40));
+        assert_eq!(
+            settings.multicast(feed("EXP")).deadline,
+            Deadline::Proportional { factor: 20.0, min: Duration::from_secs(1) }
+        );
+        assert_eq!(settings.path, PathSettings::LinuxBridge { netns: Some("lab-core".into()) });
+        assert_eq!(settings.receive(feed("NGRID")).drop, 0.02);
+        assert_eq!(settings.receive(feed("NGRID")).retry_max, Duration::from_secs(10));
+        assert_eq!(settings.receive(feed("EXP")).drop, 0.0);
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_the_fix() {
+        for (text, why) in [
+            ("[multicast]\nrate = \"fast\"\n", "multicast.rate"),
+            ("[multicast]\nretx_timeout = \"inf\"\n", "multicast.retx_timeout"),
+            ("[multicast]\ndeadline = \"sometimes\"\n", "deadline policy"),
+            ("[multicast.feeds.NOSUCH]\nrate = \"1M\"\n", "not a feedtype"),
+            ("[multicast]\nrte = \"1M\"\n", "unknown field"),
+            ("[path]\ndriver = \"carrier-pigeon\"\n", "not a path driver"),
+            ("[path]\ndriver = \"vde\"\n", "path.run_dir"),
+            ("[receive]\ndrop = 1.5\n", "receive.drop"),
+            ("[receive]\nretry_min = \"0\"\n", "retry_min"),
+        ] {
+            let error = parse(text).unwrap_err().to_string();
+            assert!(error.contains(why), "{text:?}: {error}");
+        }
+    }
+}
