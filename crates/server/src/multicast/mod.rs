@@ -1,5 +1,7 @@
 //! The LDM-7 multicast service (ldm7-multicast.md §2, §4; RESEARCH.md §2–§3): per-feed FMTP
-//! client address pools ([`pool`]) and the persistent product-index maps ([`index_map`]).
+//! client address pools ([`pool`]), the persistent product-index maps ([`index_map`]), and LDM
+//! products as FMTP carries them ([`product`]).
 
 pub mod index_map;
 pub mod pool;
+pub mod product;
