@@ -2,6 +2,7 @@
 //! client address pools ([`pool`]), the persistent product-index maps ([`index_map`]), and LDM
 //! products as FMTP carries them ([`product`]).
 
+pub mod delivery;
 pub mod index_map;
 pub mod pool;
 pub mod product;
