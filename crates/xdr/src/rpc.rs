@@ -23,13 +23,15 @@ pub struct RecordReader {
     start: usize,
     /// The record being assembled.
     record: Vec<u8>,
+    /// A whole record already looked at by [`RecordReader::peek_record`].
+    peeked: Option<Vec<u8>>,
     max: usize,
 }
 
 impl RecordReader {
     /// A reader refusing records longer than `max` bytes.
     pub fn new(max: usize) -> Self {
-        Self { buffer: Vec::new(), start: 0, record: Vec::new(), max }
+        Self { buffer: Vec::new(), start: 0, record: Vec::new(), peeked: None, max }
     }
 
     /// Bytes received from the stream.
@@ -43,11 +45,28 @@ impl RecordReader {
 
     /// Bytes buffered but not yet returned in a record.
     pub fn pending(&self) -> usize {
-        self.buffer.len() - self.start + self.record.len()
+        self.buffer.len() - self.start + self.record.len() + self.peeked.as_ref().map_or(0, Vec::len)
     }
 
     /// The next complete record, if the stream holds one.
     pub fn next_record(&mut self) -> Result<Option<Vec<u8>>, XdrError> {
+        if let Some(record) = self.peeked.take() {
+            return Ok(Some(record));
+        }
+        self.assemble()
+    }
+
+    /// The next complete record without consuming it: the following
+    /// [`RecordReader::next_record`] returns it (a session looks at a call's version before
+    /// deciding who handles it).
+    pub fn peek_record(&mut self) -> Result<Option<&[u8]>, XdrError> {
+        if self.peeked.is_none() {
+            self.peeked = self.assemble()?;
+        }
+        Ok(self.peeked.as_deref())
+    }
+
+    fn assemble(&mut self) -> Result<Option<Vec<u8>>, XdrError> {
         loop {
             let available = &self.buffer[self.start..];
             if available.len() < 4 {
@@ -290,5 +309,27 @@ pub fn encode_reply_header(encoder: &mut Encoder<'_>, xid: u32, header: &ReplyHe
             encoder.u32(low);
             encoder.u32(high);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peeked_record_is_returned_next() {
+        let mut reader = RecordReader::new(100);
+        let mut stream = Vec::new();
+        write_fragmented(&mut stream, b"first record", 5);
+        write_fragmented(&mut stream, b"second", 100);
+        reader.push(&stream[..stream.len() - 1]);
+        assert_eq!(reader.peek_record().unwrap(), Some(&b"first record"[..]));
+        assert_eq!(reader.peek_record().unwrap(), Some(&b"first record"[..]));
+        assert_eq!(reader.pending(), 12 + 4 + 5);
+        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&b"first record"[..]));
+        assert_eq!(reader.peek_record().unwrap(), None);
+        reader.push(&stream[stream.len() - 1..]);
+        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&b"second"[..]));
+        assert_eq!(reader.pending(), 0);
     }
 }
