@@ -321,6 +321,51 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Large fragments are assembled in place (`DIRECT_FRAGMENT_MIN`); whatever the
+    /// fragmentation, the read boundaries and the peeks, the records come out whole and in order.
+    #[test]
+    fn large_records_survive_any_fragmentation_and_reads(
+        sizes in proptest::collection::vec(0usize..300_000, 1..4),
+        fragment in 1_000usize..200_000,
+        chunks in proptest::collection::vec(1usize..100_000, 1..8),
+        peek in any::<bool>(),
+    ) {
+        let bodies: Vec<Vec<u8>> = sizes.iter().enumerate()
+            .map(|(n, size)| (0..*size).map(|k| (k * 7 + n) as u8).collect())
+            .collect();
+        let mut stream = Vec::new();
+        for body in &bodies {
+            write_fragmented(&mut stream, body, fragment);
+        }
+        let mut reader = RecordReader::new(1 << 20);
+        let mut got = Vec::new();
+        let mut rest = &stream[..];
+        let mut turn = 0;
+        while !rest.is_empty() {
+            let take = chunks[turn % chunks.len()].min(rest.len());
+            turn += 1;
+            reader.push(&rest[..take]);
+            rest = &rest[take..];
+            loop {
+                let peeked = if peek { reader.peek_record().expect("valid").map(<[u8]>::to_vec) } else { None };
+                let next = reader.next_record().expect("valid");
+                if peek {
+                    prop_assert_eq!(&peeked, &next);
+                }
+                match next {
+                    Some(record) => got.push(record),
+                    None => break,
+                }
+            }
+        }
+        prop_assert_eq!(reader.pending(), 0);
+        prop_assert_eq!(got, bodies);
+    }
+}
+
 #[test]
 fn bounds_are_enforced_before_allocating() {
     // A switch id over the bound.
