@@ -638,3 +638,98 @@ fn framed(record: &[u8]) -> Vec<u8> {
     bytes.extend_from_slice(record);
     bytes
 }
+
+// ---------------------------------------------------------------------------------------------
+// Properties.
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever arrives, no session panics; each either goes on or closes.
+        #[test]
+        fn arbitrary_input_never_panics(
+            raw in proptest::collection::vec(any::<u8>(), 0..600),
+            proc in 0u32..12,
+            framed_call in any::<bool>(),
+            split in 0usize..600,
+        ) {
+            let now = start();
+            // Either raw bytes or one framed version-7 call header followed by them.
+            let bytes = if framed_call {
+                let mut record = vec![0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 4, 0x93, 0xfd, 0, 0, 0, 7];
+                record.extend_from_slice(&proc.to_be_bytes());
+                record.extend_from_slice(&[0; 16]);
+                record.extend_from_slice(&raw);
+                framed(&record)
+            } else {
+                raw
+            };
+            let split = split.min(bytes.len());
+            let mut inbound = Inbound::new(now);
+            let mut fresh = Subscriber::new(now, SubscriberConfig::new(FeedType::EXP));
+            let (mut down, mut up) = subscribed(now);
+            for piece in [&bytes[..split], &bytes[split..]] {
+                inbound.handle_input(now, piece);
+                fresh.handle_input(now, piece);
+                down.handle_input(now, piece);
+                up.handle_input(now, piece);
+            }
+            while inbound.poll_event().is_some() {}
+            let mut out = Vec::new();
+            inbound.take_output(&mut out);
+            up.take_output(&mut out);
+        }
+
+        /// Requests answered in order arrive as the matching events, however the bytes are cut.
+        #[test]
+        fn answers_arrive_in_request_order_whatever_the_reads(
+            requests in proptest::collection::vec((any::<u32>(), any::<bool>(), 0usize..5000), 1..20),
+            chunk in 1usize..4000,
+        ) {
+            let now = start();
+            let (mut down, mut up) = subscribed(now);
+            for (index, _, _) in &requests {
+                prop_assert!(down.request_product(now, *index).unwrap());
+            }
+            let mut bytes = Vec::new();
+            down.take_output(&mut bytes);
+            for piece in bytes.chunks(chunk) {
+                up.handle_input(now, piece);
+            }
+            let mut products = Vec::new();
+            for (n, (index, found, size)) in requests.iter().enumerate() {
+                let asked = matches!(up.poll_event(), Some(PublisherEvent::RequestProduct { index: got }) if got == *index);
+                prop_assert!(asked, "request {} not reported", index);
+                if *found {
+                    let (info, data) = product(n as u32, *size);
+                    up.deliver_missed_product(now, *index, &info, &data).unwrap();
+                    products.push(Some((info, data)));
+                } else {
+                    up.no_such_product(now, *index).unwrap();
+                    products.push(None);
+                }
+            }
+            let mut bytes = Vec::new();
+            up.take_output(&mut bytes);
+            for piece in bytes.chunks(chunk) {
+                down.handle_input(now, piece);
+            }
+            for ((index, _, _), expected) in requests.iter().zip(products) {
+                match (down.poll_event(), expected) {
+                    (Some(SubscriberEvent::MissedProduct { index: got, product }), Some((info, data))) => {
+                        prop_assert_eq!(got, *index);
+                        prop_assert_eq!(product.info, info);
+                        prop_assert_eq!(&product.data[..], &data[..]);
+                    }
+                    (Some(SubscriberEvent::NoSuchProduct { index: got }), None) => prop_assert_eq!(got, *index),
+                    (other, _) => prop_assert!(false, "{other:?}"),
+                }
+            }
+            prop_assert!(down.poll_event().is_none());
+            prop_assert_eq!(down.requested().len(), 0);
+        }
+    }
+}
