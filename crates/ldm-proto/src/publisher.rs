@@ -25,9 +25,9 @@
 //!   [`PublisherEvent::TestConnection`].
 //! * A connection that makes no call within 120 s is closed (4 × interval, as LDM-6).
 //!
-//! The reference's log lines (§5) come from the driver: "Incoming subscription request from
-//! <host>:<port> for feed <feed>" on Subscribe, "Missed product sent: index=<n>, info=…" after
-//! a delivery, "Backlog product sent: …" after each backlog product.
+//! The reference's log lines (§5) come from the driver: `Incoming subscription request from
+//! <host>:<port> for feed <feed>` on Subscribe, `Missed product sent: index=<n>, info="…"`
+//! after a delivery, `Backlog product sent: …` after each backlog product.
 
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -25,9 +25,9 @@
 //! * Products are handed over without a copy: their data stays in the record they arrived in
 //!   ([`ldm7_xdr::ldm7::ProductData`]).
 //!
-//! The reference's log lines (§5) come from the driver: "Inserted:" / "Backlog:" on
-//! MissedProduct / BacklogProduct, "Requested product <n> doesn't exist" on NoSuchProduct,
-//! "All backlog data-products received" on EndBacklog.
+//! The reference's log lines (§5) come from the driver: `Inserted: …` / `Backlog: …` on
+//! MissedProduct / BacklogProduct, `Requested product <n> doesn't exist` on NoSuchProduct,
+//! `All backlog data-products received: …` on EndBacklog.
 
 use std::collections::VecDeque;
 use std::time::Duration;
