@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use ldm7_types::Instant;
 
+use ldm7_xdr::codec::Decoder;
 use ldm7_xdr::ldm::{Call, LdmCall, Message, Proc, ReplyBody};
-use ldm7_xdr::rpc::RecordReader;
+use ldm7_xdr::rpc::{Header, LDM_PROGRAM, RecordReader, decode_header};
 
 use crate::SessionError;
 
@@ -65,8 +66,7 @@ impl Peer {
     /// skipped).
     pub fn next_message(&mut self, now: Instant) -> Result<Option<Message>, SessionError> {
         loop {
-            let Some(record) = self.reader.next_record()? else { return Ok(None) };
-            self.last_receive = now;
+            let Some(record) = self.next_record(now)? else { return Ok(None) };
             let outstanding = self.outstanding;
             let message = ldm7_xdr::ldm::decode_message(&record, |xid| {
                 outstanding.filter(|call| call.xid == xid).map(|call| call.proc)
@@ -92,6 +92,45 @@ impl Peer {
                 Err(error) => return Err(error.into()),
             }
         }
+    }
+
+    /// The next whole record, undecoded (the LDM-7 sessions decode their own).
+    pub fn next_record(&mut self, now: Instant) -> Result<Option<Vec<u8>>, SessionError> {
+        let record = self.reader.next_record()?;
+        if record.is_some() {
+            self.last_receive = now;
+        }
+        Ok(record)
+    }
+
+    /// Whether the next whole record is an LDM-7 call (it stays in place).
+    pub fn next_is_ldm7_call(&mut self) -> bool {
+        let Ok(Some(record)) = self.reader.peek_record() else { return false };
+        matches!(
+            decode_header(&mut Decoder::new(record)),
+            Ok(Header::Call(header)) if header.program == LDM_PROGRAM && header.version == ldm7_xdr::ldm7::VERSION
+        )
+    }
+
+    /// Appends a call record that `encode` writes with the xid it is given (any version; the
+    /// caller tracks any reply). Returns the xid.
+    pub fn send_call(&mut self, now: Instant, encode: impl FnOnce(&mut Vec<u8>, u32)) -> u32 {
+        let xid = self.next_xid;
+        self.next_xid = self.next_xid.wrapping_add(1);
+        encode(&mut self.out, xid);
+        self.last_send = now;
+        xid
+    }
+
+    /// Appends a record that `encode` writes (a reply of any version).
+    pub fn send_reply(&mut self, now: Instant, encode: impl FnOnce(&mut Vec<u8>)) {
+        encode(&mut self.out);
+        self.last_send = now;
+    }
+
+    /// Bytes waiting in the output buffer.
+    pub fn output_len(&self) -> usize {
+        self.out.len()
     }
 
     /// Sends a call; a synchronous one becomes the outstanding call.
@@ -165,12 +204,27 @@ pub(crate) trait Receiving {
     /// connection goes on.
     fn on_unserved(&mut self, _call: ldm7_xdr::XdrError) {}
 
+    /// Whether the next record is an LDM-7 call another session takes over: the loop stops
+    /// before it ([`crate::Inbound`]).
+    fn yields_to_ldm7(&mut self) -> bool {
+        false
+    }
+
+    /// The LDM versions this end serves, as a PROG_MISMATCH answer states them.
+    fn versions_served(&self) -> (u32, u32) {
+        (6, 6)
+    }
+
     fn receive(&mut self, now: Instant, bytes: &[u8]) {
         if self.closed() {
             return;
         }
         self.peer().push(bytes);
         while !self.closed() {
+            if self.yields_to_ldm7() {
+                return;
+            }
+            let (low, high) = self.versions_served();
             match self.peer().next_message(now) {
                 Ok(Some(message)) => {
                     if let Err(error) = self.on_message(now, message) {
@@ -178,7 +232,7 @@ pub(crate) trait Receiving {
                     }
                 }
                 Ok(None) => return,
-                Err(SessionError::Malformed(error)) => match error.unserved_call() {
+                Err(SessionError::Malformed(error)) => match error.unserved_call_versions(low, high) {
                     Some((xid, stat)) => {
                         self.peer().reply(now, xid, &ReplyBody::Error(stat));
                         self.on_unserved(error);

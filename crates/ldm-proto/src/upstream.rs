@@ -15,6 +15,9 @@
 //! * NULLPROC is answered in any state where this end is the RPC server.
 //!
 //! A connection that makes no call within 120 s is closed (4 × interval, §7).
+//!
+//! Made by [`crate::Inbound`], the session also lets an LDM-7 first call through: it stops
+//! before that record and hands the connection over to a [`crate::Publisher`].
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -163,6 +166,9 @@ pub struct Upstream {
     announced: Option<(Signature, Vec<u8>)>,
     /// Something was sent since the last NULLPROC flush.
     unflushed: bool,
+    /// Whether an LDM-7 first call is handed over ([`crate::Inbound`]) rather than answered
+    /// PROG_MISMATCH.
+    serves_ldm7: bool,
 }
 
 impl Upstream {
@@ -175,7 +181,25 @@ impl Upstream {
             receive: Receive::default(),
             announced: None,
             unflushed: false,
+            serves_ldm7: false,
         }
+    }
+
+    /// A session that stops before an LDM-7 first call, for [`crate::Inbound`] to hand over.
+    pub(crate) fn serving_ldm7(now: Instant) -> Self {
+        Self { serves_ldm7: true, ..Self::new(now) }
+    }
+
+    /// Whether an LDM-7 first call waits to be handed over.
+    pub(crate) fn ldm7_call_waiting(&mut self) -> bool {
+        self.serves_ldm7 && matches!(self.state, State::AwaitCall { .. }) && self.peer.next_is_ldm7_call()
+    }
+
+    /// Gives up the connection (its buffered input and pending output) and the events not
+    /// polled yet; the session is then over without a [`UpstreamEvent::Closed`].
+    pub(crate) fn hand_over(&mut self, now: Instant) -> (Peer, VecDeque<UpstreamEvent>) {
+        self.state = State::Closed;
+        (std::mem::replace(&mut self.peer, Peer::new(now, 0)), std::mem::take(&mut self.events))
     }
 
     /// Bytes received from the peer.
@@ -471,6 +495,14 @@ impl Receiving for Upstream {
 
     fn on_unserved(&mut self, call: ldm7_xdr::XdrError) {
         self.events.push_back(UpstreamEvent::Unserved(call.to_string()));
+    }
+
+    fn yields_to_ldm7(&mut self) -> bool {
+        self.ldm7_call_waiting()
+    }
+
+    fn versions_served(&self) -> (u32, u32) {
+        if self.serves_ldm7 && matches!(self.state, State::AwaitCall { .. }) { (6, 7) } else { (6, 6) }
     }
 
     fn close(&mut self, result: Result<(), SessionError>) {

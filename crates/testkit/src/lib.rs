@@ -7,6 +7,8 @@
 //!   iptables) skip with a clear message when not root; CI runs as root, so they run there.
 //! - [`wait_until`]: synchronization by condition with a deadline, never by sleeping a guessed
 //!   time.
+//! - [`capture_streams`]: the reassembled TCP byte streams of an annotated capture transcript
+//!   (`data/captures/*.txt`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -64,6 +66,56 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut condition: impl FnMut() 
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(50));
     }
+}
+
+/// The byte streams of the RPC connections of a capture transcript (`relative` to `data/`, e.g.
+/// `captures/fmtp-ldm7.txt`; format in `data/captures/README.md`): per `## Connection`
+/// section, (client→server, server→client), read from its `### Byte stream C>S` and `S>C` hex
+/// dumps. Other sections (FMTP streams) are skipped. Panics when the file holds no connection.
+pub fn capture_streams(relative: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let path = shared_data(relative);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    let mut connections: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut client_side: Option<bool> = None;
+    for line in text.lines() {
+        if line.starts_with("## ") {
+            if line.starts_with("## Connection") {
+                connections.push((Vec::new(), Vec::new()));
+            }
+            client_side = None;
+        } else if let Some(rest) = line.strip_prefix("### Byte stream ") {
+            client_side = if rest.starts_with("C>S") {
+                Some(true)
+            } else if rest.starts_with("S>C") {
+                Some(false)
+            } else {
+                None
+            };
+        } else if line.starts_with("###") {
+            client_side = None;
+        } else if let (Some(client), Some(connection)) = (client_side, connections.last_mut()) {
+            let Some((offset, rest)) = line.split_once("  ") else { continue };
+            if offset.len() != 8 || !offset.chars().all(|c| c.is_ascii_hexdigit()) {
+                continue;
+            }
+            let stream = if client { &mut connection.0 } else { &mut connection.1 };
+            stream.extend(hex_words(rest.split('|').next().unwrap_or("")));
+        }
+    }
+    assert!(!connections.is_empty(), "{}: no connections found", path.display());
+    connections
+}
+
+/// Bytes written as whitespace-separated hex words (`00000048 6a08636d 150a`).
+pub fn hex_words(text: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for word in text.split_whitespace() {
+        for k in (0..word.len()).step_by(2) {
+            let pair = word.get(k..k + 2).unwrap_or_else(|| panic!("odd hex word {word:?}"));
+            bytes.push(u8::from_str_radix(pair, 16).unwrap_or_else(|_| panic!("not hex: {word:?}")));
+        }
+    }
+    bytes
 }
 
 #[cfg(test)]

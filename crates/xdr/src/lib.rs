@@ -1,9 +1,12 @@
-//! XDR (RFC 4506) and ONC RPC record marking (RFC 5531), and the LDM-6 messages of program
-//! 300029 (ldm6-protocol.md): parse and emit, byte-exact against real LDM 6.15 traffic
-//! (`tests/captures.rs`). Bounded lengths; no input makes the decoders panic (`fuzz/`).
+//! XDR (RFC 4506) and ONC RPC record marking (RFC 5531), and the LDM messages of program
+//! 300029: version 6 ([`ldm`], ldm6-protocol.md) and version 7, the multicast control plane
+//! ([`ldm7`], ldm7-multicast.md §2). Parse and emit, byte-exact against real LDM 6.15 traffic
+//! (`tests/captures.rs`, `tests/ldm7.rs`). Bounded lengths; no input makes the decoders panic
+//! (`fuzz/`).
 
 pub mod codec;
 pub mod ldm;
+pub mod ldm7;
 pub mod rpc;
 
 /// Why bytes are not a valid LDM message.
@@ -72,7 +75,7 @@ pub enum XdrError {
         xid: u32,
     },
     /// A call for another program or version.
-    #[error("call for program {program} version {version}: only LDM (300029) version 6 is served")]
+    #[error("call for program {program} version {version}, which this end does not serve")]
     WrongProgram {
         /// The call's xid.
         xid: u32,
@@ -81,7 +84,7 @@ pub enum XdrError {
         /// The version.
         version: u32,
     },
-    /// A procedure LDM-6 does not have.
+    /// A procedure the program version does not have.
     #[error("unknown LDM procedure {procedure}")]
     UnknownProcedure {
         /// The call's xid.
@@ -96,11 +99,17 @@ impl XdrError {
     /// program → PROG_UNAVAIL, another LDM version → PROG_MISMATCH (6..6), an unknown procedure
     /// → PROC_UNAVAIL. The connection can go on, as with Sun RPC.
     pub fn unserved_call(&self) -> Option<(u32, rpc::AcceptStat)> {
+        self.unserved_call_versions(6, 6)
+    }
+
+    /// [`XdrError::unserved_call`] for an end that serves LDM versions `low..=high` (the
+    /// PROG_MISMATCH answer names them).
+    pub fn unserved_call_versions(&self, low: u32, high: u32) -> Option<(u32, rpc::AcceptStat)> {
         match *self {
             XdrError::WrongProgram { xid, program, .. } if program != rpc::LDM_PROGRAM => {
                 Some((xid, rpc::AcceptStat::ProgUnavail))
             }
-            XdrError::WrongProgram { xid, .. } => Some((xid, rpc::AcceptStat::ProgMismatch { low: 6, high: 6 })),
+            XdrError::WrongProgram { xid, .. } => Some((xid, rpc::AcceptStat::ProgMismatch { low, high })),
             XdrError::UnknownProcedure { xid, .. } => Some((xid, rpc::AcceptStat::ProcUnavail)),
             _ => None,
         }

@@ -4,6 +4,11 @@
 //! fragment and whose low 31 bits give its length. Receivers accept any fragmentation
 //! ([`RecordReader`]); [`finish_record`] writes one fragment per record, as the reference does
 //! for every record the captures show.
+//!
+//! The reader copies each byte once from what it is given into the record it returns: the
+//! bytes of a fragment of at least [`DIRECT_FRAGMENT_MIN`] bytes that has not fully arrived are
+//! appended straight to the record as they come (a product of tens of MB is not gathered in a
+//! buffer first and copied out after).
 
 use crate::XdrError;
 use crate::codec::{Decoder, Encoder};
@@ -15,6 +20,9 @@ pub const RPC_VERSION: u32 = 2;
 
 const LAST_FRAGMENT: u32 = 0x8000_0000;
 
+/// Fragments at least this long are assembled in place as they arrive.
+pub const DIRECT_FRAGMENT_MIN: usize = 64 << 10;
+
 /// Reassembles records from a TCP byte stream, whatever the fragmentation.
 #[derive(Debug)]
 pub struct RecordReader {
@@ -23,17 +31,33 @@ pub struct RecordReader {
     start: usize,
     /// The record being assembled.
     record: Vec<u8>,
+    /// A whole record already looked at by [`RecordReader::peek_record`].
+    peeked: Option<Vec<u8>>,
+    /// A large fragment being appended straight to `record`: whether it is the last one of its
+    /// record. `buffer` is empty while bytes of it are missing.
+    direct: Option<bool>,
+    /// Bytes of that fragment still to come.
+    direct_remaining: usize,
     max: usize,
 }
 
 impl RecordReader {
     /// A reader refusing records longer than `max` bytes.
     pub fn new(max: usize) -> Self {
-        Self { buffer: Vec::new(), start: 0, record: Vec::new(), max }
+        Self { buffer: Vec::new(), start: 0, record: Vec::new(), peeked: None, direct: None, direct_remaining: 0, max }
     }
 
     /// Bytes received from the stream.
-    pub fn push(&mut self, bytes: &[u8]) {
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        if self.direct_remaining > 0 {
+            let taken = self.direct_remaining.min(bytes.len());
+            self.record.extend_from_slice(&bytes[..taken]);
+            self.direct_remaining -= taken;
+            bytes = &bytes[taken..];
+        }
+        if bytes.is_empty() {
+            return;
+        }
         if self.start > 0 && self.start == self.buffer.len() {
             self.buffer.clear();
             self.start = 0;
@@ -43,12 +67,38 @@ impl RecordReader {
 
     /// Bytes buffered but not yet returned in a record.
     pub fn pending(&self) -> usize {
-        self.buffer.len() - self.start + self.record.len()
+        self.buffer.len() - self.start + self.record.len() + self.peeked.as_ref().map_or(0, Vec::len)
     }
 
     /// The next complete record, if the stream holds one.
     pub fn next_record(&mut self) -> Result<Option<Vec<u8>>, XdrError> {
+        if let Some(record) = self.peeked.take() {
+            return Ok(Some(record));
+        }
+        self.assemble()
+    }
+
+    /// The next complete record without consuming it: the following
+    /// [`RecordReader::next_record`] returns it (a session looks at a call's version before
+    /// deciding who handles it).
+    pub fn peek_record(&mut self) -> Result<Option<&[u8]>, XdrError> {
+        if self.peeked.is_none() {
+            self.peeked = self.assemble()?;
+        }
+        Ok(self.peeked.as_deref())
+    }
+
+    fn assemble(&mut self) -> Result<Option<Vec<u8>>, XdrError> {
         loop {
+            if let Some(last) = self.direct {
+                if self.direct_remaining > 0 {
+                    return Ok(None);
+                }
+                self.direct = None;
+                if last {
+                    return Ok(Some(std::mem::take(&mut self.record)));
+                }
+            }
             let available = &self.buffer[self.start..];
             if available.len() < 4 {
                 self.compact();
@@ -61,7 +111,16 @@ impl RecordReader {
                 return Err(XdrError::RecordTooLong { len: self.record.len() + len, max: self.max });
             }
             if available.len() < 4 + len {
-                self.compact();
+                if len >= DIRECT_FRAGMENT_MIN {
+                    // The rest of this fragment goes straight into the record as it arrives.
+                    self.record.extend_from_slice(&available[4..]);
+                    self.direct_remaining = 4 + len - available.len();
+                    self.direct = Some(last);
+                    self.buffer.clear();
+                    self.start = 0;
+                } else {
+                    self.compact();
+                }
                 return Ok(None);
             }
             if last && self.record.is_empty() {
@@ -290,5 +349,49 @@ pub fn encode_reply_header(encoder: &mut Encoder<'_>, xid: u32, header: &ReplyHe
             encoder.u32(low);
             encoder.u32(high);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peeked_record_is_returned_next() {
+        let mut reader = RecordReader::new(100);
+        let mut stream = Vec::new();
+        write_fragmented(&mut stream, b"first record", 5);
+        write_fragmented(&mut stream, b"second", 100);
+        reader.push(&stream[..stream.len() - 1]);
+        assert_eq!(reader.peek_record().unwrap(), Some(&b"first record"[..]));
+        assert_eq!(reader.peek_record().unwrap(), Some(&b"first record"[..]));
+        assert_eq!(reader.pending(), 12 + 4 + 5);
+        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&b"first record"[..]));
+        assert_eq!(reader.peek_record().unwrap(), None);
+        reader.push(&stream[stream.len() - 1..]);
+        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&b"second"[..]));
+        assert_eq!(reader.pending(), 0);
+    }
+
+    #[test]
+    fn a_large_fragment_is_assembled_in_place() {
+        let body: Vec<u8> = (0..DIRECT_FRAGMENT_MIN * 3).map(|k| k as u8).collect();
+        let mut stream = Vec::new();
+        write_fragmented(&mut stream, &body, DIRECT_FRAGMENT_MIN * 2);
+        write_fragmented(&mut stream, b"next", 100);
+        let mut reader = RecordReader::new(1 << 20);
+        let (head, tail) = stream.split_at(1000);
+        reader.push(head);
+        assert_eq!(reader.next_record().unwrap(), None);
+        assert!(reader.direct.is_some() && reader.buffer.is_empty(), "the fragment goes to the record");
+        for piece in tail.chunks(4096) {
+            reader.push(piece);
+            assert!(reader.buffer.len() <= 4096 + 8);
+            if let Some(record) = reader.next_record().unwrap() {
+                assert_eq!(record, body);
+            }
+        }
+        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&b"next"[..]));
+        assert_eq!(reader.pending(), 0);
     }
 }

@@ -1,8 +1,9 @@
-//! Record reassembly and LDM message decoding on arbitrary bytes: never a panic, and whatever
-//! decodes re-encodes to the same bytes.
+//! Record reassembly and LDM message decoding (versions 6 and 7) on arbitrary bytes: never a
+//! panic, and whatever decodes re-encodes to the same bytes.
 #![no_main]
 
 use ldm7_xdr::ldm::{Message, Proc, decode_message, encode_call, encode_reply};
+use ldm7_xdr::ldm7;
 use ldm7_xdr::rpc::RecordReader;
 use libfuzzer_sys::fuzz_target;
 
@@ -24,5 +25,16 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(decode_message(&again[4..], |_| proc).as_ref(), Ok(&message));
             }
         }
+        for proc in [None, Some(ldm7::Proc::Subscribe), Some(ldm7::Proc::TestConnection)] {
+            if let Ok(message) = ldm7::decode_message(record.clone(), |_| proc) {
+                let mut again = Vec::new();
+                match &message {
+                    ldm7::Message::Call(call) => ldm7::encode_call(&mut again, call),
+                    ldm7::Message::Reply(reply) => ldm7::encode_reply(&mut again, reply.xid, &reply.body),
+                }
+                assert_eq!(ldm7::decode_message(again[4..].to_vec(), |_| proc).as_ref(), Ok(&message));
+            }
+        }
+        let _ = ldm7::decode_product(&record);
     }
 });
