@@ -47,6 +47,9 @@ const PROGRAM: &str = "ldm7";
 /// Old log files kept by default: ldmadmin's `/log/count`.
 const KEEP_DEFAULT: u32 = 7;
 
+/// Most old log files `--log-keep` may ask for.
+const KEEP_MAX: u32 = 1000;
+
 /// The crates of this project: their events are shown down to the chosen level; other crates'
 /// only at WARN and above. (The binary's own modules are `ldm7::…`.)
 const OUR_CRATE_PREFIXES: &[&str] = &["ldm7::", "ldm7_"];
@@ -68,7 +71,8 @@ pub struct LogArgs {
     #[arg(long = "log-max-size", value_name = "SIZE", global = true, requires = "log_file")]
     pub log_max_size: Option<ByteSize>,
     /// Old log files kept by --log-max-size: FILE.1 (newest) … FILE.N.
-    #[arg(long = "log-keep", value_name = "N", global = true, default_value_t = KEEP_DEFAULT)]
+    #[arg(long = "log-keep", value_name = "N", global = true, default_value_t = KEEP_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(KEEP_MAX)))]
     pub log_keep: u32,
     /// Log one JSON object per event instead of LDM-style lines.
     #[arg(long = "log-json", global = true)]
