@@ -249,3 +249,19 @@ fn an_unwritable_log_file_is_refused_clearly() {
     assert!(stderr.contains("cannot open the log file") && stderr.contains("writable"), "{stderr}");
     assert!(!Path::new(&missing_dir).exists());
 }
+
+#[test]
+fn a_failure_is_also_logged_to_the_log_file() {
+    let scratch = Scratch::new();
+    let log = scratch.path("ldm7.log");
+    let missing = scratch.path("missing.pq");
+    let output =
+        Command::new(LDM7).args(["queue", "info", "-q"]).arg(&missing).arg("-l").arg(&log).output().expect("run");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("ldm7: error: "), "the error still goes to standard error: {stderr}");
+    let text = scratch.text("ldm7.log");
+    let (level, message) = parse_line(text.trim_end(), None).unwrap();
+    assert_eq!(level, "ERROR");
+    assert!(stderr.contains(&message), "{message} / {stderr}");
+}
