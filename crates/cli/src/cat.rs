@@ -4,9 +4,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use std::time::Duration;
+
+use ldm7_io::log_target::PRODUCT;
 use ldm7_types::{FeedType, Timestamp};
 
-use crate::common::{open_queue, parse_feed, parse_pattern, queue_path, since};
+use crate::common::{duration_arg, open_queue, parse_feed, parse_pattern, queue_path, since};
 use crate::exit::{CmdResult, runtime};
 
 /// Arguments of `ldm7 cat` / `pqcat`.
@@ -18,34 +21,26 @@ pub struct CatArgs {
     /// Extended regular expression the product identifier must match.
     #[arg(short = 'p', long = "pattern", default_value = ".*")]
     pub pattern: String,
-    /// Only products inserted in the last OFFSET seconds [default: all].
-    #[arg(short = 'o', long = "offset", value_name = "SECONDS")]
-    pub offset: Option<f64>,
+    /// Only products inserted this recently, e.g. 3600 (seconds) or 1h [default: all].
+    #[arg(short = 'o', long = "offset", value_name = "DURATION", value_parser = duration_arg)]
+    pub offset: Option<Duration>,
     /// Only the last N matching products.
     #[arg(long, value_name = "N")]
     pub last: Option<usize>,
-    /// Print each product's info line on standard error (the data still goes to standard output).
-    #[arg(short = 'v', long)]
-    pub verbose: bool,
-    /// Info lines carry the signature.
-    #[arg(short = 'x')]
-    pub debug: bool,
     /// Print only the info lines, on standard output, and no data.
     #[arg(long)]
     pub info: bool,
     /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(short = 'q', long = "queue", value_name = "PATH")]
     pub queue: Option<PathBuf>,
-    /// Accepted for LDM compatibility; logging goes to standard error.
-    #[arg(short = 'l', value_name = "LOGFILE", hide = true)]
-    pub log: Option<String>,
 }
 
-/// Runs `cat`.
-pub fn run(args: &CatArgs) -> CmdResult {
+/// Runs `cat`. With `-v` each product's info line is logged (INFO; the data still goes to
+/// standard output); lines carry the signature when `with_signature` (`-x`).
+pub fn run(args: &CatArgs, with_signature: bool) -> CmdResult {
     let feed = parse_feed(&args.feed)?;
     let pattern = parse_pattern(&args.pattern)?;
-    let from = since(args.offset)?;
+    let from = since(args.offset);
     let queue = open_queue(&queue_path(args.queue.as_deref()))?;
     let snapshot = queue.snapshot().map_err(runtime)?;
     let selects = |feedtype: FeedType, ident: &str| feed.intersects(feedtype) && pattern.is_match(ident);
@@ -53,11 +48,9 @@ pub fn run(args: &CatArgs) -> CmdResult {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     let mut emit = |info: &ldm7_types::ProdInfo, data: &[u8]| -> std::io::Result<()> {
         if args.info {
-            writeln!(out, "{}", info.line(args.debug))
+            writeln!(out, "{}", info.line(with_signature))
         } else {
-            if args.verbose {
-                eprintln!("{}", info.line(args.debug));
-            }
+            tracing::info!(target: PRODUCT, "{}", info.line(with_signature));
             out.write_all(data)
         }
     };

@@ -1,9 +1,12 @@
-//! Pieces shared by the subcommands: the queue path, opening it, product selection.
+//! Pieces shared by the subcommands: the queue path, opening it, product selection, and the
+//! parsers of flag values that are quantities (durations, speeds): every such flag parses into
+//! a typed value or is refused by clap with what was expected (exit 1).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use ldm7_pq::{OpenError, Queue};
+use ldm7_types::units::{QuantityError, parse_duration};
 use ldm7_types::{FeedType, Pattern, Timestamp};
 
 use crate::exit::{CmdResult, bad_input, input, runtime};
@@ -41,12 +44,33 @@ pub fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
-/// `now − offset_secs` (LDM's `-o` offsets), or the beginning of time for `None`.
-pub fn since(offset_secs: Option<f64>) -> CmdResult<Timestamp> {
-    match offset_secs {
-        None => Ok(Timestamp::ZERO),
-        Some(secs) if secs.is_finite() && secs >= 0.0 => Ok(now().saturating_sub(Duration::from_secs_f64(secs))),
-        Some(secs) => Err(bad_input(format!("invalid offset {secs}: give a number of seconds ≥ 0"))),
+/// `now − offset` (LDM's `-o` offsets), or the beginning of time for `None`.
+pub fn since(offset: Option<Duration>) -> Timestamp {
+    offset.map_or(Timestamp::ZERO, |offset| now().saturating_sub(offset))
+}
+
+/// A duration flag: `300` (seconds, as LDM's flags), `1.5s`, `250ms`, `5min`, `2h`
+/// ([`parse_duration`]); negative, `inf`, `nan` and garbage are refused.
+pub fn duration_arg(text: &str) -> Result<Duration, QuantityError> {
+    parse_duration(text)
+}
+
+/// A duration flag that must be more than zero (a timeout).
+pub fn positive_duration_arg(text: &str) -> Result<Duration, String> {
+    match parse_duration(text) {
+        Ok(duration) if duration.is_zero() => {
+            Err(format!("{text:?} is zero: give a duration above 0 such as \"300\" (seconds)"))
+        }
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// A replay speed: 1 = the trace's own pace, 60 = an hour in a minute, 0 = as fast as possible.
+pub fn speed_arg(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(speed) if speed.is_finite() && (0.0..=1e9).contains(&speed) => Ok(speed),
+        _ => Err(format!("speed {text:?} is not valid: give 0 (as fast as possible) or a factor such as 1 or 60")),
     }
 }
 
@@ -68,12 +92,9 @@ pub struct LineOptions {
     /// Extended regular expression the product identifier must match.
     #[arg(short = 'p', long = "pattern", default_value = ".*")]
     pub pattern: String,
-    /// Start OFFSET seconds back [default: 0 = only new products].
-    #[arg(short = 'o', long = "offset", value_name = "SECONDS", default_value_t = 0.0)]
-    pub offset: f64,
-    /// Lines carry the signature.
-    #[arg(short = 'x')]
-    pub debug: bool,
+    /// Start this far back, e.g. 3600 (seconds) or 1h [default: 0 = only new products].
+    #[arg(short = 'o', long = "offset", value_name = "DURATION", default_value = "0", value_parser = duration_arg)]
+    pub offset: Duration,
     /// Append the product's origin to each line.
     #[arg(short = 'O')]
     pub origin: bool,
@@ -87,19 +108,36 @@ impl LineOptions {
     pub fn selection(&self) -> CmdResult<(FeedType, Pattern, Timestamp)> {
         let feed = parse_feed(&self.feed)?;
         let pattern = parse_pattern(&self.pattern)?;
-        if !(self.offset.is_finite() && self.offset >= 0.0) {
-            return Err(bad_input(format!("invalid offset {}: give seconds ≥ 0", self.offset)));
-        }
-        Ok((feed, pattern, now().saturating_sub(Duration::from_secs_f64(self.offset))))
+        Ok((feed, pattern, now().saturating_sub(self.offset)))
     }
 
-    /// A product's line, as notifyme prints it.
-    pub fn line(&self, info: &ldm7_types::ProdInfo) -> String {
-        let mut line = info.line(self.debug);
+    /// A product's line, as notifyme prints it (with the signature in debug mode, `-x`).
+    pub fn line(&self, info: &ldm7_types::ProdInfo, with_signature: bool) -> String {
+        let mut line = info.line(with_signature);
         if self.origin {
             line.push(' ');
             line.push_str(&info.origin);
         }
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantity_flags_parse_or_say_what_is_expected() {
+        assert_eq!(duration_arg("300").unwrap(), Duration::from_secs(300));
+        assert_eq!(duration_arg("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(positive_duration_arg("1h").unwrap(), Duration::from_secs(3600));
+        for bad in ["inf", "nan", "-1", "1e400", "x", ""] {
+            assert!(duration_arg(bad).unwrap_err().to_string().contains("expected a duration"), "{bad}");
+        }
+        assert!(positive_duration_arg("0").unwrap_err().contains("above 0"));
+        assert_eq!(speed_arg("60"), Ok(60.0));
+        for bad in ["inf", "nan", "-1", "fast"] {
+            assert!(speed_arg(bad).unwrap_err().contains("speed"), "{bad}");
+        }
     }
 }

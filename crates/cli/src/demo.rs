@@ -23,7 +23,7 @@ pub struct DemoArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Replay speed (0 = as fast as possible).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::common::speed_arg)]
     pub speed: f64,
     /// Queue capacity (smaller than the trace, so the queue evicts as a real one does).
     #[arg(long, default_value = "1G")]

@@ -10,7 +10,9 @@ use ldm7_pq::{InsertError, InsertOutcome, Queue};
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 use rand::{RngCore, SeedableRng};
 
-use crate::common::{now, open_queue, origin, parse_feed, queue_path};
+use ldm7_io::log_target::PRODUCT;
+
+use crate::common::{now, open_queue, origin, parse_feed, queue_path, speed_arg};
 use crate::exit::{CmdResult, Failure, bad_input, runtime};
 use crate::trace::{TraceProduct, feed_from_name, read_trace};
 
@@ -32,20 +34,11 @@ pub struct InsertArgs {
     /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(short = 'q', long = "queue", value_name = "PATH")]
     pub queue: Option<PathBuf>,
-    /// Print a line per inserted product.
-    #[arg(short = 'v', long)]
-    pub verbose: bool,
-    /// With -v, show signatures too.
-    #[arg(short = 'x')]
-    pub debug: bool,
-    /// Accepted for LDM compatibility; logging goes to standard error.
-    #[arg(short = 'l', value_name = "LOGFILE", hide = true)]
-    pub log: Option<String>,
     /// Insert synthetic products following this trace (`SIZE YYYYMMDDhhmmss.fff [FEED]` lines).
     #[arg(long, value_name = "TRACE", conflicts_with_all = ["files", "ident", "signature_from_ident"])]
     pub replay: Option<PathBuf>,
     /// Replay speed: 1 = the trace's own pace, 60 = an hour in a minute, 0 = as fast as possible.
-    #[arg(long, default_value_t = 1.0, requires = "replay")]
+    #[arg(long, default_value_t = 1.0, requires = "replay", value_parser = speed_arg)]
     pub speed: f64,
     /// Replay at most this many products.
     #[arg(long, requires = "replay")]
@@ -58,8 +51,9 @@ pub struct InsertArgs {
     pub files: Vec<PathBuf>,
 }
 
-/// Runs `insert`.
-pub fn run(args: &InsertArgs) -> CmdResult {
+/// Runs `insert`. With `-v` each inserted product is logged (INFO), with the signature when
+/// `with_signature` (`-x`).
+pub fn run(args: &InsertArgs, with_signature: bool) -> CmdResult {
     if let Some(trace) = &args.replay {
         return replay(args, trace);
     }
@@ -102,12 +96,10 @@ pub fn run(args: &InsertArgs) -> CmdResult {
         match queue.insert(&info, &data).map_err(|error| insert_failure(file, error))? {
             InsertOutcome::Inserted { .. } => {
                 inserted += 1;
-                if args.verbose {
-                    eprintln!("{}", info.line(args.debug));
-                }
+                tracing::info!(target: PRODUCT, "{}", info.line(with_signature));
             }
             InsertOutcome::Duplicate { existing } => {
-                eprintln!(
+                tracing::info!(
                     "{}: duplicate, not inserted (same signature {} inserted at {existing})",
                     file.display(),
                     info.signature
@@ -115,9 +107,7 @@ pub fn run(args: &InsertArgs) -> CmdResult {
             }
         }
     }
-    if args.verbose {
-        eprintln!("inserted {inserted} of {} product(s) into {}", args.files.len(), queue_path.display());
-    }
+    tracing::info!(target: PRODUCT, "inserted {inserted} of {} product(s) into {}", args.files.len(), queue_path.display());
     Ok(())
 }
 
@@ -156,12 +146,6 @@ pub struct ReplaySummary {
 }
 
 fn replay(args: &InsertArgs, trace: &Path) -> CmdResult {
-    if !(args.speed.is_finite() && args.speed >= 0.0) {
-        return Err(bad_input(format!(
-            "invalid --speed {}: give 0 (as fast as possible) or a positive factor",
-            args.speed
-        )));
-    }
     let feed = match &args.feed {
         Some(feed) => Some(parse_feed(feed)?),
         None => None,

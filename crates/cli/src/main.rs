@@ -2,6 +2,10 @@
 //! `notifyme`, `ldmsend`, `ldmd`, `pqcreate`, `pqmon` or `pqcheck` it behaves as that classic LDM command.
 //!
 //! Exit codes: 0 ok, 1 bad usage or input, 2 runtime failure.
+//!
+//! The logging flags (`-v`, `-x`, `-l FILE`, `--log-max-size`, `--log-keep`, `--log-json`) are
+//! global: every subcommand and classic name takes them, and one subscriber ([`logging`]) is
+//! installed before the subcommand runs.
 
 mod bench;
 mod bench_ldm6;
@@ -11,6 +15,7 @@ mod demo;
 mod exit;
 mod fmtp_cmd;
 mod insert;
+mod logging;
 mod queue_cmd;
 mod remote;
 mod serve;
@@ -23,6 +28,7 @@ use std::path::Path;
 use clap::{Args, Parser, Subcommand};
 
 use crate::exit::{CmdResult, runtime};
+use crate::logging::LogArgs;
 
 /// mimalloc: the servers allocate a buffer per product received; glibc's allocator spent a
 /// measurable share of the receiving path growing and trimming its heap (`ldm7 bench ldm6`).
@@ -33,6 +39,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(name = "ldm7", version, about, propagate_version = true)]
 struct Cli {
+    #[command(flatten)]
+    log: LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -81,6 +89,8 @@ enum BenchCommand {
 struct Legacy<T: Args> {
     #[command(flatten)]
     args: T,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 fn main() {
@@ -91,44 +101,61 @@ fn main() {
         .and_then(|name| name.to_str())
         .unwrap_or("ldm7")
         .to_owned();
-    let result = match name.as_str() {
-        "pqinsert" => legacy::<insert::InsertArgs>("pqinsert", argv).map(|args| insert::run(&args)),
-        "pqcat" => legacy::<cat::CatArgs>("pqcat", argv).map(|args| cat::run(&args)),
-        "notifyme" => legacy::<remote::NotifyArgs>("notifyme", argv).map(|args| remote::notify(&args)),
-        "ldmsend" => legacy::<remote::SendArgs>("ldmsend", argv).map(|args| remote::send(&args)),
-        "ldmd" => legacy::<serve::ServeArgs>("ldmd", argv).map(|args| serve::run(&args)),
+    let parsed = match name.as_str() {
+        "pqinsert" => legacy::<insert::InsertArgs>("pqinsert", argv).map(|(args, log)| (Command::Insert(args), log)),
+        "pqcat" => legacy::<cat::CatArgs>("pqcat", argv).map(|(args, log)| (Command::Cat(args), log)),
+        "notifyme" => legacy::<remote::NotifyArgs>("notifyme", argv).map(|(args, log)| (Command::Notify(args), log)),
+        "ldmsend" => legacy::<remote::SendArgs>("ldmsend", argv).map(|(args, log)| (Command::Send(args), log)),
+        "ldmd" => legacy::<serve::ServeArgs>("ldmd", argv).map(|(args, log)| (Command::Serve(args), log)),
         "pqcreate" => legacy::<queue_cmd::CreateArgs>("pqcreate", argv)
-            .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Create(args))),
+            .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Create(args)), log)),
         "pqmon" => legacy::<queue_cmd::InfoArgs>("pqmon", argv)
-            .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Info(args))),
+            .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Info(args)), log)),
         "pqcheck" => legacy::<queue_cmd::PathArgs>("pqcheck", argv)
-            .map(|args| queue_cmd::run(&queue_cmd::QueueCommand::Check(args))),
-        _ => parse::<Cli>(argv).map(|cli| dispatch(cli.command)),
+            .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Check(args)), log)),
+        _ => parse::<Cli>(argv).map(|cli| (cli.command, cli.log)),
     };
-    let code = match result {
+    let code = match parsed {
         Err(code) => code,
-        Ok(Ok(())) => 0,
-        Ok(Err(failure)) => {
-            eprintln!("{name}: error: {failure}");
-            failure.exit_code()
-        }
+        Ok((command, log)) => run(&name, command, &log),
     };
     std::process::exit(code);
 }
 
-fn dispatch(command: Command) -> CmdResult {
+/// Installs the log subscriber, runs the command, reports its failure; returns the exit code.
+fn run(name: &str, command: Command, log: &LogArgs) -> i32 {
+    if let Err(error) = logging::install(log) {
+        eprintln!("{name}: error: {error}");
+        return 1;
+    }
+    match dispatch(command, log) {
+        Ok(()) => 0,
+        Err(failure) => {
+            if log.to_file() {
+                // The operator reading the log file sees why the process ended.
+                tracing::error!("{failure}");
+            }
+            eprintln!("{name}: error: {failure}");
+            failure.exit_code()
+        }
+    }
+}
+
+fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
+    // `-x` (debug) puts the signature in product lines, as LDM does.
+    let with_signature = log.debug;
     match command {
         Command::Queue(command) => queue_cmd::run(&command),
-        Command::Insert(args) => insert::run(&args),
-        Command::Cat(args) => cat::run(&args),
-        Command::Watch(args) => watch::run(&args),
+        Command::Insert(args) => insert::run(&args, with_signature),
+        Command::Cat(args) => cat::run(&args, with_signature),
+        Command::Watch(args) => watch::run(&args, with_signature),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
         Command::Lab(command) => lab(command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
         Command::Serve(args) => serve::run(&args),
-        Command::Notify(args) => remote::notify(&args),
+        Command::Notify(args) => remote::notify(&args, with_signature),
         Command::Send(args) => remote::send(&args),
     }
 }
@@ -153,12 +180,12 @@ fn lab(command: ldm7_net::LabCommand) -> CmdResult {
     }
 }
 
-fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<T, i32> {
+fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<(T, LogArgs), i32> {
     use clap::CommandFactory;
     use clap::FromArgMatches;
     let command = Legacy::<T>::command().name(name);
     match command.try_get_matches_from(argv).and_then(|matches| Legacy::<T>::from_arg_matches(&matches)) {
-        Ok(parsed) => Ok(parsed.args),
+        Ok(parsed) => Ok((parsed.args, parsed.log)),
         Err(error) => Err(report_usage(error)),
     }
 }

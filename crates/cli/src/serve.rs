@@ -1,18 +1,20 @@
 //! `ldm7 serve`: the LDM server (ldmd) — ALLOW/ACCEPT/REQUEST/EXEC/INCLUDE from ldmd.conf,
 //! upstream sessions from the queue, downstream REQUESTs into it. SIGTERM/SIGINT drain and
-//! exit; SIGHUP reloads the configuration.
+//! exit; SIGHUP reloads the configuration (and reopens the log file, `crate::logging`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ldm7_server::log::{self, Level};
 use ldm7_server::{Server, ServerOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::common::queue_path;
-use crate::exit::{CmdResult, bad_input, input, runtime};
+use crate::common::{duration_arg, queue_path};
+use crate::exit::{CmdResult, input, runtime};
+
+/// The shortest `--retry-max` (a reconnection loop must not spin).
+const RETRY_MAX_LOWEST: Duration = Duration::from_millis(10);
 
 /// Arguments of `ldm7 serve`.
 #[derive(clap::Args, Debug)]
@@ -32,49 +34,33 @@ pub struct ServeArgs {
     /// Directory for REQUEST resume points (`.<md5>.info` files).
     #[arg(long = "state-dir", value_name = "DIR", default_value = ".")]
     pub state_dir: PathBuf,
-    /// How far back a fresh REQUEST asks, seconds.
-    #[arg(short = 'o', long = "time-offset", value_name = "SECONDS", default_value_t = 3600)]
-    pub time_offset: u64,
-    /// Products older than this are ignored by downstreams, seconds.
-    #[arg(short = 'm', long = "max-latency", value_name = "SECONDS", default_value_t = 3600)]
-    pub max_latency: u64,
-    /// Longest delay between reconnection attempts, seconds (doubles from 1 s).
-    #[arg(long = "retry-max", value_name = "SECONDS", default_value_t = 60.0)]
-    pub retry_max: f64,
+    /// How far back a fresh REQUEST asks, e.g. 3600 (seconds) or 1h.
+    #[arg(short = 'o', long = "time-offset", value_name = "DURATION", default_value = "3600", value_parser = duration_arg)]
+    pub time_offset: Duration,
+    /// Products older than this are ignored by downstreams, e.g. 3600 (seconds) or 1h.
+    #[arg(short = 'm', long = "max-latency", value_name = "DURATION", default_value = "3600", value_parser = duration_arg)]
+    pub max_latency: Duration,
+    /// Longest delay between reconnection attempts, e.g. 60 (seconds); doubles from 1 s.
+    #[arg(long = "retry-max", value_name = "DURATION", default_value = "60", value_parser = retry_max_arg)]
+    pub retry_max: Duration,
     /// Most connections served at once; more are refused (LDM's /server/max-clients).
-    #[arg(long = "max-clients", default_value_t = 256)]
-    pub max_clients: usize,
-    /// One log line per product (INFO).
-    #[arg(short = 'v', long = "verbose")]
-    pub verbose: bool,
-    /// Debug logging.
-    #[arg(short = 'x', long = "debug")]
-    pub debug: bool,
+    #[arg(long = "max-clients", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_clients: u32,
 }
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(args: &ServeArgs) -> CmdResult {
-    if !(args.retry_max.is_finite() && args.retry_max >= 0.01) {
-        return Err(bad_input(format!("invalid --retry-max {}: give seconds ≥ 0.01", args.retry_max)));
-    }
-    log::set_level(if args.debug {
-        Level::Debug
-    } else if args.verbose {
-        Level::Info
-    } else {
-        Level::Notice
-    });
     let mut options = ServerOptions::new(
         args.config.clone(),
         queue_path(args.queue.as_deref()),
         SocketAddr::new(args.listen, args.port),
     );
     options.state_dir = args.state_dir.clone();
-    options.time_offset = Duration::from_secs(args.time_offset);
-    options.max_latency = Duration::from_secs(args.max_latency);
-    options.retry_max = Duration::from_secs_f64(args.retry_max);
+    options.time_offset = args.time_offset;
+    options.max_latency = args.max_latency;
+    options.retry_max = args.retry_max;
     options.retry_min = options.retry_min.min(options.retry_max);
-    options.max_clients = args.max_clients.max(1);
+    options.max_clients = args.max_clients as usize;
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(runtime)?;
     let server = Server::start(options).map_err(|error| match error {
         ldm7_server::ServerError::Config(_) | ldm7_server::ServerError::Queue { .. } => input(error),
@@ -84,7 +70,7 @@ pub fn run(args: &ServeArgs) -> CmdResult {
         match signal {
             SIGHUP => {
                 if let Err(error) = server.reload() {
-                    log::error(format_args!("reload failed, keeping the previous configuration: {error}"));
+                    tracing::error!("reload failed, keeping the previous configuration: {error}");
                 }
             }
             _ => break,
@@ -92,4 +78,13 @@ pub fn run(args: &ServeArgs) -> CmdResult {
     }
     server.stop();
     Ok(())
+}
+
+/// `--retry-max`: a duration of at least [`RETRY_MAX_LOWEST`].
+fn retry_max_arg(text: &str) -> Result<Duration, String> {
+    match duration_arg(text) {
+        Ok(duration) if duration >= RETRY_MAX_LOWEST => Ok(duration),
+        Ok(_) => Err(format!("{text:?} is too short: give at least 10ms (the delay doubles from 1 s up to it)")),
+        Err(error) => Err(error.to_string()),
+    }
 }

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::{LineOptions, open_queue, queue_path};
+use crate::common::{LineOptions, duration_arg, open_queue, queue_path};
 use crate::exit::{CmdResult, runtime};
 
 /// Arguments of `ldm7 watch` / `notifyme` (local queue).
@@ -13,31 +13,21 @@ use crate::exit::{CmdResult, runtime};
 pub struct WatchArgs {
     #[command(flatten)]
     pub lines: LineOptions,
-    /// Exit after this many seconds without a matching product.
-    #[arg(long, short = 'T', value_name = "SECONDS")]
-    pub timeout: Option<f64>,
+    /// Exit after this long without a matching product, e.g. 30 (seconds) or 5min.
+    #[arg(long, short = 'T', value_name = "DURATION", value_parser = duration_arg)]
+    pub timeout: Option<Duration>,
     /// Print a summary on standard error at exit.
     #[arg(long)]
     pub summary: bool,
     /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(short = 'q', long = "queue", value_name = "PATH")]
     pub queue: Option<PathBuf>,
-    /// Accepted for LDM compatibility; logging goes to standard error.
-    #[arg(short = 'l', value_name = "LOGFILE", hide = true)]
-    pub log: Option<String>,
-    /// Accepted for LDM compatibility (verbose).
-    #[arg(short = 'v', hide = true)]
-    pub verbose: bool,
 }
 
-/// Runs `watch`.
-pub fn run(args: &WatchArgs) -> CmdResult {
+/// Runs `watch` (lines with the signature when `with_signature`, `-x`).
+pub fn run(args: &WatchArgs, with_signature: bool) -> CmdResult {
     let (feed, pattern, from) = args.lines.selection()?;
-    let timeout = match args.timeout {
-        Some(secs) if secs.is_finite() && secs >= 0.0 => Some(Duration::from_secs_f64(secs)),
-        Some(secs) => return Err(crate::exit::bad_input(format!("invalid --timeout {secs}: give seconds ≥ 0"))),
-        None => None,
-    };
+    let timeout = args.timeout;
     let queue = open_queue(&queue_path(args.queue.as_deref()))?;
     let mut follower = queue.follow(from);
     let stdout = std::io::stdout();
@@ -50,13 +40,13 @@ pub fn run(args: &WatchArgs) -> CmdResult {
                 if !(feed.intersects(info.feedtype) && pattern.is_match(&info.ident)) {
                     return None;
                 }
-                Some(args.lines.line(info))
+                Some(args.lines.line(info, with_signature))
             })
             .map_err(runtime)?;
         let Some(line) = line else { break };
         seen += 1;
         if follower.skipped() > skipped_reported {
-            eprintln!(
+            tracing::warn!(
                 "watch: {} product(s) were evicted from the queue before they could be read",
                 follower.skipped() - skipped_reported
             );

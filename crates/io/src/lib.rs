@@ -1,6 +1,7 @@
 //! What every driver of a sans-IO protocol crate shares (ARCHITECTURE.md, "The sans-IO
 //! boundary"): the one process clock that maps the operating system's monotonic clock to the
-//! protocols' [`ldm7_types::Instant`] ([`clock`]), and reconnection back-off ([`backoff`]).
+//! protocols' [`ldm7_types::Instant`] ([`clock`]), reconnection back-off ([`backoff`]), and the
+//! log targets every driver logs per-product lines with ([`log_target`]).
 //!
 //! Protocol crates never read a clock; drivers (the FMTP driver, the server's session threads,
 //! the command-line clients) read it here, so that every `Instant` in a process is on one
@@ -8,6 +9,7 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod log_target;
 
 pub use backoff::Backoff;
 pub use clock::Clock;

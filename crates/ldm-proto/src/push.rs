@@ -160,11 +160,17 @@ impl PushClient {
 
     /// When [`PushClient::handle_timeout`] must be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == State::Closed {
+            return None;
+        }
         self.peer.outstanding.map(|call| call.deadline)
     }
 
     /// Time passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state == State::Closed {
+            return;
+        }
         if let Some(call) = self.peer.call_timed_out(now) {
             self.close(Err(SessionError::CallTimeout(call.proc.to_string())));
         }

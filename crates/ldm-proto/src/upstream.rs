@@ -426,6 +426,9 @@ impl Upstream {
 
     /// When [`Upstream::handle_timeout`] must be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_closed() {
+            return None;
+        }
         let call = self.peer.outstanding.map(|call| call.deadline);
         let state = match self.state {
             State::AwaitCall { deadline } => Some(deadline),
@@ -438,6 +441,9 @@ impl Upstream {
 
     /// Time passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.is_closed() {
+            return;
+        }
         if let Some(call) = self.peer.call_timed_out(now) {
             self.close(Err(SessionError::CallTimeout(call.proc.to_string())));
             return;

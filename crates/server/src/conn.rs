@@ -15,9 +15,11 @@ use ldm7_io::Clock;
 use ldm7_ldm_proto::{FeedMode, HiyaAnswer, RequestAnswer, Upstream, UpstreamEvent};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 
+use ldm7_io::log_target::PRODUCT;
+use ldm7_ldm_proto::SessionError;
+
 use crate::Shared;
 use crate::access::{self, PeerHost};
-use crate::log;
 use crate::wait::{Input, wait_input};
 
 /// Write when this much output is pending.
@@ -26,6 +28,21 @@ const WRITE_BATCH: usize = 256 << 10;
 const BATCH_MAX: usize = 64;
 /// How often a blocked thread looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
+
+/// Why a served connection ended before its peer closed it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// The session failed: a malformed record, a protocol error, a call timed out.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The peer cannot be written to (it closed the connection or the network failed); a
+    /// downstream reconnects by itself.
+    #[error("cannot write to the peer: {0}")]
+    Write(#[source] std::io::Error),
+    /// The product queue cannot be read: check it with `ldm7 queue check`.
+    #[error("reading the queue: {0}: check it with `ldm7 queue check`")]
+    Queue(#[source] ldm7_pq::StorageError),
+}
 
 /// What the feeding part needs once a FEEDME or NOTIFYME was accepted.
 struct Feed {
@@ -39,21 +56,21 @@ struct Feed {
 pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream, peer: PeerHost) {
     let name = peer.to_string();
     match serve_inner(&shared, stream, &peer) {
-        Ok(()) => log::debug(format_args!("{name}: connection closed")),
-        Err(error) => log::warn(format_args!("{name}: {error}")),
+        Ok(()) => tracing::debug!("{name}: connection closed"),
+        Err(error) => tracing::warn!("{name}: {error}"),
     }
 }
 
-fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Result<(), String> {
+fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Result<(), ConnectionError> {
     stream.set_nodelay(true).ok();
     let config = shared.config();
     if !access::is_host_allowed(&config, peer) {
         shared.counters.refused_hosts.fetch_add(1, Ordering::Relaxed);
-        log::notice(format_args!("Denying connection from {peer}: no ALLOW entry matches"));
+        tracing::info!("Denying connection from {peer}: no ALLOW entry matches");
         refuse_host(&mut stream);
         return Ok(());
     }
-    log::info(format_args!("Connection from {peer}"));
+    tracing::info!(target: PRODUCT, "Connection from {peer}");
     let mut session = Upstream::new(Clock::now());
     let mut buf = vec![0u8; 256 << 10];
     let mut out = Vec::with_capacity(WRITE_BATCH * 2);
@@ -67,46 +84,49 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                 UpstreamEvent::FeedRequest { class, mode, resume_after } => {
                     let (answer, filter) = decide_request(shared, peer, &class);
                     if let RequestAnswer::Ok { .. } = answer {
-                        log::notice(format_args!(
+                        tracing::info!(
                             "Starting Up(ldm7/6): {class}, SIG={}, {}",
                             resume_after.map_or("NONE".to_owned(), |s| s.to_string()),
                             if mode == FeedMode::Primary { "Primary" } else { "Alternate" }
-                        ));
+                        );
                         feed = Some(Feed { class, filter, resume_after, notify: false });
                     }
-                    session.answer_request(Clock::now(), answer).map_err(|e| e.to_string())?;
+                    session.answer_request(Clock::now(), answer)?;
                 }
                 UpstreamEvent::NotifyRequest { class } => {
                     let (answer, filter) = decide_request(shared, peer, &class);
                     if let RequestAnswer::Ok { .. } = answer {
-                        log::notice(format_args!("Starting Up(ldm7/6): NOTIFYME {class}"));
+                        tracing::info!("Starting Up(ldm7/6): NOTIFYME {class}");
                         feed = Some(Feed { class, filter, resume_after: None, notify: true });
                     }
-                    session.answer_request(Clock::now(), answer).map_err(|e| e.to_string())?;
+                    session.answer_request(Clock::now(), answer)?;
                 }
                 UpstreamEvent::Hiya { class } => {
-                    log::notice(format_args!("hiya6: {class}"));
+                    tracing::info!("hiya6: {class}");
                     let (decision, accepted_class) = access::accept(&config, peer, &class);
                     let answer = match decision {
                         access::AcceptDecision::Ok => HiyaAnswer::Ok { max_hereis: u32::MAX },
                         access::AcceptDecision::Reclass(class) => HiyaAnswer::Reclass { class, max_hereis: u32::MAX },
                         access::AcceptDecision::Refuse => {
-                            log::notice(format_args!("{peer}: no ACCEPT entry takes {class}"));
+                            tracing::info!("{peer}: no ACCEPT entry takes {class}");
                             HiyaAnswer::Refuse
                         }
                     };
                     accepted = Some(accepted_class);
-                    session.answer_hiya(Clock::now(), answer).map_err(|e| e.to_string())?;
+                    session.answer_hiya(Clock::now(), answer)?;
                 }
                 UpstreamEvent::IsAlive { id } => {
-                    session.answer_is_alive(Clock::now(), shared.is_alive(id)).map_err(|e| e.to_string())?;
+                    session.answer_is_alive(Clock::now(), shared.is_alive(id))?;
                 }
                 UpstreamEvent::FeedStarted => {
-                    let Some(feed) = &feed else { return Err("feed started without a request".into()) };
-                    follower_from = Some(start_position(shared, feed));
+                    // The session starts feeding only after an accepted FEEDME or NOTIFYME, which
+                    // set `feed`.
+                    if let Some(feed) = &feed {
+                        follower_from = Some(start_position(shared, feed));
+                    }
                 }
                 UpstreamEvent::Declined { signature } => {
-                    log::debug(format_args!("{peer}: declined {signature}"));
+                    tracing::debug!("{peer}: declined {signature}");
                 }
                 UpstreamEvent::Product(product) => {
                     let wanted = accepted
@@ -115,24 +135,24 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                     if wanted {
                         crate::receive::insert(shared, &peer.origin_name(), product.info, &product.data);
                     } else {
-                        log::warn(format_args!("{peer}: ignoring unaccepted product: {}", product.info));
+                        tracing::warn!("{peer}: ignoring unaccepted product: {}", product.info);
                     }
                 }
                 UpstreamEvent::ComingSoon { info, .. } => {
                     let accept = crate::receive::wants(shared, &info);
-                    session.answer_coming_soon(Clock::now(), accept).map_err(|e| e.to_string())?;
+                    session.answer_coming_soon(Clock::now(), accept)?;
                 }
-                UpstreamEvent::BadPattern(error) => log::warn(format_args!("{peer}: {error}")),
+                UpstreamEvent::BadPattern(error) => tracing::warn!("{peer}: {error}"),
                 UpstreamEvent::Unserved(call) => {
                     shared.counters.unserved_calls.fetch_add(1, Ordering::Relaxed);
-                    log::warn(format_args!("{peer}: {call}; answered as RPC does"));
+                    tracing::warn!("{peer}: {call}; answered as RPC does");
                 }
                 UpstreamEvent::Closed(result) => {
                     if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
                         shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
                     }
                     write_all(&mut stream, &mut session, &mut out)?;
-                    return result.map_err(|e| e.to_string());
+                    return Ok(result?);
                 }
             }
         }
@@ -154,7 +174,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
             Ok(Input::Eof) => session.handle_eof(),
             Err(error) => {
                 session.handle_eof();
-                log::debug(format_args!("{peer}: read: {error}"));
+                tracing::debug!("{peer}: read: {error}");
             }
         }
     }
@@ -171,9 +191,9 @@ fn feed_products(
     out: &mut Vec<u8>,
     from: Timestamp,
     feed: &Feed,
-) -> Result<Timestamp, String> {
+) -> Result<Timestamp, ConnectionError> {
     let queue = &shared.queue;
-    let storage = |error: ldm7_pq::StorageError| format!("reading the queue: {error}");
+    let storage = ConnectionError::Queue;
     let mut position = from;
     let mut sent = 0u64;
     while session.ready() {
@@ -186,11 +206,11 @@ fn feed_products(
                 let product = product.map_err(storage)?;
                 position = Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1);
                 if feed.class.matches(&product.info) && feed.filter.allows(&product.info) {
-                    session.send_product(Clock::now(), &product.info, product.data).map_err(|e| e.to_string())?;
+                    session.send_product(Clock::now(), &product.info, product.data)?;
                     if feed.notify {
-                        log::info(format_args!("notifying: {}", product.info));
+                        tracing::info!(target: PRODUCT, "notifying: {}", product.info);
                     } else {
-                        log::info(format_args!("sending: {}", product.info));
+                        tracing::info!(target: PRODUCT, "sending: {}", product.info);
                     }
                     sent += 1;
                     batch += 1;
@@ -203,7 +223,7 @@ fn feed_products(
             }
         }
         if !out.is_empty() {
-            stream.write_all(out).map_err(|e| format!("write: {e}"))?;
+            stream.write_all(out).map_err(ConnectionError::Write)?;
             out.clear();
         }
         if !caught_up {
@@ -258,10 +278,10 @@ fn start_position(shared: &Shared, feed: &Feed) -> Timestamp {
     }
 }
 
-fn write_all(stream: &mut TcpStream, session: &mut Upstream, out: &mut Vec<u8>) -> Result<(), String> {
+fn write_all(stream: &mut TcpStream, session: &mut Upstream, out: &mut Vec<u8>) -> Result<(), ConnectionError> {
     session.take_output(out);
     if !out.is_empty() {
-        stream.write_all(out).map_err(|e| format!("write: {e}"))?;
+        stream.write_all(out).map_err(ConnectionError::Write)?;
         out.clear();
     }
     Ok(())

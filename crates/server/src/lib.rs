@@ -1,12 +1,16 @@
 //! The ldm7 daemon (`ldm7 serve`): ldmd.conf ([`config`]), access control ([`access`]), the
 //! upstream side of accepted connections, REQUEST downstreams, EXEC children, reload and
 //! graceful shutdown ([`Server`]). Sessions are the sans-IO state machines of `ldm7-ldm-proto`
-//! driven over blocking sockets, one thread per connection (LDM forks a process for each).
+//! driven over blocking sockets, one thread per connection (LDM forks a process for each); the
+//! same drivers serve the command-line clients ([`client`]: notify, push).
+//!
+//! Logging goes through `tracing` (targets and levels: `ldm7_io::log_target`); the binary
+//! installs the subscriber.
 
 pub mod access;
+pub mod client;
 pub mod config;
 mod conn;
-pub mod log;
 pub mod multicast;
 pub mod receive;
 mod request;
@@ -14,5 +18,6 @@ mod server;
 pub mod settings;
 pub mod wait;
 
-pub use request::RequestSpec;
+pub use conn::ConnectionError;
+pub use request::{RequestError, RequestSpec};
 pub use server::{Counters, Server, ServerError, ServerOptions, Shared};

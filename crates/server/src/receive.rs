@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use ldm7_pq::InsertOutcome;
 use ldm7_types::ProdInfo;
 
-use crate::{Shared, log};
+use ldm7_io::log_target::PRODUCT;
+
+use crate::Shared;
 
 /// The origin LDM stores for a product received from `upstream_host`: the original origin up
 /// to its first `_v_`, then `_v_<upstream host>` (ldm6-protocol.md §8), cut to the 64-byte
@@ -31,12 +33,12 @@ pub(crate) fn wants(shared: &Shared, info: &ProdInfo) -> bool {
         .snapshot()
         .is_ok_and(|snapshot| snapshot.product_by_signature(&info.signature).is_ok_and(|found| found.is_some()));
     if duplicate {
-        log::info(format_args!("comingsoon6: duplicate: {info}"));
+        tracing::info!(target: PRODUCT, "comingsoon6: duplicate: {info}");
         shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
         return false;
     }
     if let Err(error) = shared.queue.check_fits(info) {
-        log::error(format_args!("Product too big: {info}: {error}"));
+        tracing::error!("Product too big: {info}: {error}");
         return false;
     }
     true
@@ -45,7 +47,7 @@ pub(crate) fn wants(shared: &Shared, info: &ProdInfo) -> bool {
 /// Inserts a received product; returns whether it was new.
 pub(crate) fn insert(shared: &Shared, upstream_host: &str, mut info: ProdInfo, data: &[u8]) -> bool {
     if data.len() != info.size as usize {
-        log::error(format_args!("{upstream_host}: product of {} bytes announced as {}: {info}", data.len(), info.size));
+        tracing::error!("{upstream_host}: product of {} bytes announced as {}: {info}", data.len(), info.size);
         shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
         return false;
     }
@@ -53,17 +55,17 @@ pub(crate) fn insert(shared: &Shared, upstream_host: &str, mut info: ProdInfo, d
     match shared.queue.insert(&info, data) {
         Ok(InsertOutcome::Inserted { .. }) => {
             shared.counters.products_received.fetch_add(1, Ordering::Relaxed);
-            log::info(format_args!("{info}"));
+            tracing::info!(target: PRODUCT, "{info}");
             true
         }
         Ok(InsertOutcome::Duplicate { .. }) => {
             shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-            log::info(format_args!("{upstream_host}: duplicate: {info}"));
+            tracing::info!(target: PRODUCT, "{upstream_host}: duplicate: {info}");
             false
         }
         Err(error) => {
             shared.counters.insert_errors.fetch_add(1, Ordering::Relaxed);
-            log::error(format_args!("{upstream_host}: cannot insert {info}: {error}"));
+            tracing::error!("{upstream_host}: cannot insert {info}: {error}");
             false
         }
     }

@@ -3,19 +3,39 @@
 //! which survives restarts in a small state file.
 
 use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use ldm7_io::Clock;
-use ldm7_ldm_proto::{Downstream, DownstreamConfig, DownstreamEvent, FeedMode};
+use ldm7_ldm_proto::{Downstream, DownstreamConfig, DownstreamEvent, FeedMode, SessionError};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
 
+use crate::client::{ConnectError, ServerAddress, connect};
 use crate::wait::{Input, wait_input};
-use crate::{Shared, log, receive};
+use crate::{Shared, receive};
+
+/// How long a REQUEST waits for its upstream to accept the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why one connection of a REQUEST ended (it reconnects after a back-off delay).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// No connection to the upstream.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The session failed: a malformed record, a protocol error, silence, a call timed out.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The upstream cannot be written to (it closed the connection or the network failed).
+    #[error("cannot write to the upstream: {0}")]
+    Write(#[source] std::io::Error),
+    /// The upstream cannot be read from.
+    #[error("cannot read from the upstream: {0}")]
+    Read(#[source] std::io::Error),
+}
 
 /// One REQUEST as the runner needs it.
 #[derive(Clone, Debug)]
@@ -56,7 +76,7 @@ fn save_state(path: &std::path::Path, signature: &Signature) {
     let temporary = path.with_extension("info.tmp");
     let saved = std::fs::write(&temporary, format!("{signature}\n")).and_then(|()| std::fs::rename(&temporary, path));
     if let Err(error) = saved {
-        log::warn(format_args!("cannot save the resume point in {}: {error}", path.display()));
+        tracing::warn!("cannot save the resume point in {}: {error}", path.display());
     }
 }
 
@@ -72,7 +92,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
         let started = Clock::now();
         let outcome = session(&shared, &request, &state_path, &mut resume_after);
         if let Err(error) = &outcome {
-            log::warn(format_args!("{}:{}: {error}", request.host, request.port));
+            tracing::warn!("{}:{}: {error}", request.host, request.port);
         }
         if shared.stopping.load(Ordering::Relaxed) {
             break;
@@ -81,7 +101,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
         if (Clock::now() - started) > shared.options.retry_max {
             backoff = shared.options.retry_min;
         }
-        log::notice(format_args!("{}:{}: reconnecting in {} s", request.host, request.port, backoff.as_secs_f64()));
+        tracing::info!("{}:{}: reconnecting in {} s", request.host, request.port, backoff.as_secs_f64());
         shared.sleep(backoff);
         backoff = (backoff * 2).min(shared.options.retry_max);
     }
@@ -95,19 +115,12 @@ fn session(
     request: &RequestSpec,
     state_path: &std::path::Path,
     resume_after: &mut Option<Signature>,
-) -> Result<(), String> {
-    let address = (request.host.as_str(), request.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve: {e}"))?
-        .next()
-        .ok_or("no address")?;
-    let mut stream =
-        TcpStream::connect_timeout(&address, Duration::from_secs(30)).map_err(|e| format!("cannot connect: {e}"))?;
-    stream.set_nodelay(true).ok();
+) -> Result<(), RequestError> {
+    let mut stream = connect(&ServerAddress::new(request.host.clone(), request.port), CONNECT_TIMEOUT)?;
     let now = SystemTime::now();
     let from = Timestamp::from_system_time(now).saturating_sub(shared.options.time_offset);
     let class = request.class.clone().between(from, Timestamp::END);
-    log::notice(format_args!("Starting Up(ldm7): {}:{} {class}", request.host, request.port));
+    tracing::info!("Starting Up(ldm7): {}:{} {class}", request.host, request.port);
     let mut config = DownstreamConfig::new(class);
     config.mode = request.mode;
     config.resume_after = *resume_after;
@@ -122,22 +135,22 @@ fn session(
         while let Some(event) = session.poll_event() {
             match event {
                 DownstreamEvent::Accepted { id, class } => {
-                    log::notice(format_args!(
+                    tracing::info!(
                         "Upstream LDM-6 on {} is willing to be {} feeder (id {id}): {class}",
                         request.host,
                         if request.mode == FeedMode::Primary { "a primary" } else { "an alternate" }
-                    ));
+                    );
                 }
                 DownstreamEvent::Reclassified(class) => {
-                    log::notice(format_args!("{}: reclassified to {class}", request.host));
+                    tracing::info!("{}: reclassified to {class}", request.host);
                 }
                 DownstreamEvent::Product(product) => {
                     let max_latency = shared.options.max_latency;
                     let oldest = Timestamp::from_system_time(SystemTime::now()).saturating_sub(max_latency);
                     if product.info.arrival < oldest {
-                        log::warn(format_args!("Ignoring too-old product: {}", product.info));
+                        tracing::warn!("Ignoring too-old product: {}", product.info);
                     } else if !session.class().matches_feed_ident(product.info.feedtype, &product.info.ident) {
-                        log::warn(format_args!("Ignoring unrequested product: {}", product.info));
+                        tracing::warn!("Ignoring unrequested product: {}", product.info);
                     } else {
                         let signature = product.info.signature;
                         receive::insert(shared, &request.host, product.info, &product.data);
@@ -147,10 +160,10 @@ fn session(
                 }
                 DownstreamEvent::ComingSoon { info, .. } => {
                     let accept = receive::wants(shared, &info);
-                    session.answer_coming_soon(Clock::now(), accept).map_err(|e| e.to_string())?;
+                    session.answer_coming_soon(Clock::now(), accept)?;
                 }
-                DownstreamEvent::Refused { why } => log::error(format_args!("{}: {why}", request.host)),
-                DownstreamEvent::Closed(result) => ended = Some(result.map_err(|e| e.to_string())),
+                DownstreamEvent::Refused { why } => tracing::error!("{}: {why}", request.host),
+                DownstreamEvent::Closed(result) => ended = Some(result.map_err(RequestError::from)),
             }
         }
         if unsaved && (Clock::now() - last_save) >= SAVE_EVERY {
@@ -162,7 +175,7 @@ fn session(
         }
         session.take_output(&mut out);
         if !out.is_empty() {
-            stream.write_all(&out).map_err(|e| format!("write: {e}"))?;
+            stream.write_all(&out).map_err(RequestError::Write)?;
             out.clear();
         }
         if let Some(result) = ended {
@@ -175,7 +188,7 @@ fn session(
             Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
-            Err(error) => break Err(format!("read: {error}")),
+            Err(error) => break Err(RequestError::Read(error)),
         }
     };
     if unsaved {

@@ -15,7 +15,7 @@ use ldm7_pq::Queue;
 use crate::access::PeerHost;
 use crate::config::Config;
 use crate::request::RequestSpec;
-use crate::{conn, log, request};
+use crate::{conn, request};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -192,7 +192,7 @@ impl Server {
             session_ids: AtomicU32::new(0),
             wake: (Mutex::new(()), Condvar::new()),
         });
-        log::notice(format_args!("Starting Up (ldm7 {}), listening on {local_addr}", env!("CARGO_PKG_VERSION")));
+        tracing::info!("Starting Up (ldm7 {}), listening on {local_addr}", env!("CARGO_PKG_VERSION"));
         let mut threads = Vec::new();
         let acceptor = shared.clone();
         threads.push(
@@ -229,14 +229,14 @@ impl Server {
         let config = Config::load(&self.shared.options.config_path)?;
         warn_unsupported(&config);
         *self.shared.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
-        log::notice(format_args!("Configuration reloaded from {}", self.shared.options.config_path.display()));
+        tracing::info!("Configuration reloaded from {}", self.shared.options.config_path.display());
         Ok(())
     }
 
     /// Stops: no new connections, sessions end after their current product, downstreams save
     /// their resume points, EXEC children get SIGTERM.
     pub fn stop(mut self) {
-        log::notice(format_args!("Exiting"));
+        tracing::info!("Exiting");
         self.shared.stopping.store(true, Ordering::Relaxed);
         self.shared.wake.1.notify_all();
         for thread in self.threads.drain(..) {
@@ -262,9 +262,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                 if active >= shared.options.max_clients {
                     shared.active_connections.fetch_sub(1, Ordering::Relaxed);
                     shared.counters.refused_busy.fetch_add(1, Ordering::Relaxed);
-                    log::warn(format_args!(
-                        "refusing {address}: {active} connections already (the limit; raise --max-clients)"
-                    ));
+                    tracing::warn!("refusing {address}: {active} connections already (the limit; raise --max-clients)");
                     continue;
                 }
                 let shared = shared.clone();
@@ -274,14 +272,14 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                     shared.active_connections.fetch_sub(1, Ordering::Relaxed);
                 });
                 if let Err(error) = spawned {
-                    log::error(format_args!("cannot start a thread for {address}: {error}"));
+                    tracing::error!("cannot start a thread for {address}: {error}");
                 }
             }
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(error) => {
-                log::warn(format_args!("accept: {error}"));
+                tracing::warn!("accept: {error}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
@@ -308,10 +306,10 @@ fn start_execs(config: &Config) -> Vec<Child> {
         let Some((program, args)) = exec.argv.split_first() else { continue };
         match Command::new(program).args(args).spawn() {
             Ok(child) => {
-                log::notice(format_args!("EXEC {:?}: pid {}", exec.argv, child.id()));
+                tracing::info!("EXEC {:?}: pid {}", exec.argv, child.id());
                 children.push(child);
             }
-            Err(error) => log::error(format_args!("EXEC {:?}: {error}", exec.argv)),
+            Err(error) => tracing::error!("EXEC {:?}: {error}", exec.argv),
         }
     }
     children
@@ -319,6 +317,6 @@ fn start_execs(config: &Config) -> Vec<Child> {
 
 fn warn_unsupported(config: &Config) {
     for location in config.multicasts.iter().map(|m| &m.location).chain(config.receives.iter().map(|r| &r.location)) {
-        log::warn(format_args!("{location}: MULTICAST/RECEIVE are not served yet; ignored"));
+        tracing::warn!("{location}: MULTICAST/RECEIVE are not served yet; ignored");
     }
 }
