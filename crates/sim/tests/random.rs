@@ -106,7 +106,8 @@ fn run_seed(seed: u64) -> Option<String> {
     let failure = match outcome {
         Ok(failure) => failure?,
         Err(panic) => {
-            let message = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied());
+            let message =
+                panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied());
             format!("seed {seed} panicked: {}", message.unwrap_or("(no message)"))
         }
     };
