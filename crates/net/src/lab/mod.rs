@@ -552,3 +552,67 @@ fn remove_run_dir(dir: &Path) -> Result<(), LabError> {
         Err(source) => Err(LabError::Io { what: format!("removing {}", dir.display()), source }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tc::ClassCounters;
+
+    fn status() -> LabStatus {
+        let counters = TcCounters {
+            classes: vec![ClassCounters {
+                class_id: tc::MULTICAST_CLASS.into(),
+                sent_bytes: 1490,
+                sent_packets: 1,
+                ..Default::default()
+            }],
+        };
+        let unreadable = CommandError::Failed {
+            command: "tc -s class show dev conduit".into(),
+            status: "exit status: 1".into(),
+            stderr: "Cannot find device \"conduit\"".into(),
+        };
+        LabStatus {
+            name: "t1".into(),
+            complete: true,
+            namespaces: vec![("t1-pub".into(), true), ("t1-sub".into(), false)],
+            paths: Vec::new(),
+            publishers: vec![("ngrid".into(), Ok(counters)), ("conduit".into(), Err(unreadable))],
+        }
+    }
+
+    #[test]
+    fn status_json_keeps_counters_or_the_error_text() {
+        let json: serde_json::Value = serde_json::from_str(&statuses_json(&[status()])).unwrap();
+        let publishers = &json[0]["publishers"];
+        assert_eq!(publishers[0][0], "ngrid");
+        assert_eq!(publishers[0][1]["Ok"]["classes"][0]["sent_bytes"], 1490);
+        assert_eq!(publishers[1][0], "conduit");
+        let error = publishers[1][1]["Err"].as_str().unwrap();
+        assert!(error.starts_with("`tc -s class show dev conduit` failed"), "{error}");
+    }
+
+    #[test]
+    fn status_text_has_a_line_per_namespace_and_class() {
+        let text = status().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "lab t1");
+        assert!(lines[1].contains("t1-pub") && lines[1].ends_with("present"), "{text}");
+        assert!(lines[2].ends_with("MISSING"), "{text}");
+        assert!(lines[3].contains("1:10  multicast") && lines[3].contains("sent 1490 B 1 pkt"), "{text}");
+        assert!(lines[4].contains("conduit") && lines[4].contains("unreadable: `tc -s class show"), "{text}");
+    }
+
+    #[test]
+    fn input_errors_exit_1_and_failures_2() {
+        assert_eq!(LabError::NoLabUp.exit_code(), 1);
+        assert_eq!(LabError::SeveralLabsUp { labs: vec!["a".into(), "b".into()] }.exit_code(), 1);
+        let spec = LabError::from(spec::check_lab_name("Bad").unwrap_err());
+        assert_eq!(spec.exit_code(), 1);
+        assert!(spec.to_string().starts_with("lab spec: lab name \"Bad\""), "{spec}");
+        let io = LabError::Io { what: "writing x".into(), source: std::io::Error::other("disk full") };
+        assert_eq!(io.exit_code(), 2);
+        let up_failed = LabError::UpFailed { lab: "t1".into(), source: Box::new(io) };
+        assert_eq!(up_failed.exit_code(), 2);
+    }
+}

@@ -638,4 +638,20 @@ delay = { pub = "20ms" }
         assert!(error_of(|s| format!("{s}\nbogus = 1\n")).contains("unknown field"));
         assert!(error_of(|s| s.replace("name = \"conduit\"", "name = \"conduitfeed12\"")).contains("feed name"));
     }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let missing = LabSpec::read_file(Path::new("/no/such/lab.toml")).unwrap_err().to_string();
+        assert!(missing.starts_with("cannot read /no/such/lab.toml: "), "{missing}");
+        assert!(missing.ends_with("pass --spec with a lab TOML file"), "{missing}");
+        let directory = std::env::temp_dir().join(format!("ldm7-spec-test-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let file = directory.join("lab.toml");
+        std::fs::write(&file, SPEC.replace("\"40 Mbit/s\"", "\"fast\"")).unwrap();
+        let error = LabSpec::read_file(&file).unwrap_err();
+        std::fs::remove_dir_all(&directory).unwrap();
+        assert!(matches!(&error, SpecError::InFile { source, .. } if matches!(**source, SpecError::Feed { .. })));
+        let text = error.to_string();
+        assert!(text.starts_with(&format!("{}: feed \"ngrid\": rate: ", file.display())), "{text}");
+    }
 }
