@@ -15,6 +15,7 @@ mod demo;
 mod exit;
 mod fmtp_cmd;
 mod insert;
+mod lab_cmd;
 mod logging;
 mod queue_cmd;
 mod remote;
@@ -72,7 +73,7 @@ enum Command {
     Send(remote::SendArgs),
     /// Build and tear down the network-namespace test bed (root).
     #[command(subcommand)]
-    Lab(ldm7_net::LabCommand),
+    Lab(lab_cmd::LabCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -152,31 +153,11 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
-        Command::Lab(command) => lab(command),
+        Command::Lab(command) => lab_cmd::run(&command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
         Command::Serve(args) => serve::run(&args),
         Command::Notify(args) => remote::notify(&args, with_signature),
         Command::Send(args) => remote::send(&args),
-    }
-}
-
-/// `ldm7 lab …`: the exit code of `lab exec` is the command's own.
-fn lab(command: ldm7_net::LabCommand) -> CmdResult {
-    match ldm7_net::run_lab(command) {
-        Ok(()) => Ok(()),
-        Err(error) => {
-            let code = error.exit_code();
-            if matches!(error, ldm7_net::LabError::ExecStatus { .. }) {
-                std::process::exit(code);
-            }
-            if code == 1 {
-                Err(exit::input(error))
-            } else if code == 2 {
-                Err(exit::runtime(error))
-            } else {
-                std::process::exit(code)
-            }
-        }
     }
 }
 

@@ -1,8 +1,11 @@
 //! The `ldm7` command as users run it: real processes, a real queue in a temporary directory.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
+
+use ldm7_testkit::{shared_data, wait_until};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
@@ -53,19 +56,6 @@ fn product_count(queue: &str) -> u64 {
     let info = ok(&["queue", "info", "--json", "--path", queue]);
     let field = info.split("\"product_count\":").nth(1).expect("product_count field");
     field.split(|c: char| !c.is_ascii_digit()).next().expect("number").parse().expect("count")
-}
-
-fn shared(relative: &str) -> Option<PathBuf> {
-    let root = std::env::var_os("LDM7_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let path = root.join(relative);
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!("skipping: {} not found", path.display());
-        None
-    }
 }
 
 #[test]
@@ -161,15 +151,16 @@ fn bad_input_is_refused_and_nothing_inserted() {
 
 #[test]
 fn replay_and_watch_across_processes() {
-    let Some(trace) = shared("data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
+    let trace = shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
     let scratch = Scratch::new();
     let queue = scratch.queue("200M");
+    // `-o 3600`: the watcher follows from an hour back, so it sees all 500 products whether it
+    // opens the queue before the inserter starts (then it is woken for each) or after.
     let watcher = Command::new(LDM7)
-        .args(["watch", "-q", &queue, "-f", "NEXRAD3", "--count", "500", "--timeout", "60"])
+        .args(["watch", "-q", &queue, "-f", "NEXRAD3", "-o", "3600", "--count", "500", "--timeout", "60"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("start watcher");
-    std::thread::sleep(Duration::from_millis(300));
     let summary = ok(&["insert", "-q", &queue, "--replay", &trace.display().to_string(), "--speed", "0"]);
     assert!(summary.contains("replayed 500 products"), "{summary}");
     let output = watcher.wait_with_output().expect("watcher");
@@ -207,7 +198,7 @@ fn bench_queue_runs_tiny() {
 /// kill -9 of an inserting `ldm7 insert --replay` at random moments never damages the queue.
 #[test]
 fn killed_inserter_leaves_a_sound_queue() {
-    let Some(trace) = shared("data/traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt") else { return };
+    let trace = shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
     let scratch = Scratch::new();
     // The NGRID hour holds a 54 MB product: the queue must be larger than that.
     let queue = scratch.queue("100M");
@@ -224,15 +215,12 @@ fn killed_inserter_leaves_a_sound_queue() {
             .expect("start inserter");
         // Wait until this round is inserting, then kill it at a pseudo-random moment.
         let before = inserted();
-        let started = std::time::Instant::now();
-        while inserted() == before {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "round {round}: the inserter inserted nothing in 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_until(Duration::from_secs(20), &format!("round {round}: the inserter's first insert"), || {
+            (inserted() != before).then_some(())
+        });
         delays = (delays * 37 + 11) % 181;
+        // The pause is the scenario (a kill at some point of the insert stream), not
+        // synchronization.
         std::thread::sleep(Duration::from_millis(delays));
         child.kill().expect("kill -9");
         child.wait().expect("reap");
@@ -246,19 +234,23 @@ fn killed_inserter_leaves_a_sound_queue() {
 /// the datagrams: every product arrives intact at both (repaired over TCP).
 #[test]
 fn fmtp_send_recv_on_loopback_with_drop() {
-    let Some(trace) = shared("data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
+    let trace = shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
     let scratch = Scratch::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
     let group = format!("239.255.78.{}:{port}", port % 200 + 1);
     let retx = format!("127.0.0.1:{port}");
-    let sender = Command::new(LDM7)
+    let mut sender = Command::new(LDM7)
         .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--rate", "500M", "--receivers", "2"])
         .args(["--replay", &trace.display().to_string(), "--limit", "200"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start sender");
-    std::thread::sleep(Duration::from_millis(500));
+    // The sender's first line says it is up: its retransmission server listens.
+    let mut sender_out = BufReader::new(sender.stdout.take().expect("sender stdout"));
+    let mut sender_text = String::new();
+    sender_out.read_line(&mut sender_text).expect("read the sender's first line");
+    assert!(sender_text.contains("retransmission server"), "the sender did not start: {sender_text:?}");
     let receivers: Vec<_> = (1..=2)
         .map(|seed| {
             let out = scratch.path(&format!("r{seed}"));
@@ -286,7 +278,8 @@ fn fmtp_send_recv_on_loopback_with_drop() {
             assert_eq!(ldm7_types::Signature::md5_of(&data).to_string(), name, "product content matches its MD5");
         }
     }
-    let output = sender.wait_with_output().expect("sender");
-    assert!(output.status.success(), "{}", text(&output.stdout));
-    assert!(text(&output.stdout).contains("released 200"), "{}", text(&output.stdout));
+    sender_out.read_to_string(&mut sender_text).expect("read the sender's output");
+    let status = sender.wait().expect("sender");
+    assert!(status.success(), "{sender_text}");
+    assert!(sender_text.contains("released 200"), "{sender_text}");
 }

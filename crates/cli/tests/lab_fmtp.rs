@@ -2,15 +2,11 @@
 //! bridge built by `ldm7 lab`; two subscribers lose 5% of what arrives (iptables `statistic`).
 //! Every product reaches every subscriber intact. Skips with a message when not root.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0").unwrap_or(false)
-}
 
 fn run(args: &[&str]) -> Output {
     Command::new(LDM7).args(args).output().expect("run ldm7")
@@ -34,18 +30,10 @@ fn address(lab: &str, host: &str, interface: &str) -> String {
 
 #[test]
 fn four_subscribers_two_lossy_all_products_intact() {
-    if !is_root() {
-        eprintln!("skipping four_subscribers_two_lossy_all_products_intact: needs root (network namespaces)");
+    if !ldm7_testkit::skip_unless_root("four_subscribers_two_lossy_all_products_intact") {
         return;
     }
-    let shared = std::env::var_os("LDM7_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let trace = shared.join("data/traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
-    if !trace.is_file() {
-        eprintln!("skipping: {} not found", trace.display());
-        return;
-    }
+    let trace = ldm7_testkit::shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
     let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("f3t{}", std::process::id() % 1000);
     let spec = format!(

@@ -10,17 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ldm7_pq::Queue;
+use ldm7_testkit::{shared_data, wait_until};
 use ldm7_types::{Signature, Timestamp};
 use md5::{Digest, Md5};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 const LOCAL: &str = r"^((localhost|loopback)|(127\.0\.0\.1\.?))$";
-
-fn shared(relative: &str) -> PathBuf {
-    std::env::var_os("LDM7_SHARED")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"), PathBuf::from)
-        .join(relative)
-}
 
 fn run(args: &[&str]) -> String {
     let output = Command::new(LDM7).args(args).output().expect("run ldm7");
@@ -65,12 +60,11 @@ impl Node {
             .spawn()
             .expect("start ldm7 serve");
         self.child = Some(child);
-        // Listening?
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "server on {} did not start: {}", self.port, self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Listening? Read from the kernel's socket table rather than probing with a connection,
+        // which the server would count as a client.
+        wait_until(Duration::from_secs(10), &format!("ldm7 serve listening on port {}", self.port), || {
+            listening(self.port).then_some(())
+        });
         self
     }
 
@@ -85,15 +79,10 @@ impl Node {
     fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Some(status) = child.try_wait().expect("wait") {
-                    assert!(status.success(), "ldm7 serve exited with {status}: {}", self.log());
-                    return;
-                }
-                assert!(Instant::now() < deadline, "ldm7 serve did not exit on SIGTERM");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            let status = wait_until(Duration::from_secs(10), "ldm7 serve to exit on SIGTERM", || {
+                child.try_wait().expect("wait")
+            });
+            assert!(status.success(), "ldm7 serve exited with {status}: {}", self.log());
         }
     }
 
@@ -106,20 +95,18 @@ impl Node {
     }
 
     fn wait_for(&self, count: u64, within: Duration) {
+        // Past `within` the condition itself fails, with the count and the server's log.
         let deadline = Instant::now() + within;
-        loop {
+        wait_until(within + Duration::from_secs(1), &format!("{count} products"), || {
             let have = self.count();
-            if have >= count {
-                return;
-            }
             assert!(
-                Instant::now() < deadline,
+                have >= count || Instant::now() < deadline,
                 "{}: {have} of {count} products after {within:?}\n{}",
                 self.dir.display(),
                 tail(&self.log())
             );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            (have >= count).then_some(())
+        });
     }
 
     /// Every product: MD5 of its data equals its signature; returns the signatures and origins.
@@ -145,6 +132,18 @@ impl Drop for Node {
     }
 }
 
+/// Whether a TCP socket listens on `port` (any address), from `/proc/net/tcp` and `tcp6`.
+fn listening(port: u16) -> bool {
+    let local_port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).unwrap_or_default().lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Field 1 is the local address:port in hex, field 3 the state (0A = LISTEN).
+            fields.len() > 3 && fields[1].ends_with(&local_port) && fields[3] == "0A"
+        })
+    })
+}
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
@@ -159,7 +158,7 @@ fn request(from: &Node) -> String {
 }
 
 fn replay(node: &Node, limit: usize, seed: u64) {
-    let trace = shared("data/traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
+    let trace = shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
     run(&[
         "insert",
         "-q",
@@ -236,11 +235,13 @@ fn killed_downstream_resumes_without_loss_or_duplicates() {
     down.kill9();
     let before = down.count();
     replay(&upstream, 1_000, 5);
-    // Let the resume point be at least a second old, as after a real crash.
+    // The scenario, not synchronization: the resume point is at least a second old, as after a
+    // real crash.
     std::thread::sleep(Duration::from_millis(1200));
     down.start();
     down.wait_for(3_000, Duration::from_secs(120));
-    std::thread::sleep(Duration::from_millis(500));
+    // Stopped (drained, exited): nothing more can arrive while the queue is checked.
+    down.stop();
     let (got, _) = down.verify();
     let (expected, _) = upstream.verify();
     assert_eq!(got, expected);
@@ -248,7 +249,6 @@ fn killed_downstream_resumes_without_loss_or_duplicates() {
     let log = upstream.log();
     let resumed = log.lines().filter(|l| l.contains("Starting Up(ldm7/6)") && !l.contains("SIG=NONE")).count();
     assert!(resumed >= 1, "the restarted downstream resumed with SIG= (had {before}):\n{}", tail(&log));
-    down.stop();
     upstream.stop();
 }
 
@@ -276,6 +276,13 @@ fn feedme_record() -> Vec<u8> {
         0x2e2a_0000,
         0xffff_ffff,
     ];
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+/// A NULLPROC call (LDM program 300029, version 6, procedure 0), which an upstream answers in
+/// any state.
+fn nullproc_record() -> Vec<u8> {
+    let words = [0x8000_0028_u32, 0x0000_0001, 0, 2, 0x0004_93fd, 6, 0, 0, 0, 0, 0];
     words.iter().flat_map(|w| w.to_be_bytes()).collect()
 }
 
@@ -387,11 +394,9 @@ fn sighup_reloads_the_configuration_and_exec_runs_programs() {
     std::fs::write(server.dir.join("ldmd.conf"), allow_local()).expect("rewrite");
     let pid = server.child.as_ref().expect("running").id();
     assert!(Command::new("kill").args(["-HUP", &pid.to_string()]).status().expect("kill").success());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !server.log().contains("Configuration reloaded") {
-        assert!(Instant::now() < deadline, "no reload: {}", tail(&server.log()));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(5), "the server to log \"Configuration reloaded\"", || {
+        server.log().contains("Configuration reloaded").then_some(())
+    });
     // Allowed now: notify connects and ends on its own silence limit (nothing in the queue).
     let output = notify(&host);
     assert!(
@@ -409,10 +414,13 @@ fn connections_beyond_max_clients_are_refused_and_counted() {
     let mut server = Node::new(root.path(), "s", "50M", &allow_local());
     server.extra = vec!["--max-clients".into(), "1".into()];
     server.start();
-    // The start-up probe's connection has closed; hold the only slot with an idle connection.
-    std::thread::sleep(Duration::from_millis(300));
-    let _idle = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
-    std::thread::sleep(Duration::from_millis(300));
+    // Hold the only slot with a connection the server has certainly accepted: it answered a
+    // NULLPROC on it (start() checks for the listening socket without connecting).
+    let mut held = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    held.write_all(&nullproc_record()).expect("write");
+    held.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut reply = [0u8; 4];
+    held.read_exact(&mut reply).expect("the server answers NULLPROC on the held connection");
     let output = Command::new(LDM7)
         .args(["notify", "-h", &format!("127.0.0.1:{}", server.port), "-T", "5"])
         .output()

@@ -343,10 +343,7 @@ fn push_sends_hereis_under_max_hereis_and_comingsoon_above() {
 /// Hex words of a transcript's byte stream (`NNNNNNNN  xxxxxxxx xxxxxxxx … |…|` lines) after
 /// the line starting with `header`.
 fn capture_stream(file: &str, header: &str) -> Vec<u8> {
-    let path = std::env::var_os("LDM7_SHARED")
-        .map_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"), Into::into)
-        .join("data/captures")
-        .join(file);
+    let path = ldm7_testkit::shared_data(&format!("captures/{file}"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut bytes = Vec::new();
     let mut inside = false;

@@ -27,11 +27,19 @@ impl std::fmt::Display for Ipv4Cidr {
     }
 }
 
-impl std::str::FromStr for Ipv4Cidr {
-    type Err = String;
+/// Text that is not an IPv4 prefix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an IPv4 prefix; write an address, a slash and a length of 0–32, such as \"10.77.1.0/24\"")]
+pub struct CidrError {
+    /// The text given.
+    pub text: String,
+}
 
-    fn from_str(text: &str) -> Result<Ipv4Cidr, String> {
-        let bad = || format!("{text:?} is not an IPv4 prefix such as \"10.77.1.0/24\"");
+impl std::str::FromStr for Ipv4Cidr {
+    type Err = CidrError;
+
+    fn from_str(text: &str) -> Result<Ipv4Cidr, CidrError> {
+        let bad = || CidrError { text: text.to_string() };
         let (address, prefix) = text.trim().split_once('/').ok_or_else(bad)?;
         let address: Ipv4Addr = address.parse().map_err(|_| bad())?;
         let prefix_len: u8 = prefix.parse().map_err(|_| bad())?;

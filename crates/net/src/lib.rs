@@ -4,7 +4,8 @@
 //!   layer-2 path, with drivers `static`, `linux-bridge`, `vde` and `oess` (Internet2 AL2S);
 //! - [`hostcfg`] and [`tc`]: the feed interface, its private address, receive-side loss, and the
 //!   publisher's HTB tree (multicast and retransmission classes, BFIFO) with its counters;
-//! - [`lab`]: `ldm7 lab up | down | status | exec`, hosts as network namespaces on one machine;
+//! - [`lab`]: the namespace lab behind `ldm7 lab up | down | status | exec` (the subcommands
+//!   themselves live in the `ldm7` binary), hosts as network namespaces on one machine;
 //! - [`command`], [`netns`]: the thin layer over `ip`, `tc`, `iptables` and the VDE tools, and
 //!   running code inside a namespace.
 //!
@@ -17,6 +18,6 @@ pub mod netns;
 pub mod path;
 pub mod tc;
 
-pub use lab::{LabCommand, LabError, run_lab};
+pub use lab::{LabError, LabSpec, LabStatus};
 pub use ldm7_types::units::{self, ByteSize, LossPercent, Rate};
 pub use path::{Endpoint, Leg, PathError, PathInfo, PathService};

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ldm7_pq::{Capacity, InsertOutcome, Queue};
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
@@ -168,11 +168,12 @@ fn two_inserters_and_three_readers_see_every_product_once_in_order() {
 fn killing_an_inserter_mid_insert_never_damages_the_queue() {
     // Small enough that it evicts all the time, so kills also land mid-eviction.
     let (_directory, path) = new_queue(Capacity { bytes: 20_000_000, slots: 200 });
-    let started = Instant::now();
     let mut inserted_before = 0;
     for round in 0..50u32 {
         let mut inserter = spawn_child("endless-inserter", &path, round * 100_000);
         wait_for_line(&mut inserter, "started");
+        // The scenario, not synchronization: the kill lands at a different point of the insert
+        // stream each round.
         std::thread::sleep(Duration::from_micros(2_000 + u64::from(round * 7919 % 20_000)));
         inserter.kill().unwrap();
         inserter.wait().unwrap();
@@ -190,5 +191,4 @@ fn killing_an_inserter_mid_insert_never_damages_the_queue() {
         assert!(inserted > inserted_before, "round {round}: no progress");
         inserted_before = inserted;
     }
-    assert!(started.elapsed() < Duration::from_secs(120));
 }

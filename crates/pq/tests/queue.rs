@@ -129,6 +129,9 @@ fn follower_sees_products_in_order_and_waits_for_new_ones() {
     assert!(follower.next_owned(Some(Duration::from_millis(10))).unwrap().is_none());
     std::thread::scope(|scope| {
         scope.spawn(|| {
+            // The scenario, not synchronization: the insert most likely lands while the follower
+            // waits (the case under test); if it lands earlier, the follower finds it at once and
+            // the assertions hold all the same.
             std::thread::sleep(Duration::from_millis(30));
             queue.insert(&product("second", b"2"), b"2").unwrap();
         });

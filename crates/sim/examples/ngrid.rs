@@ -47,10 +47,10 @@ struct Args {
     memory: bool,
 }
 
+/// The one-hour NGRID trace of the shared data (`$LDM7_SHARED/data` or `../shared/data`); a
+/// missing one stops the benchmark with a message naming `LDM7_SHARED`.
 fn default_trace() -> PathBuf {
-    let shared = std::env::var_os("LDM7_SHARED")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"), PathBuf::from);
-    shared.join("data/traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt")
+    ldm7_testkit::shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt")
 }
 
 fn main() -> ExitCode {

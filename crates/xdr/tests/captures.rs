@@ -14,9 +14,7 @@ use ldm7_xdr::ldm::{
 use ldm7_xdr::rpc::{AcceptStat, RecordReader};
 
 fn captures() -> PathBuf {
-    std::env::var_os("LDM7_SHARED")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"), PathBuf::from)
-        .join("data/captures")
+    ldm7_testkit::shared_data("captures")
 }
 
 /// The byte streams of a transcript: per connection, (client→server, server→client).

@@ -9,8 +9,11 @@
 //!   command line names the lab's run directory, or that run inside the lab's namespaces;
 //! - `up` is idempotent: a lab that is up with the same spec is left alone; a stale or different
 //!   one is taken down first.
+//!
+//! The `ldm7 lab` subcommands (crates/cli) are thin: they parse flags and call [`up_with_progress`],
+//! [`down`] / [`down_spec`], [`status`] (printed through [`LabStatus`]'s `Display`) and [`exec`].
 
-pub mod cli;
+pub mod probe;
 pub mod spec;
 
 use std::path::{Path, PathBuf};
@@ -24,8 +27,7 @@ use crate::path::{Endpoint, Leg, PathError, PathInfo, PathService};
 use crate::tc::{self, HtbPlan, TcCounters};
 use ldm7_types::units::LossPercent;
 
-pub use cli::{LabCommand, run_lab};
-pub use spec::{FeedSpec, HostSpec, LabSpec, SpecError};
+pub use spec::{FeedProblem, FeedSpec, HostSpec, LabSpec, SpecError};
 
 /// Why a lab command failed. [`LabError::exit_code`] gives the CLI's exit status.
 #[derive(Debug, thiserror::Error)]
@@ -36,8 +38,8 @@ pub enum LabError {
          run it as root (e.g. with sudo)"
     )]
     NotRoot,
-    /// The spec or the arguments are wrong.
-    #[error(transparent)]
+    /// The spec or the lab name is wrong.
+    #[error("lab spec: {0}")]
     Spec(#[from] SpecError),
     /// A required program is missing.
     #[error("{program} is not installed; {hint}")]
@@ -47,9 +49,45 @@ pub enum LabError {
         /// How to install it.
         hint: &'static str,
     },
-    /// No such lab or host.
-    #[error("{0}")]
-    NotFound(String),
+    /// The lab has no state: it is not up.
+    #[error("lab {lab:?} is not up (no state)")]
+    NotUp {
+        /// The lab.
+        lab: String,
+    },
+    /// The lab has no such host.
+    #[error("lab {lab:?} has no host {host:?}; its hosts are {hosts:?}")]
+    NoSuchHost {
+        /// The lab.
+        lab: String,
+        /// The host asked for.
+        host: String,
+        /// The lab's hosts.
+        hosts: Vec<String>,
+    },
+    /// No lab is up (and none was named).
+    #[error("no lab is up; bring one up with `ldm7 lab up --spec LAB.toml`")]
+    NoLabUp,
+    /// Several labs are up and none was named.
+    #[error("several labs are up ({labs:?}); say which with --name")]
+    SeveralLabsUp {
+        /// The labs that are up.
+        labs: Vec<String>,
+    },
+    /// Namespaces of the lab's names exist without a state file.
+    #[error(
+        "namespaces named like lab {lab:?} exist but it has no state in {run_dir}; run `ldm7 lab down --spec …` \
+         first (it removes exactly the names this spec uses)"
+    )]
+    Unrecorded {
+        /// The lab.
+        lab: String,
+        /// Where its state would be.
+        run_dir: PathBuf,
+    },
+    /// `exec` was given no command.
+    #[error("exec needs a command after `--`, e.g. `ldm7 lab exec pub -- ip addr`")]
+    NoCommand,
     /// A system command failed.
     #[error(transparent)]
     Command(#[from] CommandError),
@@ -72,20 +110,24 @@ pub enum LabError {
         /// The first failure.
         source: Box<LabError>,
     },
-    /// The command run by `exec` exited with this status.
-    #[error("the command exited with status {0}")]
-    ExecStatus(i32),
 }
 
 impl LabError {
-    /// 1 for bad input (spec, arguments, not root, unknown lab or host), 2 for runtime failures,
-    /// and the command's own status for `exec`.
+    /// 1 for bad input (spec, arguments, not root, unknown lab or host, missing tool), 2 for
+    /// runtime failures.
     pub fn exit_code(&self) -> i32 {
         match self {
-            LabError::NotRoot | LabError::Spec(_) | LabError::NotFound(_) | LabError::MissingTool { .. } => 1,
+            LabError::NotRoot
+            | LabError::Spec(_)
+            | LabError::MissingTool { .. }
+            | LabError::NotUp { .. }
+            | LabError::NoSuchHost { .. }
+            | LabError::NoLabUp
+            | LabError::SeveralLabsUp { .. }
+            | LabError::Unrecorded { .. }
+            | LabError::NoCommand => 1,
             LabError::UpFailed { source, .. } => source.exit_code(),
-            LabError::ExecStatus(code) => *code,
-            _ => 2,
+            LabError::Command(_) | LabError::Path(_) | LabError::Io { .. } => 2,
         }
     }
 }
@@ -146,6 +188,16 @@ pub fn labs() -> Vec<String> {
     names
 }
 
+/// The one lab that is up, for commands that may omit `--name`.
+pub fn only_lab() -> Result<String, LabError> {
+    let mut labs = labs();
+    match labs.len() {
+        1 => Ok(labs.remove(0)),
+        0 => Err(LabError::NoLabUp),
+        _ => Err(LabError::SeveralLabsUp { labs }),
+    }
+}
+
 /// Fails with [`LabError::NotRoot`] unless the effective user is root.
 pub fn require_root() -> Result<(), LabError> {
     if nix::unistd::geteuid().is_root() { Ok(()) } else { Err(LabError::NotRoot) }
@@ -168,12 +220,7 @@ pub fn up_with_progress(spec: &LabSpec, spec_toml: &str, progress: &mut dyn FnMu
         progress("a stale or different lab of this name is up; taking it down first");
         down_state(&state)?;
     } else if spec.namespaces().iter().any(|n| netns::exists(n)) {
-        return Err(LabError::NotFound(format!(
-            "namespaces named like lab {:?} exist but it has no state in {}; run `ldm7 lab down --spec …` first \
-             (it removes exactly the names this spec uses)",
-            spec.name,
-            spec.run_dir().display()
-        )));
+        return Err(LabError::Unrecorded { lab: spec.name.clone(), run_dir: spec.run_dir() });
     }
     let mut state = LabState {
         name: spec.name.clone(),
@@ -237,7 +284,7 @@ pub fn down_spec(spec: &LabSpec) -> Result<bool, LabError> {
 }
 
 /// What `status` reports about one lab.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, serde::Serialize)]
 pub struct LabStatus {
     /// The lab.
     pub name: String,
@@ -247,13 +294,83 @@ pub struct LabStatus {
     pub namespaces: Vec<(String, bool)>,
     /// The paths (bridge and VDE).
     pub paths: Vec<PathInfo>,
-    /// Publisher counters per feed.
-    pub publishers: Vec<(String, Result<TcCounters, String>)>,
+    /// Publisher counters per feed (JSON: `{"Ok": counters}` or `{"Err": "message"}`).
+    #[serde(serialize_with = "serialize_publishers")]
+    pub publishers: Vec<(String, Result<TcCounters, CommandError>)>,
+}
+
+/// Lines as `ldm7 lab status` prints them: the lab, its namespaces, paths and tc counters.
+impl std::fmt::Display for LabStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "lab {}{}", self.name, if self.complete { "" } else { " (incomplete: run `ldm7 lab down`)" })?;
+        for (namespace, exists) in &self.namespaces {
+            writeln!(f, "  netns {namespace:<24} {}", if *exists { "present" } else { "MISSING" })?;
+        }
+        for path in &self.paths {
+            let legs: Vec<String> = path.legs.iter().map(ToString::to_string).collect();
+            writeln!(
+                f,
+                "  path {:<12} {:>14}  {}  legs: {}",
+                path.name,
+                path.rate.to_string(),
+                path.detail,
+                legs.join(", ")
+            )?;
+        }
+        for (feed, counters) in &self.publishers {
+            match counters {
+                Ok(counters) => {
+                    for class in &counters.classes {
+                        let role = match class.class_id.as_str() {
+                            tc::PATH_CLASS => "path",
+                            tc::MULTICAST_CLASS => "multicast",
+                            tc::RETX_CLASS => "retransmission",
+                            _ => "other",
+                        };
+                        writeln!(
+                            f,
+                            "  tc {feed:<12} {:<5} {role:<14} sent {} B {} pkt, dropped {}, overlimits {}, backlog {} B {} pkt",
+                            class.class_id,
+                            class.sent_bytes,
+                            class.sent_packets,
+                            class.dropped_packets,
+                            class.overlimits,
+                            class.backlog_bytes,
+                            class.backlog_packets
+                        )?;
+                    }
+                }
+                Err(error) => writeln!(f, "  tc {feed:<12} unreadable: {error}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The statuses as `ldm7 lab status --json` prints them (an array of objects).
+pub fn statuses_json(statuses: &[LabStatus]) -> String {
+    // Serializing plain data (strings, numbers, booleans) to a String cannot fail.
+    serde_json::to_string_pretty(statuses).unwrap_or_default()
+}
+
+/// Serializes the publishers' counters as serde serializes `Result<TcCounters, String>`, the
+/// error as its message.
+fn serialize_publishers<S: serde::Serializer>(
+    publishers: &[(String, Result<TcCounters, CommandError>)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = serializer.serialize_seq(Some(publishers.len()))?;
+    for (feed, counters) in publishers {
+        let counters: Result<&TcCounters, String> = counters.as_ref().map_err(ToString::to_string);
+        seq.serialize_element(&(feed, counters))?;
+    }
+    seq.end()
 }
 
 /// The status of lab `name`.
 pub fn status(name: &str) -> Result<LabStatus, LabError> {
-    let state = LabState::read(name).ok_or_else(|| LabError::NotFound(format!("lab {name:?} is not up (no state)")))?;
+    let state = LabState::read(name).ok_or_else(|| LabError::NotUp { lab: name.to_string() })?;
     let spec = LabSpec::from_toml_str(&state.spec_toml).ok();
     let namespaces = state.namespaces.iter().map(|n| (n.clone(), netns::exists(n))).collect();
     let mut paths = Vec::new();
@@ -264,9 +381,7 @@ pub fn status(name: &str) -> Result<LabStatus, LabError> {
         }
         paths.extend(VdePaths::new(spec.run_dir().join("vde")).list().unwrap_or_default());
         for feed in &spec.feeds {
-            let counters =
-                tc::read_counters(Some(&spec.netns_of(&feed.publisher)), &feed.name).map_err(|e| e.to_string());
-            publishers.push((feed.name.clone(), counters));
+            publishers.push((feed.name.clone(), tc::read_counters(Some(&spec.netns_of(&feed.publisher)), &feed.name)));
         }
     }
     Ok(LabStatus { name: name.to_string(), complete: state.complete, namespaces, paths, publishers })
@@ -274,7 +389,7 @@ pub fn status(name: &str) -> Result<LabStatus, LabError> {
 
 /// The spec lab `name` was brought up from.
 pub fn spec_of(name: &str) -> Result<LabSpec, LabError> {
-    let state = LabState::read(name).ok_or_else(|| LabError::NotFound(format!("lab {name:?} is not up (no state)")))?;
+    let state = LabState::read(name).ok_or_else(|| LabError::NotUp { lab: name.to_string() })?;
     Ok(LabSpec::from_toml_str(&state.spec_toml)?)
 }
 
@@ -283,12 +398,10 @@ pub fn exec(lab: &str, host: &str, command: &[String]) -> Result<i32, LabError> 
     require_root()?;
     let spec = spec_of(lab)?;
     if spec.host(host).is_none() {
-        let hosts: Vec<&str> = spec.hosts.iter().map(|h| h.name.as_str()).collect();
-        return Err(LabError::NotFound(format!("lab {lab:?} has no host {host:?}; its hosts are {hosts:?}")));
+        let hosts = spec.hosts.iter().map(|h| h.name.clone()).collect();
+        return Err(LabError::NoSuchHost { lab: lab.to_string(), host: host.to_string(), hosts });
     }
-    let (program, args) = command
-        .split_first()
-        .ok_or_else(|| SpecError("exec needs a command after `--`, e.g. `ldm7 lab exec pub -- ip addr`".into()))?;
+    let (program, args) = command.split_first().ok_or(LabError::NoCommand)?;
     Ok(Cmd::new(program).netns(Some(&spec.netns_of(host))).args(args.iter().cloned()).run_interactive()?)
 }
 
@@ -437,5 +550,69 @@ fn remove_run_dir(dir: &Path) -> Result<(), LabError> {
         Ok(()) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(LabError::Io { what: format!("removing {}", dir.display()), source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tc::ClassCounters;
+
+    fn status() -> LabStatus {
+        let counters = TcCounters {
+            classes: vec![ClassCounters {
+                class_id: tc::MULTICAST_CLASS.into(),
+                sent_bytes: 1490,
+                sent_packets: 1,
+                ..Default::default()
+            }],
+        };
+        let unreadable = CommandError::Failed {
+            command: "tc -s class show dev conduit".into(),
+            status: "exit status: 1".into(),
+            stderr: "Cannot find device \"conduit\"".into(),
+        };
+        LabStatus {
+            name: "t1".into(),
+            complete: true,
+            namespaces: vec![("t1-pub".into(), true), ("t1-sub".into(), false)],
+            paths: Vec::new(),
+            publishers: vec![("ngrid".into(), Ok(counters)), ("conduit".into(), Err(unreadable))],
+        }
+    }
+
+    #[test]
+    fn status_json_keeps_counters_or_the_error_text() {
+        let json: serde_json::Value = serde_json::from_str(&statuses_json(&[status()])).unwrap();
+        let publishers = &json[0]["publishers"];
+        assert_eq!(publishers[0][0], "ngrid");
+        assert_eq!(publishers[0][1]["Ok"]["classes"][0]["sent_bytes"], 1490);
+        assert_eq!(publishers[1][0], "conduit");
+        let error = publishers[1][1]["Err"].as_str().unwrap();
+        assert!(error.starts_with("`tc -s class show dev conduit` failed"), "{error}");
+    }
+
+    #[test]
+    fn status_text_has_a_line_per_namespace_and_class() {
+        let text = status().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "lab t1");
+        assert!(lines[1].contains("t1-pub") && lines[1].ends_with("present"), "{text}");
+        assert!(lines[2].ends_with("MISSING"), "{text}");
+        assert!(lines[3].contains("1:10  multicast") && lines[3].contains("sent 1490 B 1 pkt"), "{text}");
+        assert!(lines[4].contains("conduit") && lines[4].contains("unreadable: `tc -s class show"), "{text}");
+    }
+
+    #[test]
+    fn input_errors_exit_1_and_failures_2() {
+        assert_eq!(LabError::NoLabUp.exit_code(), 1);
+        assert_eq!(LabError::SeveralLabsUp { labs: vec!["a".into(), "b".into()] }.exit_code(), 1);
+        let spec = LabError::from(spec::check_lab_name("Bad").unwrap_err());
+        assert_eq!(spec.exit_code(), 1);
+        assert!(spec.to_string().starts_with("lab spec: lab name \"Bad\""), "{spec}");
+        let io = LabError::Io { what: "writing x".into(), source: std::io::Error::other("disk full") };
+        assert_eq!(io.exit_code(), 2);
+        let up_failed = LabError::UpFailed { lab: "t1".into(), source: Box::new(io) };
+        assert_eq!(up_failed.exit_code(), 2);
     }
 }

@@ -25,11 +25,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::hostcfg::Ipv4Cidr;
-use ldm7_types::units::{ByteSize, LossPercent, Rate, parse_delay};
+use crate::hostcfg::{CidrError, Ipv4Cidr};
+use ldm7_types::units::{ByteSize, LossPercent, QuantityError, Rate, parse_delay};
 
 /// Where every lab keeps its run directory.
 pub const LAB_RUN_BASE: &str = "/run/ldm7-lab";
@@ -40,10 +40,180 @@ pub const MAX_FEEDS: usize = 16;
 /// The host name reserved for the namespace holding the bridges.
 pub const CORE_HOST: &str = "core";
 
-/// A spec that cannot be used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("lab spec: {0}")]
-pub struct SpecError(pub String);
+/// A spec that cannot be used, and why. Displayed after `lab spec: ` by [`super::LabError`].
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The spec file cannot be read.
+    #[error("cannot read {path}: {source}; pass --spec with a lab TOML file")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A problem in a spec file.
+    #[error("{path}: {source}")]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// The problem.
+        source: Box<SpecError>,
+    },
+    /// Not TOML, or TOML with unknown or missing fields.
+    #[error("not valid TOML for a lab: {0}")]
+    Toml(#[source] toml::de::Error),
+    /// A lab, host or feed name that cannot name namespaces and interfaces.
+    #[error(
+        "{what} {name:?} must be 1–{max_len} lowercase letters or digits{}",
+        if *.letter_first { ", starting with a letter" } else { "" }
+    )]
+    BadName {
+        /// Which name (`lab name`, `host name`, `feed name`).
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// The longest name allowed.
+        max_len: usize,
+        /// Whether it must start with a letter.
+        letter_first: bool,
+    },
+    /// Too few or too many hosts.
+    #[error("a lab needs 1 to {MAX_HOSTS} [[hosts]]; this one has {count}")]
+    HostCount {
+        /// How many the spec has.
+        count: usize,
+    },
+    /// Too many feeds.
+    #[error("a lab has at most {MAX_FEEDS} [[feeds]]; this one has {count}")]
+    FeedCount {
+        /// How many the spec has.
+        count: usize,
+    },
+    /// A host named like the bridges' namespace.
+    #[error("host name {CORE_HOST:?} is reserved for the namespace of the bridges; rename the host")]
+    ReservedHost,
+    /// A host listed twice.
+    #[error("host {host:?} is listed twice")]
+    DuplicateHost {
+        /// The host.
+        host: String,
+    },
+    /// A host's loss is not a percentage.
+    #[error("host {host:?}: {source}")]
+    HostLoss {
+        /// The host.
+        host: String,
+        /// Why the loss is refused.
+        source: QuantityError,
+    },
+    /// A feed named `lo`.
+    #[error("feed name \"lo\" is the loopback interface of every host; choose another")]
+    LoopbackFeed,
+    /// A feed listed twice.
+    #[error("feed {feed:?} is listed twice")]
+    DuplicateFeed {
+        /// The feed.
+        feed: String,
+    },
+    /// Two feeds with overlapping subnets.
+    #[error("feed {feed:?}: subnet {subnet} overlaps feed {other:?}'s {other_subnet}; give each feed its own subnet")]
+    SubnetOverlap {
+        /// The feed.
+        feed: String,
+        /// Its subnet.
+        subnet: Ipv4Cidr,
+        /// The feed it overlaps.
+        other: String,
+        /// That feed's subnet.
+        other_subnet: Ipv4Cidr,
+    },
+    /// A problem in one feed.
+    #[error("feed {feed:?}: {problem}")]
+    Feed {
+        /// The feed.
+        feed: String,
+        /// What is wrong with it.
+        problem: FeedProblem,
+    },
+}
+
+/// What is wrong with one `[[feeds]]` entry.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FeedProblem {
+    /// The publisher is not a host of the lab.
+    #[error("publisher {host:?} is not one of the [[hosts]]")]
+    UnknownPublisher {
+        /// The host named.
+        host: String,
+    },
+    /// A subscriber is not a host of the lab.
+    #[error("subscriber {host:?} is not one of the [[hosts]]")]
+    UnknownSubscriber {
+        /// The host named.
+        host: String,
+    },
+    /// A member listed twice.
+    #[error("{host:?} is listed twice (or is also the publisher)")]
+    DuplicateMember {
+        /// The host.
+        host: String,
+    },
+    /// The rate is not a rate.
+    #[error("rate: {0}")]
+    Rate(#[source] QuantityError),
+    /// The buffer is not a size.
+    #[error("buffer: {0}")]
+    Buffer(#[source] QuantityError),
+    /// The buffer exceeds what BFIFO takes.
+    #[error("buffer {buffer} is larger than BFIFO's limit of 4294967295 bytes; give a smaller buffer")]
+    BufferTooLarge {
+        /// The buffer given.
+        buffer: ByteSize,
+    },
+    /// The subnet is not a prefix.
+    #[error("subnet: {0}")]
+    Subnet(#[source] CidrError),
+    /// The subnet cannot number the members.
+    #[error("subnet {subnet} cannot hold {members} hosts plus network and broadcast addresses; give a larger subnet")]
+    SubnetTooSmall {
+        /// The subnet.
+        subnet: Ipv4Cidr,
+        /// The feed's members.
+        members: usize,
+    },
+    /// The multicast group is not an address.
+    #[error("multicast_group {text:?} is not an IPv4 address")]
+    GroupNotAnAddress {
+        /// The text given.
+        text: String,
+    },
+    /// The multicast group is not a multicast address.
+    #[error("multicast_group {group} is not in 224.0.0.0/4")]
+    GroupNotMulticast {
+        /// The address given.
+        group: Ipv4Addr,
+    },
+    /// The retransmission share is out of range.
+    #[error("retx_share {share} must be between 0.01 and 0.99")]
+    RetxShare {
+        /// The share given.
+        share: f64,
+    },
+    /// A delay for a host that is not a member.
+    #[error("delay is given for {host:?}, which is not a member of this feed")]
+    DelayForNonMember {
+        /// The host.
+        host: String,
+    },
+    /// A delay that is not a duration.
+    #[error("delay of {host:?}: {source}")]
+    Delay {
+        /// The host.
+        host: String,
+        /// Why the delay is refused.
+        source: QuantityError,
+    },
+}
 
 /// A validated lab.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -119,15 +289,23 @@ impl FeedSpec {
 impl LabSpec {
     /// Parses and validates TOML text.
     pub fn from_toml_str(text: &str) -> Result<LabSpec, SpecError> {
-        let raw: RawLab = toml::from_str(text).map_err(|e| SpecError(format!("not valid TOML for a lab: {e}")))?;
+        let raw: RawLab = toml::from_str(text).map_err(SpecError::Toml)?;
         raw.validate()
     }
 
     /// Reads, parses and validates a spec file.
-    pub fn from_file(path: &std::path::Path) -> Result<LabSpec, SpecError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| SpecError(format!("cannot read {}: {e}; pass --spec with a lab TOML file", path.display())))?;
-        LabSpec::from_toml_str(&text).map_err(|SpecError(message)| SpecError(format!("{}: {message}", path.display())))
+    pub fn from_file(path: &Path) -> Result<LabSpec, SpecError> {
+        LabSpec::read_file(path).map(|(spec, _text)| spec)
+    }
+
+    /// Reads, parses and validates a spec file; returns the spec and the file's text (which `up`
+    /// records in the lab's state).
+    pub fn read_file(path: &Path) -> Result<(LabSpec, String), SpecError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SpecError::Read { path: path.to_path_buf(), source })?;
+        let spec = LabSpec::from_toml_str(&text)
+            .map_err(|problem| SpecError::InFile { path: path.to_path_buf(), source: Box::new(problem) })?;
+        Ok((spec, text))
     }
 
     /// The namespace of host `host`.
@@ -259,44 +437,38 @@ impl RawLab {
     fn validate(self) -> Result<LabSpec, SpecError> {
         check_lab_name(&self.name)?;
         if self.hosts.is_empty() || self.hosts.len() > MAX_HOSTS {
-            return Err(SpecError(format!(
-                "a lab needs 1 to {MAX_HOSTS} [[hosts]]; this one has {}",
-                self.hosts.len()
-            )));
+            return Err(SpecError::HostCount { count: self.hosts.len() });
         }
         if self.feeds.len() > MAX_FEEDS {
-            return Err(SpecError(format!(
-                "a lab has at most {MAX_FEEDS} [[feeds]]; this one has {}",
-                self.feeds.len()
-            )));
+            return Err(SpecError::FeedCount { count: self.feeds.len() });
         }
         let mut hosts = Vec::new();
         let mut host_names = BTreeSet::new();
         for raw in self.hosts {
             check_name("host name", &raw.name, 15, false)?;
             if raw.name == CORE_HOST {
-                return Err(SpecError(format!(
-                    "host name {CORE_HOST:?} is reserved for the namespace of the bridges; rename the host"
-                )));
+                return Err(SpecError::ReservedHost);
             }
             if !host_names.insert(raw.name.clone()) {
-                return Err(SpecError(format!("host {:?} is listed twice", raw.name)));
+                return Err(SpecError::DuplicateHost { host: raw.name });
             }
-            let loss =
-                LossPercent::new(raw.loss_percent).map_err(|e| SpecError(format!("host {:?}: {e}", raw.name)))?;
+            let loss = LossPercent::new(raw.loss_percent)
+                .map_err(|source| SpecError::HostLoss { host: raw.name.clone(), source })?;
             hosts.push(HostSpec { name: raw.name, loss });
         }
         let mut feeds: Vec<FeedSpec> = Vec::new();
         for (index, raw) in self.feeds.into_iter().enumerate() {
             let feed = raw.validate(index, &host_names)?;
             if feeds.iter().any(|f| f.name == feed.name) {
-                return Err(SpecError(format!("feed {:?} is listed twice", feed.name)));
+                return Err(SpecError::DuplicateFeed { feed: feed.name });
             }
             if let Some(other) = feeds.iter().find(|f| overlaps(f.subnet, feed.subnet)) {
-                return Err(SpecError(format!(
-                    "feed {:?}: subnet {} overlaps feed {:?}'s {}; give each feed its own subnet",
-                    feed.name, feed.subnet, other.name, other.subnet
-                )));
+                return Err(SpecError::SubnetOverlap {
+                    feed: feed.name,
+                    subnet: feed.subnet,
+                    other: other.name.clone(),
+                    other_subnet: other.subnet,
+                });
             }
             feeds.push(feed);
         }
@@ -309,58 +481,56 @@ impl RawFeed {
         let name = self.name;
         check_name("feed name", &name, 11, true)?;
         if name == "lo" {
-            return Err(SpecError("feed name \"lo\" is the loopback interface of every host; choose another".into()));
+            return Err(SpecError::LoopbackFeed);
         }
-        let context = |message: String| SpecError(format!("feed {name:?}: {message}"));
+        let problem = |problem: FeedProblem| SpecError::Feed { feed: name.clone(), problem };
         if !hosts.contains(&self.publisher) {
-            return Err(context(format!("publisher {:?} is not one of the [[hosts]]", self.publisher)));
+            return Err(problem(FeedProblem::UnknownPublisher { host: self.publisher }));
         }
         let mut seen = BTreeSet::from([self.publisher.clone()]);
         for subscriber in &self.subscribers {
             if !hosts.contains(subscriber) {
-                return Err(context(format!("subscriber {subscriber:?} is not one of the [[hosts]]")));
+                return Err(problem(FeedProblem::UnknownSubscriber { host: subscriber.clone() }));
             }
             if !seen.insert(subscriber.clone()) {
-                return Err(context(format!("{subscriber:?} is listed twice (or is also the publisher)")));
+                return Err(problem(FeedProblem::DuplicateMember { host: subscriber.clone() }));
             }
         }
-        let rate: Rate = self.rate.text().parse().map_err(|e| context(format!("rate: {e}")))?;
+        let rate: Rate = self.rate.text().parse().map_err(|e| problem(FeedProblem::Rate(e)))?;
         let buffer: ByteSize = match self.buffer {
-            Some(raw) => raw.text().parse().map_err(|e| context(format!("buffer: {e}")))?,
+            Some(raw) => raw.text().parse().map_err(|e| problem(FeedProblem::Buffer(e)))?,
             None => ByteSize::from_bytes(600_000_000),
         };
         if buffer.bytes() > u64::from(u32::MAX) {
-            return Err(context(format!("buffer {buffer} is larger than BFIFO's limit of 4294967295 bytes")));
+            return Err(problem(FeedProblem::BufferTooLarge { buffer }));
         }
         let subnet: Ipv4Cidr = match &self.subnet {
-            Some(text) => text.parse().map_err(|e| context(format!("subnet: {e}")))?,
+            Some(text) => text.parse().map_err(|e| problem(FeedProblem::Subnet(e)))?,
             None => Ipv4Cidr { address: Ipv4Addr::new(10, 77, index as u8 + 1, 0), prefix_len: 24 },
         };
         let members = 1 + self.subscribers.len();
         if subnet.prefix_len > 30 || subnet.nth(members as u32 + 1).is_none() {
-            return Err(context(format!(
-                "subnet {subnet} cannot hold {members} hosts plus network and broadcast addresses"
-            )));
+            return Err(problem(FeedProblem::SubnetTooSmall { subnet, members }));
         }
         let multicast_group: Ipv4Addr = match &self.multicast_group {
-            Some(text) => {
-                text.parse().map_err(|_| context(format!("multicast_group {text:?} is not an IPv4 address")))?
-            }
+            Some(text) => text.parse().map_err(|_| problem(FeedProblem::GroupNotAnAddress { text: text.clone() }))?,
             None => Ipv4Addr::new(239, 77, index as u8 + 1, 1),
         };
         if !multicast_group.is_multicast() {
-            return Err(context(format!("multicast_group {multicast_group} is not in 224.0.0.0/4")));
+            return Err(problem(FeedProblem::GroupNotMulticast { group: multicast_group }));
         }
         let retx_share = self.retx_share.unwrap_or(0.5);
         if !(0.01..=0.99).contains(&retx_share) {
-            return Err(context(format!("retx_share {retx_share} must be between 0.01 and 0.99")));
+            return Err(problem(FeedProblem::RetxShare { share: retx_share }));
         }
         let mut delay = BTreeMap::new();
         for (host, text) in self.delay {
             if !seen.contains(&host) {
-                return Err(context(format!("delay is given for {host:?}, which is not a member of this feed")));
+                return Err(problem(FeedProblem::DelayForNonMember { host }));
             }
-            delay.insert(host.clone(), parse_delay(&text).map_err(|e| context(format!("delay of {host:?}: {e}")))?);
+            let one_way =
+                parse_delay(&text).map_err(|source| problem(FeedProblem::Delay { host: host.clone(), source }))?;
+            delay.insert(host, one_way);
         }
         Ok(FeedSpec {
             name,
@@ -378,17 +548,12 @@ impl RawFeed {
     }
 }
 
-fn check_name(what: &str, name: &str, max_len: usize, letter_first: bool) -> Result<(), SpecError> {
+fn check_name(what: &'static str, name: &str, max_len: usize, letter_first: bool) -> Result<(), SpecError> {
     let valid = !name.is_empty()
         && name.len() <= max_len
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
         && (!letter_first || name.starts_with(|c: char| c.is_ascii_lowercase()));
-    if valid {
-        Ok(())
-    } else {
-        let first = if letter_first { ", starting with a letter" } else { "" };
-        Err(SpecError(format!("{what} {name:?} must be 1–{max_len} lowercase letters or digits{first}")))
-    }
+    if valid { Ok(()) } else { Err(SpecError::BadName { what, name: name.to_string(), max_len, letter_first }) }
 }
 
 fn overlaps(a: Ipv4Cidr, b: Ipv4Cidr) -> bool {
@@ -472,5 +637,21 @@ delay = { pub = "20ms" }
         );
         assert!(error_of(|s| format!("{s}\nbogus = 1\n")).contains("unknown field"));
         assert!(error_of(|s| s.replace("name = \"conduit\"", "name = \"conduitfeed12\"")).contains("feed name"));
+    }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let missing = LabSpec::read_file(Path::new("/no/such/lab.toml")).unwrap_err().to_string();
+        assert!(missing.starts_with("cannot read /no/such/lab.toml: "), "{missing}");
+        assert!(missing.ends_with("pass --spec with a lab TOML file"), "{missing}");
+        let directory = std::env::temp_dir().join(format!("ldm7-spec-test-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let file = directory.join("lab.toml");
+        std::fs::write(&file, SPEC.replace("\"40 Mbit/s\"", "\"fast\"")).unwrap();
+        let error = LabSpec::read_file(&file).unwrap_err();
+        std::fs::remove_dir_all(&directory).unwrap();
+        assert!(matches!(&error, SpecError::InFile { source, .. } if matches!(**source, SpecError::Feed { .. })));
+        let text = error.to_string();
+        assert!(text.starts_with(&format!("{}: feed \"ngrid\": rate: ", file.display())), "{text}");
     }
 }

@@ -11,6 +11,8 @@ use crate::command::Cmd;
 use ldm7_types::units::Rate;
 
 const ALIAS_PREFIX: &str = "ldm7 path rate=";
+/// Longest path name: the bridge `br-NAME` must fit Linux's 15-byte interface names.
+const NAME_LEN_MAX: usize = 12;
 
 /// Bridges in one network namespace (`None` = the current one).
 #[derive(Debug, Clone)]
@@ -46,9 +48,7 @@ impl BridgePaths {
             .and_then(|alias| alias.strip_prefix(ALIAS_PREFIX))
             .and_then(|bits| bits.parse().ok())
             .map(Rate::from_bits_per_s)
-            .ok_or_else(|| {
-                PathError::Invalid(format!("bridge {} was not made by ldm7; not touching it", Self::bridge_name(name)))
-            })
+            .ok_or_else(|| PathError::NotOurs { bridge: Self::bridge_name(name) })
     }
 
     fn ports(&self, name: &str) -> Result<Vec<String>, PathError> {
@@ -64,10 +64,8 @@ impl PathService for BridgePaths {
     }
 
     fn create_path(&mut self, name: &str, rate: Rate) -> Result<(), PathError> {
-        if name.len() > 12 || name.is_empty() {
-            return Err(PathError::Invalid(format!(
-                "path name {name:?} must be 1–12 characters (bridge br-NAME ≤ 15)"
-            )));
+        if name.len() > NAME_LEN_MAX || name.is_empty() {
+            return Err(PathError::BadName { name: name.to_string(), max_len: NAME_LEN_MAX });
         }
         let bridge = Self::bridge_name(name);
         if self.ip().args(["link", "show", "dev", &bridge]).run().is_ok() {
@@ -83,10 +81,7 @@ impl PathService for BridgePaths {
 
     fn add_leg(&mut self, name: &str, leg: &Leg) -> Result<(), PathError> {
         if leg.is_impaired() {
-            return Err(PathError::Invalid(format!(
-                "the linux-bridge driver cannot delay or drop on leg {}; use the vde driver (per-host loss is iptables)",
-                leg.endpoint
-            )));
+            return Err(PathError::ImpairmentUnsupported { driver: self.driver(), endpoint: leg.endpoint.clone() });
         }
         self.rate_of(name)?;
         let port = &leg.endpoint.interface;

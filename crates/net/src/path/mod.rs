@@ -14,6 +14,7 @@ pub mod oess;
 pub mod static_paths;
 pub mod vde;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::command::CommandError;
@@ -107,13 +108,103 @@ pub enum PathError {
         /// The endpoint.
         endpoint: Endpoint,
     },
-    /// The request is not valid for this driver.
-    #[error("{0}")]
-    Invalid(String),
+    /// The driver cannot impair a leg (only `vde` emulates delay and loss).
+    #[error(
+        "the {driver} driver cannot give leg {endpoint} delay or loss; use the vde driver for emulated \
+         impairments (in the lab, per-host loss is an iptables rule)"
+    )]
+    ImpairmentUnsupported {
+        /// The driver.
+        driver: &'static str,
+        /// The leg's endpoint.
+        endpoint: Endpoint,
+    },
+    /// The path name does not fit the driver's device names.
+    #[error(
+        "path name {name:?} must be 1–{max_len} characters (the bridge is br-NAME, at most 15); choose a shorter one"
+    )]
+    BadName {
+        /// The name given.
+        name: String,
+        /// The longest name the driver accepts.
+        max_len: usize,
+    },
+    /// A bridge of that name exists but ldm7 did not make it.
+    #[error("bridge {bridge} was not made by ldm7 (its alias is not `ldm7 path rate=…`); not touching it")]
+    NotOurs {
+        /// The bridge device.
+        bridge: String,
+    },
+    /// A static path that was never provisioned.
+    #[error("static path {name:?} is not provisioned; provisioned paths: {provisioned:?}")]
+    NotProvisioned {
+        /// The path asked for.
+        name: String,
+        /// The provisioned paths.
+        provisioned: Vec<String>,
+    },
+    /// More rate than a static path was provisioned with.
+    #[error(
+        "static path {name:?} is provisioned at {provisioned}; {requested} cannot be had without re-provisioning it"
+    )]
+    AboveProvisionedRate {
+        /// The path.
+        name: String,
+        /// Its provisioned rate.
+        provisioned: Rate,
+        /// The rate asked for.
+        requested: Rate,
+    },
+    /// A static path does not reach the endpoint.
+    #[error("static path {name:?} does not reach {endpoint}; it reaches {reaches:?}")]
+    NotReached {
+        /// The path.
+        name: String,
+        /// The endpoint asked for.
+        endpoint: Endpoint,
+        /// The endpoints it reaches.
+        reaches: Vec<String>,
+    },
+    /// Every port of a VDE switch is in use.
+    #[error("the switch of path {name:?} has no free port (it has {ports}); remove a leg first")]
+    NoFreePort {
+        /// The path.
+        name: String,
+        /// Its number of ports.
+        ports: u32,
+    },
+    /// A path's `vde_switch` did not come up.
+    #[error("vde_switch for path {name:?} did not start; see {log}")]
+    SwitchDidNotStart {
+        /// The path.
+        name: String,
+        /// Its log file.
+        log: PathBuf,
+    },
+    /// A leg's `wirefilter` did not attach to the switch.
+    #[error("wirefilter for leg {endpoint} of path {name:?} did not attach to the switch; see {log}")]
+    LegDidNotAttach {
+        /// The path.
+        name: String,
+        /// The leg's endpoint.
+        endpoint: Endpoint,
+        /// The wirefilter's log file.
+        log: PathBuf,
+    },
+    /// A VDE management command was refused.
+    #[error("VDE `{command}` on {socket}: {source}")]
+    Vde {
+        /// The command sent.
+        command: String,
+        /// The management socket.
+        socket: PathBuf,
+        /// What VDE answered.
+        source: vde::MgmtReplyError,
+    },
     /// A system command failed.
     #[error(transparent)]
     Command(#[from] CommandError),
-    /// Talking to a management socket failed.
+    /// Talking to a management socket or writing a run file failed.
     #[error("{what}: {source}")]
     Io {
         /// What was being done.
@@ -123,7 +214,7 @@ pub enum PathError {
     },
     /// The OESS web service refused or failed.
     #[error("OESS: {0}")]
-    Oess(String),
+    Oess(#[from] oess::OessError),
 }
 
 /// A provider of multipoint layer-2 paths, one per feed.

@@ -154,33 +154,96 @@ pub fn get_request(workgroup_id: u64, circuit_id: u64) -> OessRequest {
     }
 }
 
-/// The circuit id from a provision response, or OESS's error text.
-pub fn parse_provision_response(body: &str) -> Result<u64, String> {
+/// Why talking to OESS failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OessError {
+    /// The answer is not JSON (a login page, a proxy error …).
+    #[error(
+        "OESS answered something that is not JSON ({source}): {body_start}; check that base_url names the \
+         OESS services directory"
+    )]
+    NotJson {
+        /// The first 200 characters of the answer.
+        body_start: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// OESS refused the request (`"error": 1`).
+    #[error("{error_text}")]
+    Refused {
+        /// OESS's `error_text`.
+        error_text: String,
+    },
+    /// The answer lacks what the request must return.
+    #[error("the {method} answer lacks {missing}: {body_start}; is base_url an OESS services directory?")]
+    Incomplete {
+        /// The request method.
+        method: &'static str,
+        /// What is missing.
+        missing: &'static str,
+        /// The first 200 characters of the answer.
+        body_start: String,
+    },
+    /// The web server answered with an HTTP error status.
+    #[error("{url} answered HTTP {status}: {body_start}; check base_url, credentials and workgroup")]
+    Http {
+        /// Where the request went.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The first 300 characters of the answer.
+        body_start: String,
+    },
+    /// No answer at all.
+    #[error("cannot reach {url}: {source}; check base_url and that the host is reachable")]
+    Unreachable {
+        /// Where the request went.
+        url: String,
+        /// The transport error.
+        source: Box<ureq::Transport>,
+    },
+    /// The answer could not be read.
+    #[error("reading the answer of {url}: {source}")]
+    Read {
+        /// Where the request went.
+        url: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// The circuit id from a provision response, or why there is none.
+pub fn parse_provision_response(body: &str) -> Result<u64, OessError> {
     let value = parse_response(body)?;
     let results = &value["results"];
     let ok = truthy(&value["success"]) || truthy(&value["status"]) || truthy(&results["success"]);
     let id = number(&value["circuit_id"]).or_else(|| number(&results["circuit_id"]));
     match (ok, id) {
         (true, Some(id)) => Ok(id),
-        _ => Err(format!("provision response without success and circuit_id: {body}")),
+        _ => Err(OessError::Incomplete {
+            method: "provision",
+            missing: "success and circuit_id",
+            body_start: start(body, 200),
+        }),
     }
 }
 
-/// Success of a remove response, or OESS's error text.
-pub fn parse_remove_response(body: &str) -> Result<(), String> {
+/// Success of a remove response, or why not.
+pub fn parse_remove_response(body: &str) -> Result<(), OessError> {
     let value = parse_response(body)?;
     if truthy(&value["status"]) || truthy(&value["success"]) || truthy(&value["results"]["success"]) {
         Ok(())
     } else {
-        Err(format!("remove response without success: {body}"))
+        Err(OessError::Incomplete { method: "remove", missing: "status or success", body_start: start(body, 200) })
     }
 }
 
 /// The endpoints of the circuit in a `get` response.
-pub fn parse_get_response(body: &str) -> Result<Vec<CircuitEndpoint>, String> {
+pub fn parse_get_response(body: &str) -> Result<Vec<CircuitEndpoint>, OessError> {
     let value = parse_response(body)?;
-    let circuit = value["results"].get(0).ok_or_else(|| format!("get response has no circuit: {body}"))?;
-    let endpoints = circuit["endpoints"].as_array().ok_or_else(|| format!("circuit has no endpoints: {body}"))?;
+    let incomplete = |missing| OessError::Incomplete { method: "get", missing, body_start: start(body, 200) };
+    let circuit = value["results"].get(0).ok_or_else(|| incomplete("a circuit in results"))?;
+    let endpoints = circuit["endpoints"].as_array().ok_or_else(|| incomplete("the circuit's endpoints"))?;
     Ok(endpoints
         .iter()
         .map(|ep| CircuitEndpoint {
@@ -219,7 +282,7 @@ impl OessPaths {
     /// Takes over existing circuit `circuit_id` as the path of feed `name` (reads its endpoints).
     pub fn adopt(&mut self, name: &str, rate: Rate, circuit_id: u64) -> Result<(), PathError> {
         let body = self.call(&get_request(self.config.workgroup_id, circuit_id))?;
-        let endpoints = parse_get_response(&body).map_err(PathError::Oess)?;
+        let endpoints = parse_get_response(&body)?;
         self.paths.insert(name.to_string(), OessPath { rate, circuit_id: Some(circuit_id), endpoints });
         Ok(())
     }
@@ -234,16 +297,17 @@ impl OessPaths {
         let fields: Vec<(&str, &str)> = request.fields.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let credentials = base64(format!("{}:{}", self.config.username, self.config.password).as_bytes());
         let response = self.agent.post(&url).set("Authorization", &format!("Basic {credentials}")).send_form(&fields);
-        match response {
-            Ok(response) => {
-                response.into_string().map_err(|e| PathError::Oess(format!("reading the answer of {url}: {e}")))
+        let body = match response {
+            Ok(response) => response.into_string().map_err(|source| OessError::Read { url: url.clone(), source })?,
+            Err(ureq::Error::Status(status, response)) => {
+                let body_start = start(&response.into_string().unwrap_or_default(), 300);
+                return Err(OessError::Http { url, status, body_start }.into());
             }
-            Err(ureq::Error::Status(code, response)) => Err(PathError::Oess(format!(
-                "{url} answered HTTP {code}: {}; check base_url, credentials and workgroup",
-                response.into_string().unwrap_or_default().chars().take(300).collect::<String>()
-            ))),
-            Err(error) => Err(PathError::Oess(format!("cannot reach {url}: {error}"))),
-        }
+            Err(ureq::Error::Transport(transport)) => {
+                return Err(OessError::Unreachable { url, source: Box::new(transport) }.into());
+            }
+        };
+        Ok(body)
     }
 
     /// Provisions, edits or removes the circuit so that it matches the path's legs.
@@ -254,7 +318,7 @@ impl OessPaths {
         if path.endpoints.len() < 2 {
             if let Some(circuit_id) = path.circuit_id {
                 let body = self.call(&remove_request(self.config.api, workgroup_id, circuit_id))?;
-                parse_remove_response(&body).map_err(PathError::Oess)?;
+                parse_remove_response(&body)?;
                 if let Some(p) = self.paths.get_mut(name) {
                     p.circuit_id = None;
                     p.endpoints.iter_mut().for_each(|e| e.circuit_ep_id = None);
@@ -265,10 +329,10 @@ impl OessPaths {
         let request =
             provision_request(self.config.api, workgroup_id, &description, path.circuit_id, &path.endpoints, path.rate);
         let body = self.call(&request)?;
-        let circuit_id = parse_provision_response(&body).map_err(PathError::Oess)?;
+        let circuit_id = parse_provision_response(&body)?;
         let endpoints = if self.config.api == OessApi::Circuit {
             let body = self.call(&get_request(workgroup_id, circuit_id))?;
-            parse_get_response(&body).map_err(PathError::Oess)?
+            parse_get_response(&body)?
         } else {
             path.endpoints.clone()
         };
@@ -298,7 +362,7 @@ impl PathService for OessPaths {
 
     fn add_leg(&mut self, name: &str, leg: &Leg) -> Result<(), PathError> {
         if leg.is_impaired() {
-            return Err(PathError::Invalid("OESS circuits cannot be given delay or loss".into()));
+            return Err(PathError::ImpairmentUnsupported { driver: self.driver(), endpoint: leg.endpoint.clone() });
         }
         let path = self.paths.get_mut(name).ok_or_else(|| PathError::NoSuchPath(name.to_string()))?;
         if path.endpoints.iter().any(|e| same_endpoint(&e.endpoint, &leg.endpoint)) {
@@ -379,13 +443,19 @@ fn field(key: &str, value: &str) -> (String, String) {
     (key.to_string(), value.to_string())
 }
 
-fn parse_response(body: &str) -> Result<serde_json::Value, String> {
-    let value: serde_json::Value = serde_json::from_str(body)
-        .map_err(|e| format!("OESS answered something that is not JSON ({e}): {body:.200}"))?;
+fn parse_response(body: &str) -> Result<serde_json::Value, OessError> {
+    let value: serde_json::Value =
+        serde_json::from_str(body).map_err(|source| OessError::NotJson { body_start: start(body, 200), source })?;
     if truthy(&value["error"]) {
-        return Err(value["error_text"].as_str().unwrap_or("OESS reported an error without error_text").to_string());
+        let error_text = value["error_text"].as_str().unwrap_or("OESS reported an error without error_text");
+        return Err(OessError::Refused { error_text: error_text.to_string() });
     }
     Ok(value)
+}
+
+/// The first `chars` characters of `text`, for messages.
+fn start(text: &str, chars: usize) -> String {
+    text.chars().take(chars).collect()
 }
 
 /// OESS booleans are 0/1 as numbers or strings.
@@ -510,16 +580,19 @@ mod tests {
 
     #[test]
     fn responses_parse_including_errors() {
-        assert_eq!(parse_provision_response(r#"{"success":1,"circuit_id":123}"#), Ok(123));
-        assert_eq!(parse_provision_response(r#"{"results":{"success":1,"circuit_id":"4567"}}"#), Ok(4567));
-        assert_eq!(
-            parse_provision_response(
-                r#"{"error_text":"Couldn't create Circuit: Circuit requires at least two Endpoints.","error":1,"results":null}"#
-            ),
-            Err("Couldn't create Circuit: Circuit requires at least two Endpoints.".to_string())
+        assert_eq!(parse_provision_response(r#"{"success":1,"circuit_id":123}"#).unwrap(), 123);
+        assert_eq!(parse_provision_response(r#"{"results":{"success":1,"circuit_id":"4567"}}"#).unwrap(), 4567);
+        let refused = parse_provision_response(
+            r#"{"error_text":"Couldn't create Circuit: Circuit requires at least two Endpoints.","error":1,"results":null}"#,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&refused, OessError::Refused { error_text } if error_text == "Couldn't create Circuit: Circuit requires at least two Endpoints."),
+            "{refused}"
         );
+        assert!(matches!(parse_provision_response(r#"{"success":1}"#), Err(OessError::Incomplete { .. })));
         assert!(parse_remove_response(r#"{"status":1}"#).is_ok());
-        assert!(parse_remove_response("<html>").is_err());
+        assert!(matches!(parse_remove_response("<html>"), Err(OessError::NotJson { .. })));
         let endpoints = parse_get_response(
             r#"{"results":[{"circuit_id":7,"endpoints":[{"node":"a","interface":"1","tag":"5","circuit_ep_id":100}]}]}"#,
         )

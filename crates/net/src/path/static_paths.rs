@@ -29,21 +29,20 @@ impl StaticPaths {
     }
 
     fn provisioned(&self, name: &str) -> Result<&StaticPath, PathError> {
-        self.provisioned.get(name).ok_or_else(|| {
-            PathError::Invalid(format!(
-                "static path {name:?} is not provisioned; provisioned paths: {:?}",
-                self.provisioned.keys().collect::<Vec<_>>()
-            ))
+        self.provisioned.get(name).ok_or_else(|| PathError::NotProvisioned {
+            name: name.to_string(),
+            provisioned: self.provisioned.keys().cloned().collect(),
         })
     }
 
     fn check_rate(&self, name: &str, rate: Rate) -> Result<(), PathError> {
         let provisioned = self.provisioned(name)?;
         if rate > provisioned.rate {
-            return Err(PathError::Invalid(format!(
-                "static path {name:?} is provisioned at {}; {rate} cannot be had without re-provisioning it",
-                provisioned.rate
-            )));
+            return Err(PathError::AboveProvisionedRate {
+                name: name.to_string(),
+                provisioned: provisioned.rate,
+                requested: rate,
+            });
         }
         Ok(())
     }
@@ -65,16 +64,15 @@ impl PathService for StaticPaths {
 
     fn add_leg(&mut self, name: &str, leg: &Leg) -> Result<(), PathError> {
         if leg.is_impaired() {
-            return Err(PathError::Invalid(
-                "the static driver cannot add delay or loss to a leg; use the vde driver".into(),
-            ));
+            return Err(PathError::ImpairmentUnsupported { driver: self.driver(), endpoint: leg.endpoint.clone() });
         }
-        if !self.provisioned(name)?.endpoints.contains(&leg.endpoint) {
-            return Err(PathError::Invalid(format!(
-                "static path {name:?} does not reach {}; it reaches {:?}",
-                leg.endpoint,
-                self.provisioned(name)?.endpoints.iter().map(ToString::to_string).collect::<Vec<_>>()
-            )));
+        let provisioned = self.provisioned(name)?;
+        if !provisioned.endpoints.contains(&leg.endpoint) {
+            return Err(PathError::NotReached {
+                name: name.to_string(),
+                endpoint: leg.endpoint.clone(),
+                reaches: provisioned.endpoints.iter().map(ToString::to_string).collect(),
+            });
         }
         let (_, legs) = self.active.get_mut(name).ok_or_else(|| PathError::NoSuchPath(name.to_string()))?;
         if !legs.contains(&leg.endpoint) {

@@ -150,12 +150,7 @@ impl PathService for VdePaths {
             .run_daemon(&dir.join("switch.log"))?;
         wait_for(STARTUP_TIMEOUT, || self.mgmt(name).exists() && read_pid(&pidfile).is_some())
             .then_some(())
-            .ok_or_else(|| {
-                PathError::Invalid(format!(
-                    "vde_switch for {name:?} did not start; see {}",
-                    dir.join("switch.log").display()
-                ))
-            })?;
+            .ok_or_else(|| PathError::SwitchDidNotStart { name: name.to_string(), log: dir.join("switch.log") })?;
         Ok(())
     }
 
@@ -167,9 +162,9 @@ impl PathService for VdePaths {
         }
         let mut used: Vec<u32> = legs.iter().map(|(record, _)| record.port).collect();
         used.extend(self.active_ports(name)?.into_iter().map(|(port, _)| port));
-        let port = (1..SWITCH_PORTS).find(|p| !used.contains(p)).ok_or_else(|| {
-            PathError::Invalid(format!("the switch of {name:?} has no free port (at most {SWITCH_PORTS})"))
-        })?;
+        let port = (1..SWITCH_PORTS)
+            .find(|p| !used.contains(p))
+            .ok_or_else(|| PathError::NoFreePort { name: name.to_string(), ports: SWITCH_PORTS })?;
         let dir = self.path_dir(name);
         let stem = self.leg_stem(name, &leg.endpoint);
         let pidfile = stem.with_extension("pid");
@@ -197,11 +192,11 @@ impl PathService for VdePaths {
             if let Some(pid) = read_pid(&pidfile) {
                 stop_owned(pid, &dir);
             }
-            return Err(PathError::Invalid(format!(
-                "wirefilter for leg {} of {name:?} did not attach to the switch; see {}",
-                leg.endpoint,
-                stem.with_extension("log").display()
-            )));
+            return Err(PathError::LegDidNotAttach {
+                name: name.to_string(),
+                endpoint: leg.endpoint.clone(),
+                log: stem.with_extension("log"),
+            });
         }
         let record = serde_json::to_string(&LegRecord { endpoint: leg.endpoint.clone(), port }).unwrap_or_default();
         std::fs::write(stem.with_extension("leg"), record).map_err(|source| PathError::Io {
@@ -285,12 +280,34 @@ pub fn mgmt_command(socket: &Path, command: &str) -> Result<String, PathError> {
     read_until_prompt(&mut stream).map_err(io)?;
     stream.write_all(format!("{command}\n").as_bytes()).map_err(io)?;
     let reply = if command == "shutdown" { String::new() } else { read_until_prompt(&mut stream).map_err(io)? };
-    parse_mgmt_reply(&reply)
-        .map_err(|message| PathError::Invalid(format!("VDE `{command}` on {}: {message}", socket.display())))
+    parse_mgmt_reply(&reply).map_err(|source| PathError::Vde {
+        command: command.to_string(),
+        socket: socket.to_path_buf(),
+        source,
+    })
+}
+
+/// A management reply that is not a success.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MgmtReplyError {
+    /// VDE answered with an error code (`1006 No such device or address` …).
+    #[error("VDE answered {code} {message}")]
+    Refused {
+        /// The four-digit code.
+        code: String,
+        /// VDE's message.
+        message: String,
+    },
+    /// The reply has no status line.
+    #[error("unexpected reply {reply:?}; is the socket a vde_switch or wirefilter management socket?")]
+    Unexpected {
+        /// What came back.
+        reply: String,
+    },
 }
 
 /// Extracts the data of a management reply: `0000 DATA END WITH '.'` … `.` then `1000 Success`.
-fn parse_mgmt_reply(reply: &str) -> Result<String, String> {
+fn parse_mgmt_reply(reply: &str) -> Result<String, MgmtReplyError> {
     let mut data = Vec::new();
     let mut in_data = false;
     for line in reply.lines() {
@@ -307,10 +324,10 @@ fn parse_mgmt_reply(reply: &str) -> Result<String, String> {
             if code == "1000" {
                 return Ok(data.join("\n"));
             }
-            return Err(format!("{code} {message}"));
+            return Err(MgmtReplyError::Refused { code: code.to_string(), message: message.to_string() });
         }
     }
-    if reply.is_empty() { Ok(String::new()) } else { Err(format!("unexpected reply {reply:?}")) }
+    if reply.is_empty() { Ok(String::new()) } else { Err(MgmtReplyError::Unexpected { reply: reply.to_string() }) }
 }
 
 /// (port, endpoint id) of every endpoint in `port/print` output.
@@ -408,8 +425,9 @@ mod tests {
         assert_eq!(parse_mgmt_reply("1000 Success\n\nVDEwf$ ").unwrap(), "");
         assert_eq!(
             parse_mgmt_reply("1006 No such device or address\n\nvde$ ").unwrap_err(),
-            "1006 No such device or address"
+            MgmtReplyError::Refused { code: "1006".into(), message: "No such device or address".into() }
         );
+        assert!(matches!(parse_mgmt_reply("hello"), Err(MgmtReplyError::Unexpected { .. })));
     }
 
     #[test]
