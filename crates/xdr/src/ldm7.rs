@@ -17,7 +17,7 @@
 //! and [`decode_product`].
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use core::net::Ipv4Addr;
 use std::ops::Range;
 use std::time::Duration;
 
