@@ -150,6 +150,18 @@ pub enum InsertError {
     /// Filesystem or LMDB failure.
     #[error("product queue storage failure: {0}")]
     Storage(#[from] StorageError),
+    /// The source of a streamed product failed or gave the wrong number of bytes; nothing was
+    /// inserted.
+    #[error("the product's bytes could not be read: {0}")]
+    Source(#[source] io::Error),
+}
+
+/// Where an inserted product's bytes come from.
+enum Data<'a> {
+    /// A slice in memory.
+    Slice(&'a [u8]),
+    /// A writer callback that writes exactly `info.size` bytes (see [`Queue::insert_streamed`]).
+    Streamed(&'a mut dyn FnMut(&mut dyn Write) -> io::Result<()>),
 }
 
 /// A failure of the storage layer (LMDB, the filesystem) or a damaged record.
@@ -293,13 +305,36 @@ impl Queue {
 
     /// [`Queue::insert`] with the clock reading given (tests and replays).
     pub fn insert_at(&self, now: Timestamp, info: &ProdInfo, data: &[u8]) -> Result<InsertOutcome, InsertError> {
-        let record_len = self.check_fits(info)?;
         if usize::try_from(info.size).ok() != Some(data.len()) {
             return Err(InvalidProduct::SizeMismatch { declared: info.size, actual: data.len() }.into());
         }
+        self.insert_data(now, info, Data::Slice(data))
+    }
+
+    /// Inserts a product whose `info.size` bytes `fill` writes straight into the queue's
+    /// reserved space (one copy, and never the whole product in memory: a product received into
+    /// a spool file is copied in chunks). `fill` may be called more than once (the insert is
+    /// retried when LMDB's file is full); each call must write the same bytes. If it fails or
+    /// writes a different number of bytes, nothing is inserted ([`InsertError::Source`]). A
+    /// duplicate is detected before `fill` is called.
+    pub fn insert_streamed(
+        &self,
+        info: &ProdInfo,
+        mut fill: impl FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> Result<InsertOutcome, InsertError> {
+        self.insert_data(Timestamp::from_system_time(SystemTime::now()), info, Data::Streamed(&mut fill))
+    }
+
+    fn insert_data(&self, now: Timestamp, info: &ProdInfo, mut data: Data<'_>) -> Result<InsertOutcome, InsertError> {
+        let record_len = self.check_fits(info)?;
         let mut reserve_bytes = 0u64;
         for attempt in 0..=MAP_FULL_RETRIES_MAX {
-            match self.try_insert(now, info, data, record_len, reserve_bytes) {
+            let mut source_error = None;
+            let result = self.try_insert(now, info, &mut data, record_len, reserve_bytes, &mut source_error);
+            if let Some(error) = source_error {
+                return Err(InsertError::Source(error));
+            }
+            match result {
                 Err(StorageError::Lmdb(heed::Error::Mdb(heed::MdbError::MapFull)))
                     if attempt < MAP_FULL_RETRIES_MAX =>
                 {
@@ -325,9 +360,10 @@ impl Queue {
         &self,
         now: Timestamp,
         info: &ProdInfo,
-        data: &[u8],
+        data: &mut Data<'_>,
         record_len: usize,
         reserve_bytes: u64,
+        source_error: &mut Option<io::Error>,
     ) -> Result<InsertOutcome, StorageError> {
         let mut txn = self.env.write_txn()?;
         if let Some(existing) = self.signatures.get(&txn, info.signature.as_bytes())? {
@@ -347,14 +383,43 @@ impl Queue {
         let queue_seq = state.next_queue_seq;
         let mut header = Vec::with_capacity(record_len.min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
         record::write_header(&mut header, info, queue_seq);
-        if record_len <= APPEND_COPY_LEN_MAX {
-            header.extend_from_slice(data);
-            self.products.put_with_flags(&mut txn, PutFlags::APPEND, &key, &header)?;
-        } else {
-            self.products.put_reserved(&mut txn, &key, record_len, |space| {
-                space.write_all(&header)?;
-                space.write_all(data)
-            })?;
+        match data {
+            Data::Slice(data) if record_len <= APPEND_COPY_LEN_MAX => {
+                header.extend_from_slice(data);
+                self.products.put_with_flags(&mut txn, PutFlags::APPEND, &key, &header)?;
+            }
+            Data::Slice(data) => {
+                self.products.put_reserved(&mut txn, &key, record_len, |space| {
+                    space.write_all(&header)?;
+                    space.write_all(data)
+                })?;
+            }
+            Data::Streamed(fill) => {
+                let written = self.products.put_reserved(&mut txn, &key, record_len, |space| {
+                    space.write_all(&header)?;
+                    let mut counted = Counted { inner: space, count: 0 };
+                    let result = fill(&mut counted).and_then(|()| {
+                        if counted.count == u64::from(info.size) {
+                            Ok(())
+                        } else {
+                            Err(io::Error::other(format!(
+                                "{} bytes written for a product of {} bytes",
+                                counted.count, info.size
+                            )))
+                        }
+                    });
+                    if let Err(error) = result {
+                        *source_error = Some(error);
+                        return Err(io::Error::other("product source failed"));
+                    }
+                    Ok(())
+                });
+                if source_error.is_some() {
+                    // Dropping the transaction discards the reserved record.
+                    return Err(StorageError::Meta("product source failed".into()));
+                }
+                written?;
+            }
         }
         self.signatures.put(&mut txn, info.signature.as_bytes(), &key)?;
         state.used_bytes += record_len as u64;
@@ -589,6 +654,24 @@ pub struct MinimumResidence {
     pub used_bytes: u64,
     /// Products stored then.
     pub used_slots: u64,
+}
+
+/// A writer that counts what passes through it.
+struct Counted<'w> {
+    inner: &'w mut dyn Write,
+    count: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.count += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// A consistent read-only view of the queue (an LMDB read transaction).

@@ -49,6 +49,37 @@ fn insert_read_and_duplicate() {
 }
 
 #[test]
+fn streamed_inserts_write_in_chunks_and_insert_nothing_on_failure() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1 << 20, slots: 100 }, false).unwrap();
+    let data: Vec<u8> = (0..100_000u32).map(|n| (n % 251) as u8).collect();
+    let info = product("streamed", &data);
+    let fill = |out: &mut dyn std::io::Write| {
+        for chunk in data.chunks(7_000) {
+            out.write_all(chunk)?;
+        }
+        Ok(())
+    };
+    let InsertOutcome::Inserted { .. } = queue.insert_streamed(&info, fill).unwrap() else { panic!() };
+    let snapshot = queue.snapshot().unwrap();
+    assert_eq!(snapshot.product_by_signature(&info.signature).unwrap().unwrap().data, &data[..]);
+    drop(snapshot);
+    assert!(matches!(queue.insert_streamed(&info, |_| unreachable!()).unwrap(), InsertOutcome::Duplicate { .. }));
+
+    let other = product("short", b"0123456789");
+    let short = queue.insert_streamed(&other, |out| out.write_all(b"01234"));
+    assert!(matches!(short, Err(InsertError::Source(_))), "{short:?}");
+    let failing = queue.insert_streamed(&other, |_| Err(std::io::Error::other("disk gone")));
+    assert!(matches!(failing, Err(InsertError::Source(error)) if error.to_string() == "disk gone"));
+    assert_eq!(queue.stats().unwrap().product_count, 1, "nothing inserted by the failures");
+    assert!(queue.check().unwrap().is_ok());
+    let InsertOutcome::Inserted { .. } = queue.insert_streamed(&other, |out| out.write_all(b"0123456789")).unwrap()
+    else {
+        panic!()
+    };
+}
+
+#[test]
 fn create_refuses_to_overwrite_and_open_reports_missing() {
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("q");
