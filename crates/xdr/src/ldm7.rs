@@ -16,8 +16,8 @@
 //! The FMTP payload of a multicast product is the bare XDR `product` (§3.4): [`encode_product`]
 //! and [`decode_product`].
 
-use std::fmt;
 use core::net::Ipv4Addr;
+use std::fmt;
 use std::ops::Range;
 use std::time::Duration;
 
