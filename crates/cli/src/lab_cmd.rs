@@ -28,7 +28,7 @@ pub enum LabCommand {
         #[arg(long)]
         name: Option<String>,
     },
-    /// Show the labs that are up: namespaces, paths, legs and publisher tc counters.
+    /// Show the labs that are up: namespaces, control network, paths, legs and publisher tc counters.
     Status {
         /// Only this lab.
         #[arg(long)]

@@ -1,11 +1,15 @@
 //! Host configuration for a feed: the feed interface, its private address, the multicast route,
-//! receive-side loss, and (at the publisher) the HTB tree of [`crate::tc`].
+//! receive-side loss, and (at the publisher) the HTB tree of [`crate::tc`]; and the plain bridge
+//! and veth plumbing of the lab's control network.
 //!
 //! On a real host the feed interface is an 802.1Q interface on the NIC facing the multipoint
 //! path (`ip link add link eth1 name eth1.332 type vlan id 332`); this kernel has no 802.1Q
 //! module, so the lab uses a veth leg (bridge paths) or a persistent TAP device (VDE paths).
 //! Every function takes the namespace to work in (`None` = the current one) and fails with a
-//! [`CommandError`] naming the command.
+//! [`CommandError`] naming the command, except the address functions a subscriber uses on its
+//! own feed interface ([`addresses`], [`ensure_address`], [`remove_address`]), which fail with an
+//! [`AddressError`] and are idempotent: calling them again, or racing another caller, is not an
+//! error.
 
 use std::net::Ipv4Addr;
 
@@ -70,6 +74,99 @@ impl Ipv4Cidr {
     fn mask(self) -> u32 {
         if self.prefix_len == 0 { 0 } else { u32::MAX << (32 - self.prefix_len) }
     }
+}
+
+/// Why a feed interface's addresses could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    /// The interface does not exist.
+    #[error("interface {dev:?} does not exist in {}; check the name (in a lab host: the feed's name, and is the lab up?)", netns_text(.netns))]
+    NoSuchInterface {
+        /// The namespace looked in (`None` = the current one).
+        netns: Option<String>,
+        /// The interface.
+        dev: String,
+    },
+    /// The address is the network or broadcast address of its own prefix.
+    #[error("{cidr} is the network or broadcast address of {network}/{prefix_len}; give a host address of it", network = .cidr.network(), prefix_len = .cidr.prefix_len)]
+    NotAHostAddress {
+        /// The address given.
+        cidr: Ipv4Cidr,
+    },
+    /// `ip` printed something that is not its JSON address list.
+    #[error("`{command}` printed no address list ({problem}); is iproute2 older than 4.14 (no -j)?")]
+    Unreadable {
+        /// The command.
+        command: String,
+        /// What was wrong with its output.
+        problem: String,
+    },
+    /// `ip` failed otherwise.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+}
+
+/// The IPv4 addresses of interface `dev`, in the kernel's order.
+pub fn addresses(netns: Option<&str>, dev: &str) -> Result<Vec<Ipv4Cidr>, AddressError> {
+    let command = Cmd::new("ip").netns(netns).args(["-j", "-4", "addr", "show", "dev", dev]);
+    let text = command.run().map_err(|error| address_error(error, netns, dev))?;
+    parse_addresses(&text).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
+}
+
+/// Gives interface `dev` address `cidr` unless it has exactly that address and prefix already.
+/// Returns true when it added the address. Other addresses of `dev` are left alone.
+pub fn ensure_address(netns: Option<&str>, dev: &str, cidr: Ipv4Cidr) -> Result<bool, AddressError> {
+    check_host_address(cidr)?;
+    if addresses(netns, dev)?.contains(&cidr) {
+        return Ok(false);
+    }
+    match Cmd::new("ip").netns(netns).args(["addr", "add", &cidr.to_string(), "dev", dev]).run() {
+        Ok(_) => Ok(true),
+        // Added by someone else since the look above.
+        Err(error) if error.stderr().contains("already assigned") || error.stderr().contains("File exists") => {
+            Ok(false)
+        }
+        Err(error) => Err(address_error(error, netns, dev)),
+    }
+}
+
+/// Removes address `cidr` (exactly that address and prefix) from interface `dev`. Returns true
+/// when it removed it, false when it was not there.
+pub fn remove_address(netns: Option<&str>, dev: &str, cidr: Ipv4Cidr) -> Result<bool, AddressError> {
+    if !addresses(netns, dev)?.contains(&cidr) {
+        return Ok(false);
+    }
+    match Cmd::new("ip").netns(netns).args(["addr", "del", &cidr.to_string(), "dev", dev]).run() {
+        Ok(_) => Ok(true),
+        // Removed by someone else since the look above.
+        Err(error)
+            if error.stderr().contains("Address not found") || error.stderr().contains("Cannot assign requested") =>
+        {
+            Ok(false)
+        }
+        Err(error) => Err(address_error(error, netns, dev)),
+    }
+}
+
+/// Creates bridge `name` in `netns` with multicast snooping off, and brings it up.
+pub fn create_bridge(netns: &str, name: &str) -> Result<(), CommandError> {
+    Cmd::new("ip").args(["-n", netns, "link", "add", name, "type", "bridge", "mcast_snooping", "0"]).run()?;
+    Cmd::new("ip").args(["-n", netns, "link", "set", "dev", name, "up"]).run()?;
+    Ok(())
+}
+
+/// Attaches port `port` of `netns` to bridge `bridge` there, and brings the port up.
+pub fn attach_to_bridge(netns: &str, port: &str, bridge: &str) -> Result<(), CommandError> {
+    Cmd::new("ip").args(["-n", netns, "link", "set", "dev", port, "master", bridge]).run()?;
+    Cmd::new("ip").args(["-n", netns, "link", "set", "dev", port, "up"]).run()?;
+    Ok(())
+}
+
+/// The ports attached to bridge `bridge` in `netns`.
+pub fn bridge_ports(netns: &str, bridge: &str) -> Result<Vec<String>, CommandError> {
+    let text = Cmd::new("ip").args(["-n", netns, "-j", "link", "show", "master", bridge]).run()?;
+    let links: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    Ok(links.iter().filter_map(|l| l["ifname"].as_str().map(str::to_string)).collect())
 }
 
 /// Creates veth pair `name` (in `netns`) ↔ `peer` (in `peer_netns`), both left down.
@@ -159,6 +256,46 @@ pub fn link_exists(netns: Option<&str>, dev: &str) -> bool {
     Cmd::new("ip").netns(netns).args(["link", "show", "dev", dev]).run().is_ok()
 }
 
+fn netns_text(netns: &Option<String>) -> String {
+    match netns {
+        Some(netns) => format!("network namespace {netns:?}"),
+        None => "this network namespace".to_string(),
+    }
+}
+
+fn address_error(error: CommandError, netns: Option<&str>, dev: &str) -> AddressError {
+    let stderr = error.stderr();
+    if stderr.contains("does not exist") || stderr.contains("Cannot find device") {
+        AddressError::NoSuchInterface { netns: netns.map(str::to_string), dev: dev.to_string() }
+    } else {
+        AddressError::Command(error)
+    }
+}
+
+fn check_host_address(cidr: Ipv4Cidr) -> Result<(), AddressError> {
+    // /31 and /32 have no network or broadcast address (RFC 3021).
+    let special = cidr.prefix_len <= 30 && (cidr.address == cidr.network() || cidr.address == cidr.broadcast());
+    if special { Err(AddressError::NotAHostAddress { cidr }) } else { Ok(()) }
+}
+
+/// The IPv4 addresses in the output of `ip -j -4 addr show dev DEV`.
+fn parse_addresses(text: &str) -> Result<Vec<Ipv4Cidr>, String> {
+    let links: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|error| error.to_string())?;
+    let mut found = Vec::new();
+    for info in links.iter().filter_map(|l| l["addr_info"].as_array()).flatten() {
+        if info["family"] != "inet" {
+            continue;
+        }
+        let address = info["local"].as_str().and_then(|a| a.parse().ok());
+        let prefix_len = info["prefixlen"].as_u64().and_then(|p| u8::try_from(p).ok()).filter(|p| *p <= 32);
+        match (address, prefix_len) {
+            (Some(address), Some(prefix_len)) => found.push(Ipv4Cidr { address, prefix_len }),
+            _ => return Err(format!("an address entry without local and prefixlen: {info}")),
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +309,38 @@ mod tests {
         assert_eq!(cidr.nth(256), None);
         assert!("10.77.1.0".parse::<Ipv4Cidr>().is_err());
         assert!("10.77.1.0/33".parse::<Ipv4Cidr>().is_err());
+    }
+
+    #[test]
+    fn address_lists_are_parsed_from_ip_json() {
+        let text = r#"[{"ifindex":3,"ifname":"ngrid","addr_info":[
+            {"family":"inet","local":"10.77.1.2","prefixlen":24,"scope":"global"},
+            {"family":"inet","local":"10.77.1.9","prefixlen":32}]}]"#;
+        let found = parse_addresses(text).unwrap();
+        assert_eq!(found, ["10.77.1.2/24".parse().unwrap(), "10.77.1.9/32".parse().unwrap()]);
+        assert_eq!(parse_addresses("[]").unwrap(), []);
+        assert!(parse_addresses("Device \"x\" does not exist.").is_err());
+        let broken = r#"[{"addr_info":[{"family":"inet","local":"10.77.1.2"}]}]"#;
+        assert!(parse_addresses(broken).unwrap_err().contains("without local and prefixlen"));
+    }
+
+    #[test]
+    fn only_host_addresses_are_configured() {
+        let refused = check_host_address("10.77.1.0/24".parse().unwrap()).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "10.77.1.0/24 is the network or broadcast address of 10.77.1.0/24; give a host address of it"
+        );
+        assert!(check_host_address("10.77.1.255/24".parse().unwrap()).is_err());
+        assert!(check_host_address("10.77.1.2/24".parse().unwrap()).is_ok());
+        assert!(check_host_address("10.77.1.0/31".parse().unwrap()).is_ok());
+        assert!(check_host_address("10.77.1.0/32".parse().unwrap()).is_ok());
+        let missing = AddressError::NoSuchInterface { netns: Some("l-s1".into()), dev: "ngrid".into() };
+        assert_eq!(
+            missing.to_string(),
+            "interface \"ngrid\" does not exist in network namespace \"l-s1\"; check the name (in a lab host: the \
+             feed's name, and is the lab up?)"
+        );
     }
 
     #[test]

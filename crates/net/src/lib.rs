@@ -2,10 +2,12 @@
 //!
 //! - [`path`]: the [`path::PathService`] interface for a feed's rate-guaranteed multipoint
 //!   layer-2 path, with drivers `static`, `linux-bridge`, `vde` and `oess` (Internet2 AL2S);
-//! - [`hostcfg`] and [`tc`]: the feed interface, its private address, receive-side loss, and the
+//! - [`hostcfg`] and [`tc`]: the feed interface, its private address (which an LDM-7 subscriber
+//!   configures itself with [`hostcfg::ensure_address`]), receive-side loss, and the
 //!   publisher's HTB tree (multicast and retransmission classes, BFIFO) with its counters;
 //! - [`lab`]: the namespace lab behind `ldm7 lab up | down | status | exec` (the subcommands
-//!   themselves live in the `ldm7` binary), hosts as network namespaces on one machine;
+//!   themselves live in the `ldm7` binary), hosts as network namespaces on one machine, joined by
+//!   a control network and by one path per feed;
 //! - [`command`], [`netns`]: the thin layer over `ip`, `tc`, `iptables` and the VDE tools, and
 //!   running code inside a namespace.
 //!

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use ldm7_net::command::{Cmd, program_exists};
+use ldm7_net::hostcfg;
 use ldm7_net::lab::{self, LabSpec, probe};
 use ldm7_net::netns::spawn_in_netns;
 use ldm7_net::tc::{self, HtbPlan};
@@ -433,4 +434,189 @@ fn lab_refuses_to_run_without_root() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("needs root"), "{stderr}");
+}
+
+#[test]
+fn every_host_reaches_every_other_over_the_control_network() {
+    if !root_and_tools("every_host_reaches_every_other_over_the_control_network", &["iptables"]) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // s1 loses half of what arrives on its feed interface; `lone` is in no feed at all.
+    let lab = TestLab::up(
+        'h',
+        r#"
+control_subnet = "10.79.3.0/28"
+[[hosts]]
+name = "pub"
+[[hosts]]
+name = "s1"
+loss_percent = 50.0
+[[hosts]]
+name = "lone"
+[[feeds]]
+name = "ngrid"
+publisher = "pub"
+subscribers = ["s1"]
+rate = "20M"
+"#,
+    );
+    let status = lab::status(&lab.spec.name).unwrap();
+    let control = status.control.as_ref().expect("the status shows the control network");
+    assert!(control.present, "{status}");
+    assert_eq!(control.subnet.to_string(), "10.79.3.0/28");
+    let attached: Vec<(&str, String, bool)> =
+        control.hosts.iter().map(|h| (h.host.as_str(), h.address.to_string(), h.attached)).collect();
+    assert_eq!(
+        attached,
+        [
+            ("pub", "10.79.3.1/28".into(), true),
+            ("s1", "10.79.3.2/28".into(), true),
+            ("lone", "10.79.3.3/28".into(), true)
+        ]
+    );
+    assert_eq!(status.paths.len(), 1, "the control bridge is not a feed path: {status}");
+    for (from, to) in [("pub", "s1"), ("s1", "lone"), ("lone", "pub")] {
+        let rtts = probe::control_round_trips(&lab.spec, from, to, 40010, 20, Duration::from_millis(1)).unwrap();
+        eprintln!("control network {from} -> {to}: {} of 20 echoes", rtts.len());
+        // s1's 50% feed loss would lose ~3 of 4 round trips here; the control network has none.
+        assert_eq!(rtts.len(), 20, "every echo over the control network comes back ({from} -> {to})");
+    }
+    let s1 = lab.netns("s1");
+    let qdisc = Cmd::new("tc").netns(Some(&lab.netns("pub"))).args(["qdisc", "show", "dev", "ctl"]).run().unwrap();
+    assert!(!qdisc.contains("htb"), "no HTB on the control interface: {qdisc}");
+    let rules = Cmd::new("iptables").netns(Some(&s1)).args(["-S", "INPUT"]).run().unwrap();
+    assert!(rules.contains("-i ngrid") && !rules.contains("-i ctl"), "loss only on the feed interface: {rules}");
+}
+
+#[test]
+fn a_subscriber_without_a_lab_address_configures_its_own() {
+    if !root_and_tools("a_subscriber_without_a_lab_address_configures_its_own", &[]) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = TestLab::up(
+        'i',
+        r#"
+[[hosts]]
+name = "pub"
+[[hosts]]
+name = "s1"
+[[feeds]]
+name = "ngrid"
+publisher = "pub"
+subscribers = ["s1"]
+rate = "20M"
+subscriber_addresses = false
+"#,
+    );
+    let s1 = lab.netns("s1");
+    let feed = lab.spec.feed("ngrid").unwrap().clone();
+    let publisher = feed.address_of("pub").unwrap();
+    assert_eq!(hostcfg::addresses(Some(&lab.netns("pub")), "ngrid").unwrap(), [publisher], "the publisher keeps .1");
+    assert_eq!(hostcfg::addresses(Some(&s1), "ngrid").unwrap(), [], "the subscriber's feed interface has no address");
+    let link = Cmd::new("ip").netns(Some(&s1)).args(["-j", "link", "show", "dev", "ngrid"]).run().unwrap();
+    let link: serde_json::Value = serde_json::from_str(&link).unwrap();
+    assert!(link[0]["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "the feed interface is up: {link}");
+    let route = Cmd::new("ip").netns(Some(&s1)).args(["route", "show", &format!("{}/32", feed.multicast_group)]).run();
+    assert!(route.unwrap().contains("dev ngrid"), "the multicast route is there");
+    let refused = probe::round_trips(&lab.spec, "ngrid", "s1", "pub", 40011, 1, Duration::ZERO).unwrap_err();
+    assert!(matches!(refused, probe::ProbeError::NoAddress { .. }), "{refused}");
+
+    let own = feed.numbered_address_of("s1").unwrap();
+    assert!(hostcfg::ensure_address(Some(&s1), "ngrid", own).unwrap(), "the first call adds the address");
+    assert!(!hostcfg::ensure_address(Some(&s1), "ngrid", own).unwrap(), "the second finds it and does nothing");
+    assert_eq!(hostcfg::addresses(Some(&s1), "ngrid").unwrap(), [own]);
+    let rtts = probe::round_trips_between(
+        &lab.spec,
+        ("s1", own.address),
+        ("pub", publisher.address),
+        40012,
+        10,
+        Duration::from_millis(1),
+    )
+    .unwrap();
+    eprintln!("s1 ({own}) -> publisher {publisher} over the feed: {} of 10 echoes", rtts.len());
+    assert!(!rtts.is_empty(), "the subscriber reaches the publisher over the feed with its own address");
+
+    assert!(hostcfg::remove_address(Some(&s1), "ngrid", own).unwrap(), "the first call removes it");
+    assert!(!hostcfg::remove_address(Some(&s1), "ngrid", own).unwrap(), "the second finds nothing to do");
+    assert_eq!(hostcfg::addresses(Some(&s1), "ngrid").unwrap(), []);
+    let missing = hostcfg::ensure_address(Some(&s1), "nofeed", own).unwrap_err();
+    assert!(matches!(missing, hostcfg::AddressError::NoSuchInterface { .. }), "{missing}");
+    let network = hostcfg::ensure_address(Some(&s1), "ngrid", "10.77.1.0/24".parse().unwrap()).unwrap_err();
+    assert!(matches!(network, hostcfg::AddressError::NotAHostAddress { .. }), "{network}");
+}
+
+#[test]
+fn removing_a_feed_leg_keeps_the_control_network() {
+    if !root_and_tools("removing_a_feed_leg_keeps_the_control_network", &[]) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = TestLab::up(
+        'j',
+        r#"
+[[hosts]]
+name = "pub"
+[[hosts]]
+name = "s1"
+[[hosts]]
+name = "s2"
+[[feeds]]
+name = "ngrid"
+publisher = "pub"
+subscribers = ["s1", "s2"]
+rate = "20M"
+subscriber_addresses = false
+"#,
+    );
+    let feed = lab.spec.feed("ngrid").unwrap().clone();
+    assert!(!feed.uses_vde());
+    let mut paths = lab::path_service(&lab.spec, &feed);
+    let leg = lab::leg_of(&lab.spec, &feed, "s1");
+    paths.remove_leg("ngrid", &leg.endpoint).unwrap();
+    let legs: Vec<String> =
+        paths.list().unwrap().iter().flat_map(|p| p.legs.iter().map(|l| l.interface.clone())).collect();
+    assert!(!legs.contains(&leg.endpoint.interface), "s1's leg is off the feed path: {legs:?}");
+
+    let rtts = probe::control_round_trips(&lab.spec, "s1", "pub", 40013, 10, Duration::from_millis(1)).unwrap();
+    assert_eq!(rtts.len(), 10, "UDP over the control network still connects s1 and the publisher");
+    let echoed = tcp_echo_over_control(&lab, "s1", "pub", 40014);
+    assert_eq!(echoed, b"subscribe", "TCP over the control network still connects s1 and the publisher");
+    let status = lab::status(&lab.spec.name).unwrap();
+    assert!(status.control.unwrap().hosts.iter().all(|h| h.attached), "every host stays on the control bridge");
+}
+
+/// Connects from host `from` to a TCP echo listener in host `to` over the control network, sends
+/// a word and returns what came back.
+fn tcp_echo_over_control(lab: &TestLab, from: &str, to: &str, port: u16) -> Vec<u8> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let server = SocketAddrV4::new(lab.spec.control_address_of(to).unwrap().address, port);
+    let client = lab.spec.control_address_of(from).unwrap().address;
+    let (ready_tx, ready) = mpsc::channel();
+    let listener = spawn_in_netns(&lab.netns(to), move || {
+        let listener = TcpListener::bind(server).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut stream, peer) = listener.accept().unwrap();
+        assert_eq!(peer.ip(), client, "the connection comes from the client's control address");
+        let mut word = Vec::new();
+        stream.read_to_end(&mut word).unwrap();
+        stream.write_all(&word).unwrap();
+    })
+    .unwrap();
+    ready.recv_timeout(Duration::from_secs(10)).expect("the listener is bound");
+    let echoed = ldm7_net::netns::in_netns(&lab.netns(from), move || {
+        let mut stream = TcpStream::connect_timeout(&server.into(), Duration::from_secs(10)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream.write_all(b"subscribe").unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut echoed = Vec::new();
+        stream.read_to_end(&mut echoed).unwrap();
+        echoed
+    })
+    .unwrap();
+    listener.join().unwrap().unwrap();
+    echoed
 }

@@ -1,5 +1,7 @@
 //! The namespace lab: hosts as network namespaces, one multipoint path per feed (a Linux bridge,
-//! or VDE when a leg has delay), publisher HTB/BFIFO, per-host loss, per-leg one-way delay.
+//! or VDE when a leg has delay), publisher HTB/BFIFO, per-host loss, per-leg one-way delay, and a
+//! control network (interface `ctl` in every host, one bridge) for control, subscriptions and
+//! the unicast backstop.
 //!
 //! Invariants:
 //! - everything created is named from the validated spec ([`spec`]) and carries the lab name;
@@ -8,7 +10,11 @@
 //! - `down` deletes only what the state (or the spec) names, and signals only processes whose
 //!   command line names the lab's run directory, or that run inside the lab's namespaces;
 //! - `up` is idempotent: a lab that is up with the same spec is left alone; a stale or different
-//!   one is taken down first.
+//!   one is taken down first;
+//! - the control network is independent of every feed path: it has its own bridge and its own
+//!   veths, no HTB and no loss rule, so removing a feed leg never cuts a host's control traffic;
+//! - every object lives inside one of the lab's namespaces (or is a VDE process named by the
+//!   state), so deleting the namespaces removes the bridges, veths, TAPs, qdiscs and rules.
 //!
 //! The `ldm7 lab` subcommands (crates/cli) are thin: they parse flags and call [`up_with_progress`],
 //! [`down`] / [`down_spec`], [`status`] (printed through [`LabStatus`]'s `Display`) and [`exec`].
@@ -28,6 +34,8 @@ use crate::tc::{self, HtbPlan, TcCounters};
 use ldm7_types::units::LossPercent;
 
 pub use spec::{FeedProblem, FeedSpec, HostSpec, LabSpec, SpecError};
+
+use crate::hostcfg::Ipv4Cidr;
 
 /// Why a lab command failed. [`LabError::exit_code`] gives the CLI's exit status.
 #[derive(Debug, thiserror::Error)]
@@ -292,6 +300,8 @@ pub struct LabStatus {
     pub complete: bool,
     /// Each namespace and whether it exists.
     pub namespaces: Vec<(String, bool)>,
+    /// The control network (`None` when the recorded spec cannot be read).
+    pub control: Option<ControlStatus>,
     /// The paths (bridge and VDE).
     pub paths: Vec<PathInfo>,
     /// Publisher counters per feed (JSON: `{"Ok": counters}` or `{"Err": "message"}`).
@@ -299,12 +309,55 @@ pub struct LabStatus {
     pub publishers: Vec<(String, Result<TcCounters, CommandError>)>,
 }
 
-/// Lines as `ldm7 lab status` prints them: the lab, its namespaces, paths and tc counters.
+/// The control network as `status` sees it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ControlStatus {
+    /// Its bridge (in the core namespace).
+    pub bridge: String,
+    /// Its subnet.
+    pub subnet: Ipv4Cidr,
+    /// Whether the bridge exists.
+    pub present: bool,
+    /// Each host's interface `ctl`, in spec order.
+    pub hosts: Vec<ControlHost>,
+}
+
+/// One host on the control network.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ControlHost {
+    /// The host.
+    pub host: String,
+    /// Its address on interface `ctl`.
+    pub address: Ipv4Cidr,
+    /// Whether its bridge port is attached to the control bridge.
+    pub attached: bool,
+}
+
+/// Lines as `ldm7 lab status` prints them: the lab, its namespaces, control network, paths and
+/// tc counters.
 impl std::fmt::Display for LabStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "lab {}{}", self.name, if self.complete { "" } else { " (incomplete: run `ldm7 lab down`)" })?;
         for (namespace, exists) in &self.namespaces {
             writeln!(f, "  netns {namespace:<24} {}", if *exists { "present" } else { "MISSING" })?;
+        }
+        if let Some(control) = &self.control {
+            writeln!(
+                f,
+                "  control {:<22} {:<18} {}",
+                control.bridge,
+                control.subnet.to_string(),
+                if control.present { "present" } else { "MISSING" }
+            )?;
+            for host in &control.hosts {
+                writeln!(
+                    f,
+                    "  ctl {:<26} {:<18} {}",
+                    host.host,
+                    host.address.to_string(),
+                    if host.attached { "attached" } else { "DETACHED" }
+                )?;
+            }
         }
         for path in &self.paths {
             let legs: Vec<String> = path.legs.iter().map(ToString::to_string).collect();
@@ -373,6 +426,7 @@ pub fn status(name: &str) -> Result<LabStatus, LabError> {
     let state = LabState::read(name).ok_or_else(|| LabError::NotUp { lab: name.to_string() })?;
     let spec = LabSpec::from_toml_str(&state.spec_toml).ok();
     let namespaces = state.namespaces.iter().map(|n| (n.clone(), netns::exists(n))).collect();
+    let control = spec.as_ref().map(control_status);
     let mut paths = Vec::new();
     let mut publishers = Vec::new();
     if let Some(spec) = &spec {
@@ -384,7 +438,25 @@ pub fn status(name: &str) -> Result<LabStatus, LabError> {
             publishers.push((feed.name.clone(), tc::read_counters(Some(&spec.netns_of(&feed.publisher)), &feed.name)));
         }
     }
-    Ok(LabStatus { name: name.to_string(), complete: state.complete, namespaces, paths, publishers })
+    Ok(LabStatus { name: name.to_string(), complete: state.complete, namespaces, control, paths, publishers })
+}
+
+/// The control network of `spec` as it is on the machine.
+fn control_status(spec: &LabSpec) -> ControlStatus {
+    let core = spec.core_netns();
+    let bridge = spec.control_bridge();
+    let present = netns::exists(&core) && hostcfg::link_exists(Some(&core), &bridge);
+    let ports = if present { hostcfg::bridge_ports(&core, &bridge).unwrap_or_default() } else { Vec::new() };
+    let hosts = spec
+        .hosts
+        .iter()
+        .filter_map(|h| {
+            let address = spec.control_address_of(&h.name)?;
+            let attached = spec.control_port(&h.name).is_some_and(|port| ports.contains(&port));
+            Some(ControlHost { host: h.name.clone(), address, attached })
+        })
+        .collect();
+    ControlStatus { bridge, subnet: spec.control_subnet, present, hosts }
 }
 
 /// The spec lab `name` was brought up from.
@@ -425,6 +497,7 @@ fn check_tools(spec: &LabSpec) -> Result<(), LabError> {
 fn healthy(spec: &LabSpec) -> bool {
     let vde = VdePaths::new(spec.run_dir().join("vde"));
     spec.namespaces().iter().all(|n| netns::exists(n))
+        && control_status(spec).hosts.iter().all(|h| h.attached)
         && spec.feeds.iter().filter(|f| f.uses_vde()).all(|f| {
             let pids = vde.pids(&f.name);
             pids.len() == 1 + f.members().count()
@@ -438,6 +511,14 @@ fn build(spec: &LabSpec, state: &mut LabState, progress: &mut dyn FnMut(&str)) -
         state.write()?;
         netns::add(&namespace)?;
     }
+    progress(&format!(
+        "control network: {} in {}, interface {} in every host, {}",
+        spec.control_bridge(),
+        spec.core_netns(),
+        spec::CONTROL_INTERFACE,
+        spec.control_subnet
+    ));
+    build_control_network(spec)?;
     let mut vde = VdePaths::new(spec.run_dir().join("vde"));
     let mut bridges = BridgePaths::new(Some(&spec.core_netns()));
     for feed in &spec.feeds {
@@ -476,6 +557,24 @@ fn build(spec: &LabSpec, state: &mut LabState, progress: &mut dyn FnMut(&str)) -
     Ok(())
 }
 
+/// The control network: one bridge in the core namespace, a veth from every host to it, the
+/// host's control address on its end. No HTB, no loss rule.
+fn build_control_network(spec: &LabSpec) -> Result<(), LabError> {
+    let core = spec.core_netns();
+    let bridge = spec.control_bridge();
+    hostcfg::create_bridge(&core, &bridge)?;
+    for host in &spec.hosts {
+        let netns = spec.netns_of(&host.name);
+        let port = spec.control_port(&host.name).expect("hosts of the spec have a control port");
+        let address = spec.control_address_of(&host.name).expect("validated: the control subnet numbers every host");
+        hostcfg::create_veth(&netns, spec::CONTROL_INTERFACE, &core, &port)?;
+        hostcfg::attach_to_bridge(&core, &port, &bridge)?;
+        hostcfg::set_address(Some(&netns), spec::CONTROL_INTERFACE, address)?;
+        hostcfg::link_up(Some(&netns), spec::CONTROL_INTERFACE)?;
+    }
+    Ok(())
+}
+
 /// The leg of `host` on `feed`, as the lab's path service knows it.
 pub fn leg_of(spec: &LabSpec, feed: &FeedSpec, host: &str) -> Leg {
     if feed.uses_vde() {
@@ -497,8 +596,10 @@ pub fn path_service(spec: &LabSpec, feed: &FeedSpec) -> Box<dyn PathService> {
 fn configure_host(spec: &LabSpec, feed: &FeedSpec, host: &str) -> Result<(), LabError> {
     let netns = spec.netns_of(host);
     let netns = Some(netns.as_str());
-    let address = feed.address_of(host).expect("members have addresses (validated subnet size)");
-    hostcfg::set_address(netns, &feed.name, address)?;
+    // `None` for a subscriber of a feed without `subscriber_addresses`: it configures its own.
+    if let Some(address) = feed.address_of(host) {
+        hostcfg::set_address(netns, &feed.name, address)?;
+    }
     hostcfg::link_up(netns, &feed.name)?;
     hostcfg::add_multicast_route(netns, &feed.name, feed.multicast_group)?;
     if host == feed.publisher {
@@ -576,6 +677,15 @@ mod tests {
             name: "t1".into(),
             complete: true,
             namespaces: vec![("t1-pub".into(), true), ("t1-sub".into(), false)],
+            control: Some(ControlStatus {
+                bridge: "br-ctl".into(),
+                subnet: "10.76.0.0/24".parse().unwrap(),
+                present: true,
+                hosts: vec![
+                    ControlHost { host: "pub".into(), address: "10.76.0.1/24".parse().unwrap(), attached: true },
+                    ControlHost { host: "sub".into(), address: "10.76.0.2/24".parse().unwrap(), attached: false },
+                ],
+            }),
             paths: Vec::new(),
             publishers: vec![("ngrid".into(), Ok(counters)), ("conduit".into(), Err(unreadable))],
         }
@@ -590,6 +700,14 @@ mod tests {
         assert_eq!(publishers[1][0], "conduit");
         let error = publishers[1][1]["Err"].as_str().unwrap();
         assert!(error.starts_with("`tc -s class show dev conduit` failed"), "{error}");
+        let control = &json[0]["control"];
+        assert_eq!(control["bridge"], "br-ctl");
+        assert_eq!(control["present"], true);
+        assert_eq!(control["subnet"]["address"], "10.76.0.0");
+        assert_eq!(control["subnet"]["prefix_len"], 24);
+        assert_eq!(control["hosts"][1]["host"], "sub");
+        assert_eq!(control["hosts"][1]["address"]["address"], "10.76.0.2");
+        assert_eq!(control["hosts"][1]["attached"], false);
     }
 
     #[test]
@@ -599,8 +717,13 @@ mod tests {
         assert_eq!(lines[0], "lab t1");
         assert!(lines[1].contains("t1-pub") && lines[1].ends_with("present"), "{text}");
         assert!(lines[2].ends_with("MISSING"), "{text}");
-        assert!(lines[3].contains("1:10  multicast") && lines[3].contains("sent 1490 B 1 pkt"), "{text}");
-        assert!(lines[4].contains("conduit") && lines[4].contains("unreadable: `tc -s class show"), "{text}");
+        assert!(lines[3].starts_with("  control br-ctl") && lines[3].contains("10.76.0.0/24"), "{text}");
+        assert!(lines[3].ends_with("present"), "{text}");
+        assert!(lines[4].starts_with("  ctl pub") && lines[4].contains("10.76.0.1/24"), "{text}");
+        assert!(lines[4].ends_with("attached"), "{text}");
+        assert!(lines[5].starts_with("  ctl sub") && lines[5].ends_with("DETACHED"), "{text}");
+        assert!(lines[6].contains("1:10  multicast") && lines[6].contains("sent 1490 B 1 pkt"), "{text}");
+        assert!(lines[7].contains("conduit") && lines[7].contains("unreadable: `tc -s class show"), "{text}");
     }
 
     #[test]

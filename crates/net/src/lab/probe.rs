@@ -1,5 +1,5 @@
 //! Traffic probes between the hosts of a lab that is up: full-speed multicast through the
-//! publisher's HTB, UDP round trips, UDP loss. The lab tests use them to check that the lab does
+//! publisher's HTB, UDP round trips (over a feed or over the control network), UDP loss. The lab tests use them to check that the lab does
 //! what its spec says (with wide margins), and the `lab_fidelity` example to measure how exactly
 //! it does it (`docs/lab.md`, "Measured fidelity").
 //!
@@ -37,6 +37,28 @@ pub enum ProbeError {
         lab: String,
         /// The feed.
         feed: String,
+        /// The host.
+        host: String,
+    },
+    /// The member has no address on the feed: the feed has `subscriber_addresses = false` and
+    /// the probe does not configure one.
+    #[error(
+        "host {host:?} has no address on feed {feed:?} of lab {lab:?} (subscriber_addresses = false); give it one \
+         first (hostcfg::ensure_address) and probe with round_trips_between"
+    )]
+    NoAddress {
+        /// The lab.
+        lab: String,
+        /// The feed.
+        feed: String,
+        /// The host.
+        host: String,
+    },
+    /// The host is not in the lab.
+    #[error("lab {lab:?} has no host {host:?}; check the spec")]
+    NoSuchHost {
+        /// The lab.
+        lab: String,
         /// The host.
         host: String,
     },
@@ -143,6 +165,34 @@ pub fn round_trips(
 ) -> Result<Vec<Duration>, ProbeError> {
     let (_, from_address) = member(spec, feed, from)?;
     let (_, to_address) = member(spec, feed, to)?;
+    round_trips_between(spec, (from, from_address), (to, to_address), port, probes, interval)
+}
+
+/// [`round_trips`] over the control network (interface `ctl`), from `from` to `to`.
+pub fn control_round_trips(
+    spec: &LabSpec,
+    from: &str,
+    to: &str,
+    port: u16,
+    probes: u32,
+    interval: Duration,
+) -> Result<Vec<Duration>, ProbeError> {
+    let from_address = control_address(spec, from)?;
+    let to_address = control_address(spec, to)?;
+    round_trips_between(spec, (from, from_address), (to, to_address), port, probes, interval)
+}
+
+/// [`round_trips`] between explicit addresses: from host `from.0` bound to `from.1`, to an echo
+/// server in host `to.0` bound to `to.1` (e.g. an address a subscriber configured itself).
+pub fn round_trips_between(
+    spec: &LabSpec,
+    from: (&str, Ipv4Addr),
+    to: (&str, Ipv4Addr),
+    port: u16,
+    probes: u32,
+    interval: Duration,
+) -> Result<Vec<Duration>, ProbeError> {
+    let ((from, from_address), (to, to_address)) = (from, to);
     let server_address = SocketAddrV4::new(to_address, port);
     let (ready_tx, ready) = mpsc::channel();
     let receiver = spawn_in_netns(&spec.netns_of(to), move || -> Result<(), ProbeError> {
@@ -279,9 +329,21 @@ pub fn multicast_receiver(group: Ipv4Addr, port: u16, interface: Ipv4Addr) -> Re
 }
 
 fn member<'a>(spec: &'a LabSpec, feed: &str, host: &str) -> Result<(&'a FeedSpec, Ipv4Addr), ProbeError> {
-    spec.feed(feed).and_then(|f| f.address_of(host).map(|cidr| (f, cidr.address))).ok_or_else(|| {
-        ProbeError::NoSuchMember { lab: spec.name.clone(), feed: feed.to_string(), host: host.to_string() }
-    })
+    let no_such_member =
+        || ProbeError::NoSuchMember { lab: spec.name.clone(), feed: feed.to_string(), host: host.to_string() };
+    let feed_spec = spec.feed(feed).filter(|f| f.is_member(host)).ok_or_else(no_such_member)?;
+    let address = feed_spec.address_of(host).ok_or_else(|| ProbeError::NoAddress {
+        lab: spec.name.clone(),
+        feed: feed.to_string(),
+        host: host.to_string(),
+    })?;
+    Ok((feed_spec, address.address))
+}
+
+fn control_address(spec: &LabSpec, host: &str) -> Result<Ipv4Addr, ProbeError> {
+    spec.control_address_of(host)
+        .map(|cidr| cidr.address)
+        .ok_or_else(|| ProbeError::NoSuchHost { lab: spec.name.clone(), host: host.to_string() })
 }
 
 fn bind(address: SocketAddrV4) -> Result<UdpSocket, ProbeError> {

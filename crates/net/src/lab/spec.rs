@@ -5,10 +5,14 @@
 //! - network namespace of host H: `LAB-H`; of the bridges: `LAB-core`;
 //! - feed interface in every member host: the feed name (a veth end, or a TAP for VDE feeds);
 //! - bridge of feed F (in `LAB-core`): `br-F`, its ports `F-I` (I = host index);
+//! - control network: interface `ctl` in every host, a veth whose peer `ctl-I` is a port of
+//!   bridge `br-ctl` in `LAB-core`; host I (0-based, spec order) has address I+1 of
+//!   `control_subnet` (hence the feed name `ctl` is reserved);
 //! - run directory (state, VDE sockets, logs): `/run/ldm7-lab/LAB/`.
 //!
 //! ```toml
 //! name = "ngrid"                # lab name = prefix of everything it creates
+//! control_subnet = "10.76.0.0/24"   # the control network (default); must not overlap a feed
 //! [[hosts]]
 //! name = "pub"
 //! [[hosts]]
@@ -21,6 +25,7 @@
 //! rate = "40 Mbit/s"            # HTB rate at the publisher (and the path rate)
 //! buffer = "600 MB"             # BFIFO per HTB class (default 600 MB, as in the research)
 //! delay = { sub1 = "20ms" }     # one-way delay per leg; any delay makes the feed use VDE
+//! subscriber_addresses = true   # false: subscribers' feed interfaces get no address
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +44,10 @@ pub const MAX_HOSTS: usize = 64;
 pub const MAX_FEEDS: usize = 16;
 /// The host name reserved for the namespace holding the bridges.
 pub const CORE_HOST: &str = "core";
+/// The control interface in every host (and the name no feed may have).
+pub const CONTROL_INTERFACE: &str = "ctl";
+/// The control network's subnet when the spec gives none.
+pub const DEFAULT_CONTROL_SUBNET: Ipv4Cidr = Ipv4Cidr { address: Ipv4Addr::new(10, 76, 0, 0), prefix_len: 24 };
 
 /// A spec that cannot be used, and why. Displayed after `lab spec: ` by [`super::LabError`].
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +118,38 @@ pub enum SpecError {
     /// A feed named `lo`.
     #[error("feed name \"lo\" is the loopback interface of every host; choose another")]
     LoopbackFeed,
+    /// A feed named like the control interface.
+    #[error(
+        "feed name {CONTROL_INTERFACE:?} is the control interface of every host (bridge br-{CONTROL_INTERFACE}); choose another"
+    )]
+    ControlFeed,
+    /// The control subnet is not a prefix.
+    #[error("control_subnet: {0}")]
+    ControlSubnet(#[source] CidrError),
+    /// The control subnet cannot number the hosts.
+    #[error(
+        "control_subnet {subnet} cannot hold {hosts} hosts plus network and broadcast addresses; give a larger \
+         control_subnet (a /24 holds {MAX_HOSTS})"
+    )]
+    ControlSubnetTooSmall {
+        /// The subnet.
+        subnet: Ipv4Cidr,
+        /// How many hosts the lab has.
+        hosts: usize,
+    },
+    /// The control subnet overlaps a feed's subnet.
+    #[error(
+        "control_subnet {subnet} overlaps feed {feed:?}'s subnet {feed_subnet}; give control_subnet (default \
+         {DEFAULT_CONTROL_SUBNET}) or the feed's subnet another prefix"
+    )]
+    ControlSubnetOverlap {
+        /// The control subnet.
+        subnet: Ipv4Cidr,
+        /// The feed.
+        feed: String,
+        /// That feed's subnet.
+        feed_subnet: Ipv4Cidr,
+    },
     /// A feed listed twice.
     #[error("feed {feed:?} is listed twice")]
     DuplicateFeed {
@@ -220,6 +261,8 @@ pub enum FeedProblem {
 pub struct LabSpec {
     /// The lab name, the prefix of everything it creates.
     pub name: String,
+    /// The control network's subnet (network address, prefix); host I gets address I+1.
+    pub control_subnet: Ipv4Cidr,
     /// The hosts, in spec order.
     pub hosts: Vec<HostSpec>,
     /// The feeds, in spec order.
@@ -260,6 +303,9 @@ pub struct FeedSpec {
     pub retx_share: f64,
     /// One-way delay per member leg (absent = none).
     pub delay: BTreeMap<String, Duration>,
+    /// Whether the lab gives subscribers their feed addresses (else each configures its own, as
+    /// the LDM-7 publisher hands them out); the publisher always has the first host address.
+    pub subscriber_addresses: bool,
 }
 
 impl FeedSpec {
@@ -273,11 +319,27 @@ impl FeedSpec {
         self.delay.values().any(|d| !d.is_zero())
     }
 
-    /// The address (with prefix) of member `host` on this feed.
+    /// The address (with prefix) the lab gives member `host` on this feed: the publisher's
+    /// always, a subscriber's only with `subscriber_addresses` (else `None`: see
+    /// [`FeedSpec::numbered_address_of`]).
     pub fn address_of(&self, host: &str) -> Option<Ipv4Cidr> {
+        if host != self.publisher && !self.subscriber_addresses {
+            return None;
+        }
+        self.numbered_address_of(host)
+    }
+
+    /// The address (with prefix) numbered by `host`'s place among the members (publisher `.1`,
+    /// subscribers `.2, .3 …`), whether or not the lab configures it.
+    pub fn numbered_address_of(&self, host: &str) -> Option<Ipv4Cidr> {
         let index = self.members().position(|m| m == host)?;
         let address = self.subnet.nth(index as u32 + 1)?;
         Some(Ipv4Cidr { address, prefix_len: self.subnet.prefix_len })
+    }
+
+    /// True when `host` is the publisher or a subscriber of this feed.
+    pub fn is_member(&self, host: &str) -> bool {
+        self.members().any(|m| m == host)
     }
 
     /// The one-way delay of `host`'s leg.
@@ -318,18 +380,35 @@ impl LabSpec {
         netns_name(&self.name, CORE_HOST)
     }
 
-    /// True when some feed uses a Linux bridge (so the core namespace exists).
+    /// True when some feed uses a Linux bridge path.
     pub fn uses_bridge(&self) -> bool {
         self.feeds.iter().any(|f| !f.uses_vde())
     }
 
-    /// All namespaces the lab creates, in creation order.
+    /// All namespaces the lab creates, in creation order: the hosts, then the core namespace
+    /// (which always exists: it holds the control network's bridge).
     pub fn namespaces(&self) -> Vec<String> {
         let mut names: Vec<String> = self.hosts.iter().map(|h| self.netns_of(&h.name)).collect();
-        if self.uses_bridge() {
-            names.push(self.core_netns());
-        }
+        names.push(self.core_netns());
         names
+    }
+
+    /// The control network's bridge (in the core namespace).
+    pub fn control_bridge(&self) -> String {
+        format!("br-{CONTROL_INTERFACE}")
+    }
+
+    /// The control network's bridge port (in the core namespace) of `host`.
+    pub fn control_port(&self, host: &str) -> Option<String> {
+        let index = self.hosts.iter().position(|h| h.name == host)?;
+        Some(format!("{CONTROL_INTERFACE}-{index}"))
+    }
+
+    /// The address (with prefix) of `host` on the control network.
+    pub fn control_address_of(&self, host: &str) -> Option<Ipv4Cidr> {
+        let index = self.hosts.iter().position(|h| h.name == host)?;
+        let address = self.control_subnet.nth(index as u32 + 1)?;
+        Some(Ipv4Cidr { address, prefix_len: self.control_subnet.prefix_len })
     }
 
     /// The run directory of this lab.
@@ -385,6 +464,7 @@ pub fn check_lab_name(name: &str) -> Result<(), SpecError> {
 #[serde(deny_unknown_fields)]
 struct RawLab {
     name: String,
+    control_subnet: Option<String>,
     #[serde(default)]
     hosts: Vec<RawHost>,
     #[serde(default)]
@@ -415,6 +495,7 @@ struct RawFeed {
     retx_share: Option<f64>,
     #[serde(default)]
     delay: BTreeMap<String, String>,
+    subscriber_addresses: Option<bool>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -472,7 +553,22 @@ impl RawLab {
             }
             feeds.push(feed);
         }
-        Ok(LabSpec { name: self.name, hosts, feeds })
+        let control_subnet = match &self.control_subnet {
+            Some(text) => text.parse().map_err(SpecError::ControlSubnet)?,
+            None => DEFAULT_CONTROL_SUBNET,
+        };
+        if control_subnet.prefix_len > 30 || control_subnet.nth(hosts.len() as u32 + 1).is_none() {
+            return Err(SpecError::ControlSubnetTooSmall { subnet: control_subnet, hosts: hosts.len() });
+        }
+        let control_subnet = Ipv4Cidr { address: control_subnet.network(), prefix_len: control_subnet.prefix_len };
+        if let Some(feed) = feeds.iter().find(|f| overlaps(f.subnet, control_subnet)) {
+            return Err(SpecError::ControlSubnetOverlap {
+                subnet: control_subnet,
+                feed: feed.name.clone(),
+                feed_subnet: feed.subnet,
+            });
+        }
+        Ok(LabSpec { name: self.name, control_subnet, hosts, feeds })
     }
 }
 
@@ -482,6 +578,9 @@ impl RawFeed {
         check_name("feed name", &name, 11, true)?;
         if name == "lo" {
             return Err(SpecError::LoopbackFeed);
+        }
+        if name == CONTROL_INTERFACE {
+            return Err(SpecError::ControlFeed);
         }
         let problem = |problem: FeedProblem| SpecError::Feed { feed: name.clone(), problem };
         if !hosts.contains(&self.publisher) {
@@ -544,6 +643,7 @@ impl RawFeed {
             retx_port: self.retx_port,
             retx_share,
             delay,
+            subscriber_addresses: self.subscriber_addresses.unwrap_or(true),
         })
     }
 }
@@ -612,6 +712,76 @@ delay = { pub = "20ms" }
         assert_eq!(spec.run_dir(), PathBuf::from("/run/ldm7-lab/t1"));
         assert_eq!(spec.host("sub1").unwrap().loss.percent(), 5.0);
         assert_eq!(spec.digest(), LabSpec::from_toml_str(SPEC).unwrap().digest());
+    }
+
+    #[test]
+    fn every_host_has_a_control_address_in_spec_order() {
+        let spec = LabSpec::from_toml_str(SPEC).unwrap();
+        assert_eq!(spec.control_subnet, DEFAULT_CONTROL_SUBNET);
+        assert_eq!(spec.control_bridge(), "br-ctl");
+        let addresses: Vec<String> =
+            spec.hosts.iter().map(|h| spec.control_address_of(&h.name).unwrap().to_string()).collect();
+        assert_eq!(addresses, ["10.76.0.1/24", "10.76.0.2/24", "10.76.0.3/24"]);
+        assert_eq!(spec.control_port("sub2").unwrap(), "ctl-2");
+        assert_eq!(spec.control_address_of("nobody"), None);
+
+        let custom = LabSpec::from_toml_str(&format!("control_subnet = \"192.168.9.77/29\"\n{SPEC}")).unwrap();
+        assert_eq!(custom.control_subnet.to_string(), "192.168.9.72/29", "kept as its network address");
+        assert_eq!(custom.control_address_of("pub").unwrap().to_string(), "192.168.9.73/29");
+        assert_ne!(custom.digest(), spec.digest());
+        // Three hosts need network + 3 + broadcast = 5 addresses: a /30 has 4.
+        let exact = LabSpec::from_toml_str(&format!("control_subnet = \"10.5.0.0/29\"\n{SPEC}")).unwrap();
+        assert_eq!(exact.control_address_of("sub2").unwrap().to_string(), "10.5.0.3/29");
+        // Without a bridge feed the core namespace still holds the control bridge.
+        let vde_only =
+            LabSpec::from_toml_str(&SPEC.replace("rate = \"40 Mbit/s\"", "rate = \"40M\"\ndelay = { pub = \"1ms\" }"))
+                .unwrap();
+        assert!(!vde_only.uses_bridge());
+        assert_eq!(vde_only.namespaces().last().unwrap(), "t1-core");
+    }
+
+    #[test]
+    fn control_subnet_mistakes_say_what_to_do() {
+        let with = |subnet: &str| {
+            LabSpec::from_toml_str(&format!("control_subnet = \"{subnet}\"\n{SPEC}")).unwrap_err().to_string()
+        };
+        assert_eq!(
+            with("10.76.0.0/30"),
+            "control_subnet 10.76.0.0/30 cannot hold 3 hosts plus network and broadcast addresses; give a larger \
+             control_subnet (a /24 holds 64)"
+        );
+        assert!(with("10.76.0.0/31").contains("cannot hold 3 hosts"));
+        assert_eq!(
+            with("10.77.0.0/16"),
+            "control_subnet 10.77.0.0/16 overlaps feed \"ngrid\"'s subnet 10.77.1.0/24; give control_subnet \
+             (default 10.76.0.0/24) or the feed's subnet another prefix"
+        );
+        assert!(with("10.88.7.0/24").contains("overlaps feed \"conduit\"'s subnet 10.88.0.0/16"));
+        assert!(with("10.76.0.0").starts_with("control_subnet: \"10.76.0.0\" is not an IPv4 prefix"));
+        assert!(error_of(|s| s.replace("name = \"conduit\"", "name = \"ctl\"")).contains("control interface"));
+        let default_overlap = error_of(|s| s.replace("10.88.0.0/16", "10.76.0.128/25"));
+        assert!(
+            default_overlap.starts_with("control_subnet 10.76.0.0/24 overlaps feed \"conduit\""),
+            "{default_overlap}"
+        );
+    }
+
+    #[test]
+    fn subscriber_addresses_false_leaves_subscribers_without_lab_addresses() {
+        let spec = LabSpec::from_toml_str(SPEC).unwrap();
+        assert!(spec.feed("ngrid").unwrap().subscriber_addresses, "default: the lab numbers subscribers");
+        let text = SPEC.replacen("rate = \"40 Mbit/s\"", "rate = \"40 Mbit/s\"\nsubscriber_addresses = false", 1);
+        let spec = LabSpec::from_toml_str(&text).unwrap();
+        let ngrid = spec.feed("ngrid").unwrap();
+        assert!(!ngrid.subscriber_addresses);
+        assert_eq!(ngrid.address_of("pub").unwrap().to_string(), "10.77.1.1/24", "the publisher keeps .1");
+        assert_eq!(ngrid.address_of("sub1"), None);
+        assert_eq!(ngrid.numbered_address_of("sub1").unwrap().to_string(), "10.77.1.2/24");
+        assert!(ngrid.is_member("sub2") && !ngrid.is_member("nobody"));
+        assert!(spec.feed("conduit").unwrap().subscriber_addresses, "only the feed that says so");
+        let wrong_type =
+            error_of(|s| s.replacen("rate = \"40 Mbit/s\"", "rate = \"40M\"\nsubscriber_addresses = \"no\"", 1));
+        assert!(wrong_type.contains("subscriber_addresses") || wrong_type.contains("invalid type"), "{wrong_type}");
     }
 
     fn error_of(edit: impl Fn(&str) -> String) -> String {
