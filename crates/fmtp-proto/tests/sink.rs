@@ -18,11 +18,14 @@ use support::{Net, block, drop_exact};
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// An open product: its bytes, which of them were written, its metadata.
+type OpenProduct = (Vec<u8>, Vec<bool>, Vec<u8>);
+
 /// What a [`MemorySink`] saw.
 #[derive(Default)]
 struct Seen {
     /// Open products: bytes and which bytes were written.
-    open: HashMap<ProductIndex, (Vec<u8>, Vec<bool>, Vec<u8>)>,
+    open: HashMap<ProductIndex, OpenProduct>,
     completed: HashMap<ProductIndex, (Vec<u8>, Vec<u8>)>,
     abandoned: Vec<ProductIndex>,
     /// Bytes of the open products.
