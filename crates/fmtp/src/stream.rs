@@ -30,6 +30,9 @@ const KEY_OFFER: &[u8] = b"-----BEGIN RSA PUBLIC KEY-----\nldm7 MAC level 0\n---
 /// and says nothing must not hold a connection for ever).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest one connection attempt may take (a host that does not answer at all).
+pub const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Largest read from a TCP connection at once.
 pub(crate) const READ_CHUNK_BYTES: usize = 64 << 10;
 
@@ -112,8 +115,9 @@ pub struct ConnectError {
 }
 
 /// Connects to `addr`, retrying with `backoff` (which carries the deadline) on refusal or any
-/// other error; `on_attempt` is called before each attempt. ldm7-multicast.md §3.1: the
-/// reference retries every 5 s for up to 120 s; we start faster.
+/// other error (each attempt cut at [`CONNECT_ATTEMPT_TIMEOUT`]); `on_attempt` is called before
+/// each attempt. ldm7-multicast.md §3.1: the reference retries every 5 s for up to 120 s; we
+/// start faster.
 pub(crate) async fn connect_with_backoff(
     addr: SocketAddr,
     mut backoff: Backoff,
@@ -124,7 +128,7 @@ pub(crate) async fn connect_with_backoff(
     loop {
         attempts += 1;
         on_attempt();
-        let attempt = tokio::time::timeout(backoff.max().max(Duration::from_secs(5)), TcpStream::connect(addr)).await;
+        let attempt = tokio::time::timeout(CONNECT_ATTEMPT_TIMEOUT, TcpStream::connect(addr)).await;
         let error = match attempt {
             Ok(Ok(stream)) => return Ok(stream),
             Ok(Err(error)) => error,
