@@ -126,7 +126,7 @@ fn insert_failure(file: &Path, error: InsertError) -> Failure {
     let message = format!("{}: {error}", file.display());
     match error {
         InsertError::Invalid(_) | InsertError::TooBig { .. } => bad_input(format!("{message}; nothing was inserted")),
-        InsertError::MapFull | InsertError::Storage(_) => runtime(anyhow::anyhow!(message)),
+        InsertError::MapFull | InsertError::Storage(_) | InsertError::Source(_) => runtime(anyhow::anyhow!(message)),
     }
 }
 

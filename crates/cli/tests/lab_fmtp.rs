@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
@@ -74,7 +73,7 @@ buffer = "4 MB"
         .stderr(Stdio::piped())
         .spawn()
         .expect("start sender");
-    std::thread::sleep(Duration::from_millis(500));
+    // No pause: a receiver started before the sender listens retries its connection.
     let receivers: Vec<(PathBuf, std::process::Child)> = ["r1", "r2", "r3", "r4"]
         .iter()
         .map(|host| {

@@ -4,7 +4,7 @@
 //! Nothing in this crate opens a socket, starts a thread, reads a clock or draws randomness
 //! (a test greps the sources). Time is an argument ([`Instant`], nanoseconds on a clock the
 //! caller chooses: real in the socket driver, virtual in the simulator); product bytes come
-//! through [`ProductData`]. The driver (`ldm7-fmtp`) owns sockets, framing of the TCP streams
+//! through [`ProductData`] and go out through [`ProductSink`]. The driver (`ldm7-fmtp`) owns sockets, framing of the TCP streams
 //! (with [`wire::split_frame`]), the key-exchange handshake, timers and batching; the simulator
 //! (`ldm7-sim`) drives the same API with virtual time.
 //!
@@ -17,6 +17,8 @@
 //!   level 0 — is the driver's job; MAC levels > 0 are not supported).
 //! * [`sender`] — [`Sender`]: numbering, paced multicast, repairs, deadlines, release.
 //! * [`receiver`] — [`Receiver`]: assembly, loss detection, requests, delivery.
+//! * [`sink`] — [`ProductSink`]: where a receiver writes product bytes when they are not
+//!   assembled in memory (a spool file, the product queue), the counterpart of [`ProductData`].
 //! * [`index`] — [`ProductIndex`] with serial-number comparison (wrap-around).
 //! * [`time`] — [`Instant`], [`WallTime`] (BOP start time), [`WallClock`].
 //! * [`pacing`] — [`Pacing`] (token-bucket settings).
@@ -62,7 +64,9 @@
 //! [`Receiver::handle_stream`]`(now, &Message)` (or [`Receiver::handle_stream_frame`]) for each
 //! message framed from the TCP connection to the sender; [`Receiver::handle_timeout`]`(now)`;
 //! [`Receiver::stream_reset`]`(now)` after the TCP connection was re-established (re-issues
-//! the requests lost with the old one); [`Receiver::set_wall_clock`] for latencies.
+//! the requests lost with the old one); [`Receiver::set_wall_clock`] for latencies. A receiver
+//! made with [`Receiver::with_sink`] writes product bytes through the [`ProductSink`] (opened
+//! at the BOP, closed before the product's event) instead of assembling them in memory.
 //!
 //! Outputs, drained after every input in this order:
 //! 1. [`Receiver::poll_transmit`] until `None`: messages for the TCP connection (BOP_REQ,
@@ -103,6 +107,7 @@ pub mod pacing;
 mod ranges;
 pub mod receiver;
 pub mod sender;
+pub mod sink;
 pub mod time;
 pub mod wire;
 
@@ -116,6 +121,7 @@ pub use sender::{
     DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product, ProductData, ReceiverId,
     ReleaseReason, Sender, SenderBound, SenderConfig, SenderCounters, SenderEvent, Transmit,
 };
+pub use sink::{ProductSink, SinkError};
 pub use time::{Instant, WallClock, WallTime};
 pub use wire::Message;
 

@@ -38,9 +38,14 @@
 //!   data, RETX_BOP/RETX_EOP or RETX_REJ); after a reconnection [`Receiver::stream_reset`]
 //!   re-issues the outstanding ones.
 //! * [`ReceiverConfig::assembly`] chooses whether product bytes are assembled in memory
-//!   ([`Assembly::Memory`], the default) or only tracked ([`Assembly::Discard`], for the
-//!   simulator at scale); bounds are accounted alike in both. Either way each delivery carries
-//!   [`Delivery::fingerprint`], an order-independent digest of the blocks taken.
+//!   ([`Assembly::Memory`], the default), written through a [`ProductSink`]
+//!   ([`Assembly::Sink`]: a spool file, the product queue; see [`Receiver::with_sink`]) or only
+//!   tracked ([`Assembly::Discard`], for the simulator at scale); bounds are accounted alike in
+//!   all three, so with a sink the bytes it holds for products in flight are bounded by
+//!   [`ReceiverConfig::in_flight_bytes_max`]. Blocks that arrive before their BOP stay in memory
+//!   (under [`ReceiverConfig::early_bytes_max`]) until the sink is opened. Either way each
+//!   delivery carries [`Delivery::fingerprint`], an order-independent digest of the blocks
+//!   taken. A sink error makes the product missed ([`MissReason::SinkFailed`]), never a panic.
 //! * Bounds: in-flight products and bytes (oldest incomplete product abandoned:
 //!   [`MissReason::Evicted`]), product size ([`MissReason::TooLarge`]), early bytes; each hit
 //!   is counted and reported as [`ReceiverEvent::BoundHit`].
@@ -51,6 +56,7 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::index::ProductIndex;
 use crate::ranges::RangeSet;
+use crate::sink::{ProductSink, SinkSlot};
 use crate::time::{Instant, WallClock, WallTime, transmission_time};
 use crate::wire::{self, Body, Bop, Message, REQUEST_LEN_MAX};
 
@@ -109,6 +115,10 @@ pub enum Assembly {
     /// accounted as if the bytes were held, so bounds behave as with [`Assembly::Memory`]. For
     /// the simulator at scale (hundreds of receivers of gigabytes each).
     Discard,
+    /// Write each product through the [`ProductSink`] given to [`Receiver::with_sink`]:
+    /// [`Delivery::data`] is empty and the bytes are in the sink (opened at the BOP, closed
+    /// before the product's event). Blocks that arrive before the BOP are held in memory.
+    Sink,
 }
 
 impl Default for ReceiverConfig {
@@ -163,7 +173,7 @@ pub struct Delivery {
     pub index: ProductIndex,
     /// The BOP metadata (LDM: the MD5 signature).
     pub metadata: Vec<u8>,
-    /// The product bytes (empty with [`Assembly::Discard`]).
+    /// The product bytes (empty with [`Assembly::Discard`] and [`Assembly::Sink`]).
     pub data: Vec<u8>,
     /// Wrapping sum of [`block_fingerprint`] over the data blocks taken (each byte once). A
     /// party that knows the product can recompute it from the §3 tiling (block `k` at
@@ -207,6 +217,8 @@ pub enum MissReason {
     Evicted,
     /// Larger than [`ReceiverConfig::product_size_max`].
     TooLarge,
+    /// The [`ProductSink`] refused to open or write it (for example, a full disk).
+    SinkFailed,
 }
 
 /// The receiver's named bounds.
@@ -268,6 +280,8 @@ pub struct ReceiverCounters {
     pub index_gap_products: u64,
     /// Times a bound was hit.
     pub bound_hits: u64,
+    /// Products missed because the [`ProductSink`] failed.
+    pub sink_failures: u64,
 }
 
 /// The FMTP receiver. See the crate documentation for the polling order.
@@ -286,11 +300,27 @@ pub struct Receiver {
     transmits: VecDeque<Message<'static>>,
     events: VecDeque<ReceiverEvent>,
     counters: ReceiverCounters,
+    /// Where the bytes go with [`Assembly::Sink`].
+    sink: Option<SinkSlot>,
 }
 
 impl Receiver {
-    /// A receiver that has seen nothing.
+    /// A receiver that has seen nothing. [`Assembly::Sink`] needs [`Receiver::with_sink`].
     pub fn new(config: ReceiverConfig) -> Result<Self, ConfigError> {
+        if config.assembly == Assembly::Sink {
+            return Err(ConfigError("Assembly::Sink needs a sink: construct with Receiver::with_sink".into()));
+        }
+        Self::checked(config, None)
+    }
+
+    /// A receiver that writes product bytes through `sink` ([`Assembly::Sink`]; the
+    /// configuration's `assembly` is set to it).
+    pub fn with_sink(mut config: ReceiverConfig, sink: impl ProductSink + 'static) -> Result<Self, ConfigError> {
+        config.assembly = Assembly::Sink;
+        Self::checked(config, Some(SinkSlot(Box::new(sink))))
+    }
+
+    fn checked(config: ReceiverConfig, sink: Option<SinkSlot>) -> Result<Self, ConfigError> {
         let timer = &config.receive_timer;
         if timer.rate_bits_per_s == 0 || !(timer.factor.is_finite() && timer.factor >= 0.0) {
             return Err(ConfigError("receive timer needs a positive rate and a finite factor ≥ 0".into()));
@@ -318,6 +348,7 @@ impl Receiver {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: ReceiverCounters::default(),
+            sink,
         })
     }
 
@@ -578,11 +609,13 @@ impl Receiver {
             self.abandon(victim, MissReason::Evicted);
         }
         let Some(product) = self.products.get_mut(&key) else { return };
-        // The early blocks move into the product's buffer.
+        // The early blocks move into the product's buffer (or, with a sink, are written once
+        // it is open).
         let mut data = match self.config.assembly {
             Assembly::Memory => vec![0; bop.product_size as usize],
-            Assembly::Discard => Vec::new(),
+            Assembly::Discard | Assembly::Sink => Vec::new(),
         };
+        let mut for_sink = Vec::new();
         let mut received = RangeSet::default();
         let mut out_of_range = 0;
         for block in product.early.drain(..) {
@@ -594,10 +627,12 @@ impl Receiver {
             if received.insert(u64::from(block.offset), end) == 0 {
                 continue;
             }
-            if !block.data.is_empty() {
-                data[block.offset as usize..end as usize].copy_from_slice(&block.data);
-            }
             product.fingerprint = product.fingerprint.wrapping_add(block.fingerprint);
+            match self.config.assembly {
+                Assembly::Memory => data[block.offset as usize..end as usize].copy_from_slice(&block.data),
+                Assembly::Sink => for_sink.push(block),
+                Assembly::Discard => {}
+            }
         }
         self.counters.out_of_range += out_of_range;
         self.early_bytes -= product.early_bytes;
@@ -607,6 +642,9 @@ impl Receiver {
         product.received = received;
         product.bop =
             Some(BopInfo { start_time: bop.start_time, size: bop.product_size, metadata: bop.metadata.to_vec() });
+        if self.config.assembly == Assembly::Sink && !self.open_in_sink(key, bop, &for_sink) {
+            return;
+        }
         if self.complete_if_done(key) {
             return;
         }
@@ -646,7 +684,7 @@ impl Receiver {
             } else {
                 product.received.insert(start, end);
                 let bytes = match self.config.assembly {
-                    Assembly::Memory => data.to_vec(),
+                    Assembly::Memory | Assembly::Sink => data.to_vec(),
                     Assembly::Discard => Vec::new(),
                 };
                 // data.len() ≤ the 16-bit payload length.
@@ -675,9 +713,20 @@ impl Receiver {
             self.counters.duplicates += 1;
             return;
         }
-        if self.config.assembly == Assembly::Memory {
-            product.data[start as usize..end as usize].copy_from_slice(data);
+        match self.config.assembly {
+            Assembly::Memory => product.data[start as usize..end as usize].copy_from_slice(data),
+            Assembly::Sink => {
+                let index = product.index;
+                let written = self.sink.as_mut().map(|sink| sink.0.write_at(index, offset, data));
+                if !matches!(written, Some(Ok(()))) {
+                    self.counters.sink_failures += 1;
+                    self.abandon(key, MissReason::SinkFailed);
+                    return;
+                }
+            }
+            Assembly::Discard => {}
         }
+        let Some(product) = self.products.get_mut(&key) else { return };
         product.fingerprint = product.fingerprint.wrapping_add(block_fingerprint(offset, data));
         if retransmitted {
             product.retransmitted_blocks += 1;
@@ -779,6 +828,11 @@ impl Receiver {
             return false;
         }
         let product = self.remove(key).expect("checked above");
+        if product.sink_open {
+            if let Some(sink) = &mut self.sink {
+                sink.0.close(product.index, true);
+            }
+        }
         let bop = product.bop.expect("checked above");
         let latency_ns = self.wall_clock.wall_at(self.now).signed_nanos_since(bop.start_time);
         self.request(Message { index: product.index, body: Body::RetxEnd });
@@ -800,6 +854,11 @@ impl Receiver {
     /// Gives up a product: Missed event, and RETX_END unless the sender rejected it.
     fn abandon(&mut self, key: i64, reason: MissReason) {
         let Some(product) = self.remove(key) else { return };
+        if product.sink_open {
+            if let Some(sink) = &mut self.sink {
+                sink.0.close(product.index, false);
+            }
+        }
         if reason != MissReason::Rejected {
             self.request(Message { index: product.index, body: Body::RetxEnd });
             self.counters.retx_ends += 1;
@@ -817,6 +876,24 @@ impl Receiver {
         self.in_flight_bytes -= product.held_bytes();
         self.early_bytes -= product.early_bytes;
         Some(product)
+    }
+
+    /// Opens the product in the sink and writes the blocks that came before its BOP; on a sink
+    /// error the product is abandoned and `false` returned.
+    fn open_in_sink(&mut self, key: i64, bop: &Bop<'_>, early: &[EarlyBlock]) -> bool {
+        let (Some(sink), Some(product)) = (&mut self.sink, self.products.get_mut(&key)) else { return false };
+        let index = product.index;
+        let mut result = sink.0.open(index, bop.product_size, bop.metadata);
+        if result.is_ok() {
+            product.sink_open = true;
+            result = early.iter().try_for_each(|block| sink.0.write_at(index, block.offset, &block.data));
+        }
+        if result.is_err() {
+            self.counters.sink_failures += 1;
+            self.abandon(key, MissReason::SinkFailed);
+            return false;
+        }
+        true
     }
 
     fn request(&mut self, message: Message<'static>) {
@@ -876,8 +953,11 @@ struct BopInfo {
 struct Incoming {
     index: ProductIndex,
     bop: Option<BopInfo>,
-    /// The product bytes (`size` long once the BOP is known, empty before).
+    /// The product bytes (`size` long once the BOP is known with [`Assembly::Memory`], empty
+    /// otherwise).
     data: Vec<u8>,
+    /// Opened in the sink ([`Assembly::Sink`]): it must be closed.
+    sink_open: bool,
     /// Blocks that arrived before the BOP.
     early: Vec<EarlyBlock>,
     early_bytes: u64,
@@ -920,6 +1000,7 @@ impl Incoming {
             index,
             bop: None,
             data: Vec::new(),
+            sink_open: false,
             early: Vec::new(),
             early_bytes: 0,
             early_bound_hit: false,

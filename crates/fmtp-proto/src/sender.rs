@@ -16,8 +16,10 @@
 //!   answered RETX_REJ (§3.8).
 //! * At release, receivers that had not finished get RETX_EOP (§3.8: "sends RETX_EOP over TCP to
 //!   every receiver that has not sent RETX_END"); their queued repairs of that product are
-//!   dropped; a receiver whose queued repairs were dropped without being owed a RETX_EOP gets
-//!   RETX_REJ.
+//!   dropped, and a receiver whose queued repairs were dropped also gets RETX_REJ (after its
+//!   RETX_EOP, if owed one): the repairs it waits for will not come, exactly as if its requests
+//!   had arrived after the release (§3.8: RETX_REJ for a product no longer held). Without it, a
+//!   receiver slower than the deadline would wait for its own incomplete timeout.
 //! * Repairs for one receiver are sent in request order (a RETX_EOP answering an EOP_REQ comes
 //!   after the data requested before it); receivers are served round-robin, one message each.
 //! * Every queue has a bound ([`SenderConfig`]); hitting one increments a counter and emits
@@ -947,7 +949,8 @@ impl Sender {
             let purged = receiver.purge(key);
             if product.interest.get(id) == Some(&Interest::Pending) {
                 receiver.push(Work { key, index: product.index, kind: WorkKind::Eop });
-            } else if purged {
+            }
+            if purged {
                 self.counters.rejects += 1;
                 receiver.push(Work { key, index: product.index, kind: WorkKind::Reject });
             }

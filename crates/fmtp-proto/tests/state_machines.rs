@@ -215,6 +215,25 @@ fn request_after_the_deadline_is_rejected_and_the_product_missed() {
 }
 
 #[test]
+fn repairs_dropped_at_the_deadline_are_rejected_not_left_waiting() {
+    // Repairs are paced at 100 kbit/s, so receiver 0's request for 40 blocks (58 kB, 4.6 s)
+    // is still queued when the 200 ms deadline passes. The sender drops the queued repairs and
+    // owes the receiver a RETX_EOP; without a RETX_REJ as well, the receiver would wait for
+    // them until its incomplete timeout (600 s).
+    let mut config = SenderConfig { deadline: DeadlinePolicy::Constant(Duration::from_millis(200)), ..sender_config() };
+    config.retx_pacing = Some(Pacing::new(100_000));
+    let mut net = Net::new(config, receivers(2));
+    net.drop = drop_exact((5..45).map(|k| (0, 0, MessageType::MemData, block(k))).collect());
+    net.enqueue(50 * 1448, 1);
+    net.settle(10 * SECOND);
+    assert_eq!(net.check_accounted(), (1, 1));
+    assert_eq!(net.nodes[0].missed[&ProductIndex(0)], MissReason::Rejected);
+    assert!(net.now < Instant::ZERO + 10 * SECOND, "settled long before the incomplete timeout");
+    let (reason, unfinished) = released(&net, 0).expect("released");
+    assert_eq!((reason, unfinished), (ReleaseReason::DeadlinePassed, vec![net.nodes[0].id]));
+}
+
+#[test]
 fn discard_assembly_delivers_the_same_fingerprint_without_bytes() {
     let discard = ReceiverConfig { assembly: Assembly::Discard, ..ReceiverConfig::default() };
     let mut net = Net::new(sender_config(), vec![ReceiverConfig::default(), discard]);

@@ -1,8 +1,37 @@
-//! The FMTP driver: sockets, pacing and batching around the sans-IO state machines of
-//! `ldm7-fmtp-proto` (ARCHITECTURE.md, "The sans-IO boundary"). The driver makes no protocol
-//! decisions.
+//! The FMTP driver and application: sockets, timers, queues and batching around the sans-IO
+//! state machines of `ldm7-fmtp-proto` (ARCHITECTURE.md, "The sans-IO boundary";
+//! `docs/spec/ldm7-multicast.md` §3). The driver makes no protocol decisions.
+//!
+//! * [`sender`] — [`FmtpSender`]: multicast in GSO batches, one repair connection per receiver
+//!   with its writability, TCP backpressure and RTT fed to the protocol.
+//! * [`receiver`] — [`FmtpReceiver`]: joins the group, connects to the sender with back-off,
+//!   repairs losses, hands each product over in memory or in a spool file.
+//! * [`spool`] — [`SpoolSink`]: the file-backed product sink (one spool file per product in
+//!   flight).
+//! * [`stream`] — the TCP connection's key exchange, connect with back-off, RTT (`TCP_INFO`).
+//! * [`udp`] — multicast sockets (GSO/GRO, `recvmmsg`).
+//! * [`app`] — the FMTP transport as a tool (`ldm7 fmtp send | recv`): products from files or a
+//!   trace, waiting for receivers, lingering for releases, receiving into a directory with MD5
+//!   checks, summaries.
+//!
+//! Every queue between the tasks has a named bound ([`SenderBounds`], [`ReceiverBounds`]) and a
+//! counter ([`SenderDriverCounters`], [`ReceiverDriverCounters`], next to the protocol's
+//! `SenderCounters` and `ReceiverCounters`); hitting one is logged once per episode with
+//! `tracing`. Nothing accepted is dropped: full queues make the producer wait.
 
-pub mod driver;
+pub mod app;
+pub mod receiver;
+pub mod sender;
+pub mod spool;
+pub mod stream;
 pub mod udp;
 
-pub use driver::{FmtpSender, ReceiverOptions, SenderNotice, SenderOptions, run_receiver};
+pub use receiver::{
+    FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters, ReceiverNotice,
+    ReceiverOptions, ReceiverReport,
+};
+pub use sender::{
+    Authorizer, FmtpSender, ProductSender, SendError, SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions,
+    TrySendError,
+};
+pub use spool::{SpoolSink, SpooledProduct};

@@ -10,7 +10,8 @@ use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket as StdUdpSocket};
 use std::time::Duration;
 
-use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+pub use quinn_udp::RecvMeta;
+use quinn_udp::{Transmit, UdpSockRef, UdpSocketState};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;

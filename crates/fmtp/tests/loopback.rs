@@ -1,25 +1,137 @@
 //! Real sockets on loopback multicast (no root): products sent once over UDP multicast reach
 //! every receiver intact even though each receiver drops 5% of the datagrams; the losses are
-//! repaired over each receiver's own TCP connection.
+//! repaired over each receiver's own TCP connection. Receivers may start before the sender
+//! (they retry their connection), may spool products to files instead of memory, and a
+//! receiver too slow to be repaired in time degrades alone to products reported missed.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ldm7_fmtp::udp::MulticastConfig;
-use ldm7_fmtp::{FmtpSender, ReceiverOptions, SenderNotice, SenderOptions, run_receiver};
-use ldm7_fmtp_proto::{Product, ReceiverConfig, ReceiverEvent, SenderConfig};
+use ldm7_fmtp::{
+    FmtpReceiver, FmtpSender, ReceivedProduct, ReceiverNotice, ReceiverOptions, ReceiverReport, SenderNotice,
+    SenderOptions,
+};
+use ldm7_fmtp_proto::{MissReason, Product, ReceiverEvent, SenderConfig, SenderEvent};
 use md5::{Digest, Md5};
+
+/// Longest any test here waits for what it expects (a generous margin, not a timing claim).
+const PATIENCE: Duration = Duration::from_secs(60);
 
 fn free_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0").and_then(|socket| socket.local_addr()).map(|a| a.port()).unwrap_or(38_911)
 }
 
+fn free_tcp_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).expect("free port")
+}
+
+fn loopback_group(last_octet: u8) -> MulticastConfig {
+    MulticastConfig::loopback(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 77, last_octet)), free_port()))
+}
+
+/// Sizes from the NEXRAD3 trace's first products, as in the IDD.
+const SIZES: [usize; 10] = [18_909, 165, 89_266, 17_954, 50_265, 1_448, 2_896, 1, 250_000, 33_000];
+
+/// `count` distinct products cycling through [`SIZES`]: (data, MD5).
+fn products(count: usize) -> Vec<(Vec<u8>, [u8; 16])> {
+    SIZES
+        .iter()
+        .cycle()
+        .take(count)
+        .enumerate()
+        .map(|(index, &size)| {
+            let data: Vec<u8> = (0..size).map(|offset| (offset * 31 + index * 7) as u8).collect();
+            let digest: [u8; 16] = Md5::digest(&data).into();
+            (data, digest)
+        })
+        .collect()
+}
+
+/// What one receiver got.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// MD5 of each delivered product (checked against its metadata).
+    delivered: Vec<[u8; 16]>,
+    missed: Vec<MissReason>,
+    retransmitted_blocks: u64,
+    spooled: usize,
+    report: ReceiverReport,
+}
+
+/// Reads a receiver's notices until `wanted` products were delivered or missed; checks every
+/// delivery's MD5 against its metadata.
+async fn collect(mut receiver: FmtpReceiver, wanted: usize) -> Outcome {
+    let mut outcome = Outcome::default();
+    while outcome.delivered.len() + outcome.missed.len() < wanted {
+        let notice = tokio::time::timeout(PATIENCE, receiver.next_notice())
+            .await
+            .unwrap_or_else(|_| panic!("no notice within {PATIENCE:?}: {outcome:?}"))
+            .expect("the receiver runs");
+        match notice {
+            ReceiverNotice::Delivered { delivery, product } => {
+                assert!(delivery.data.is_empty(), "the bytes come in the product");
+                if matches!(product, ReceivedProduct::Spooled(_)) {
+                    outcome.spooled += 1;
+                }
+                let digest = product.md5().expect("read the product");
+                assert_eq!(delivery.metadata, digest, "product {:?} corrupted", delivery.index);
+                outcome.retransmitted_blocks += u64::from(delivery.retransmitted_blocks);
+                outcome.delivered.push(digest);
+            }
+            ReceiverNotice::Event(ReceiverEvent::Missed { reason, .. }) => outcome.missed.push(reason),
+            _ => {}
+        }
+    }
+    outcome.report = receiver.finish().await.expect("the receiver ran");
+    outcome
+}
+
+/// Waits until `count` receivers joined.
+async fn joined(sender: &mut FmtpSender, count: usize) {
+    let mut joined = 0;
+    while joined < count {
+        match tokio::time::timeout(PATIENCE, sender.next_notice()).await {
+            Ok(Some(SenderNotice::ReceiverJoined(..))) => joined += 1,
+            Ok(Some(_)) => {}
+            other => panic!("receivers did not connect: {other:?}"),
+        }
+    }
+}
+
+/// Sends the products, reading notices meanwhile, until every one was released.
+async fn send_all(sender: &mut FmtpSender, products: &[(Vec<u8>, [u8; 16])]) {
+    let feeder = sender.product_sender();
+    let outgoing: Vec<Product> = products.iter().map(|(data, digest)| Product::new(data.clone(), *digest)).collect();
+    let feeding = tokio::spawn(async move {
+        for product in outgoing {
+            feeder.send(product).await.expect("the sender runs");
+        }
+    });
+    let mut released = 0;
+    while released < products.len() {
+        match tokio::time::timeout(PATIENCE, sender.next_notice()).await {
+            Ok(Some(SenderNotice::Event(SenderEvent::Released { .. }))) => released += 1,
+            Ok(Some(SenderNotice::Refused(error))) => panic!("refused: {error}"),
+            Ok(Some(_)) => {}
+            other => panic!("{released} of {} products released: {other:?}", products.len()),
+        }
+    }
+    feeding.await.expect("feeder");
+}
+
+fn assert_each_once(outcome: &Outcome, products: &[(Vec<u8>, [u8; 16])]) {
+    let mut got = outcome.delivered.clone();
+    got.sort_unstable();
+    let mut expected: Vec<[u8; 16]> = products.iter().map(|(_, digest)| *digest).collect();
+    expected.sort_unstable();
+    assert_eq!(got, expected, "each product exactly once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lossy_receivers_get_every_product_intact() {
-    let group = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 77, 2)), free_port());
-    lossy_receivers(MulticastConfig::loopback(group), "127.0.0.1:0".parse().expect("addr")).await;
+    lossy_receivers(loopback_group(2), "127.0.0.1:0".parse().expect("addr")).await;
 }
 
 /// The same over IPv6 (group ff15::/16, site-local transient), in a network namespace of the
@@ -27,8 +139,7 @@ async fn lossy_receivers_get_every_product_intact() {
 /// pair and the sender loops its datagrams back on one end. Needs root.
 #[test]
 fn lossy_receivers_get_every_product_intact_over_ipv6() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root (creates a network namespace for IPv6 multicast)");
+    if !ldm7_testkit::skip_unless_root("lossy_receivers_get_every_product_intact_over_ipv6") {
         return;
     }
     std::thread::spawn(|| {
@@ -62,89 +173,272 @@ fn lossy_receivers_get_every_product_intact_over_ipv6() {
 }
 
 async fn lossy_receivers(multicast: MulticastConfig, retx_listen: SocketAddr) {
-    let mut sender = FmtpSender::start(SenderOptions {
-        multicast: multicast.clone(),
-        retx_listen,
-        proto: SenderConfig::with_rate(200_000_000),
-        authorize: Arc::new(|peer: SocketAddr| peer.ip().is_loopback()),
-    })
+    let mut options = SenderOptions::new(multicast.clone(), retx_listen, SenderConfig::with_rate(200_000_000));
+    options.authorize = Arc::new(|peer: SocketAddr| peer.ip().is_loopback());
+    let mut sender = FmtpSender::start(options).await.expect("start sender");
+    let products = products(60);
+    let mut receivers = Vec::new();
+    for seed in 0..2 {
+        let mut options = ReceiverOptions::new(multicast.clone(), sender.retx_addr());
+        options.drop_probability = 0.05;
+        options.seed = seed;
+        let receiver = FmtpReceiver::start(options).expect("start receiver");
+        receivers.push(tokio::spawn(collect(receiver, products.len())));
+    }
+    joined(&mut sender, 2).await;
+    send_all(&mut sender, &products).await;
+    for receiver in receivers {
+        let outcome = receiver.await.expect("receiver");
+        assert!(outcome.missed.is_empty(), "{outcome:?}");
+        assert_each_once(&outcome, &products);
+        assert!(outcome.retransmitted_blocks > 0, "5% loss must have needed repairs");
+        assert!(outcome.report.driver.datagrams_dropped > 0);
+    }
+    assert!(sender.driver_counters().rtt_samples > 0, "{:?}", sender.driver_counters());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receivers_started_before_the_sender_connect_when_it_comes_up() {
+    let multicast = loopback_group(3);
+    let retx = free_tcp_addr();
+    let mut receiver = FmtpReceiver::start(ReceiverOptions::new(multicast.clone(), retx)).expect("start receiver");
+    // A second attempt means the first was refused: nobody listens on `retx` yet.
+    wait_for("a refused connection attempt", || receiver.driver_counters().connect_attempts >= 2).await;
+    let mut sender = FmtpSender::start(SenderOptions::new(multicast, retx, SenderConfig::with_rate(100_000_000)))
+        .await
+        .expect("sender");
+    let first = tokio::time::timeout(PATIENCE, receiver.next_notice()).await.expect("connected in time");
+    assert!(matches!(first, Some(ReceiverNotice::Connected(addr)) if addr == retx), "{first:?}");
+    let receiving = tokio::spawn(collect(receiver, 3));
+    joined(&mut sender, 1).await;
+    let products = products(3);
+    send_all(&mut sender, &products).await;
+    let outcome = receiving.await.expect("receiver");
+    assert_each_once(&outcome, &products);
+}
+
+/// Waits until `condition` holds, checking every few milliseconds; panics after [`PATIENCE`].
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spooled_receivers_hold_no_product_in_memory_and_get_every_byte() {
+    let multicast = loopback_group(4);
+    let spool = tempfile::tempdir().expect("spool dir");
+    let mut sender = FmtpSender::start(SenderOptions::new(
+        multicast.clone(),
+        "127.0.0.1:0".parse().expect("addr"),
+        SenderConfig::with_rate(200_000_000),
+    ))
     .await
     .expect("start sender");
+    let products = products(40);
+    let mut receivers = Vec::new();
+    for seed in 0..2 {
+        let mut options = ReceiverOptions::new(multicast.clone(), sender.retx_addr());
+        options.drop_probability = 0.05;
+        options.seed = seed + 10;
+        options.spool = Some(spool.path().join(format!("r{seed}")));
+        let receiver = FmtpReceiver::start(options).expect("start receiver");
+        receivers.push(tokio::spawn(collect(receiver, products.len())));
+    }
+    joined(&mut sender, 2).await;
+    send_all(&mut sender, &products).await;
+    for receiver in receivers {
+        let outcome = receiver.await.expect("receiver");
+        assert!(outcome.missed.is_empty(), "{outcome:?}");
+        assert_each_once(&outcome, &products);
+        assert_eq!(outcome.spooled, products.len(), "every product came through the spool");
+        assert!(outcome.retransmitted_blocks > 0);
+    }
+    // Every spool file went with its product, and the spool directories with their receivers.
+    for seed in 0..2 {
+        let dir = spool.path().join(format!("r{seed}"));
+        assert_eq!(std::fs::read_dir(&dir).expect("spool parent").count(), 0, "{}", dir.display());
+    }
+}
 
-    let receivers = 2;
-    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::new();
-    for seed in 0..receivers {
-        let options = ReceiverOptions {
-            multicast: multicast.clone(),
-            source: None,
-            sender_retx: sender.retx_addr(),
-            proto: ReceiverConfig::default(),
-            drop_probability: 0.05,
-            seed,
+/// A receiver with a tiny receive buffer on its repair connection, which it reads slowly, and
+/// 20% loss on the multicast: it cannot be repaired before the 2 s deadline (the repair
+/// connection's kernel buffers are bounded too, so what the deadline withdraws does not reach
+/// it anyway). The two others (5% loss) get every product, and the sender releases everything;
+/// the slow one ends with every product delivered or missed, some missed as rejected. Counts
+/// only, with wide margins: it needs about four times the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_degrades_alone_to_missed_products() {
+    let multicast = loopback_group(5);
+    let mut proto = SenderConfig::with_rate(200_000_000);
+    proto.deadline = ldm7_fmtp_proto::DeadlinePolicy::Constant(Duration::from_secs(2));
+    proto.retx_backlog_bytes_max = 64 << 10;
+    let mut options = SenderOptions::new(multicast.clone(), "127.0.0.1:0".parse().expect("addr"), proto);
+    options.bounds.repair_queue_bytes_max = 32 << 10;
+    options.bounds.repair_send_buffer_bytes = Some(32 << 10);
+    let mut sender = FmtpSender::start(options).await.expect("start sender");
+    let products = products(40);
+    let mut fast = Vec::new();
+    for seed in 0..2 {
+        let mut options = ReceiverOptions::new(multicast.clone(), sender.retx_addr());
+        options.drop_probability = 0.05;
+        options.seed = seed + 20;
+        let receiver = FmtpReceiver::start(options).expect("start receiver");
+        fast.push(tokio::spawn(collect(receiver, products.len())));
+    }
+    let slow = tokio::spawn(slow::receive(multicast.clone(), sender.retx_addr(), 0.20, products.len()));
+    joined(&mut sender, 3).await;
+    send_all(&mut sender, &products).await;
+    for receiver in fast {
+        let outcome = receiver.await.expect("receiver");
+        assert!(outcome.missed.is_empty(), "a fast receiver missed products: {outcome:?}");
+        assert_each_once(&outcome, &products);
+    }
+    let slow = slow.await.expect("slow receiver");
+    assert_eq!(slow.delivered + slow.missed.len(), products.len(), "{slow:?}");
+    assert!(slow.missed.contains(&MissReason::Rejected), "{slow:?}");
+    let counters = sender.driver_counters();
+    eprintln!(
+        "slow receiver: {} delivered, {} missed ({} rejected); sender driver: {counters:?}",
+        slow.delivered,
+        slow.missed.len(),
+        slow.missed.iter().filter(|reason| **reason == MissReason::Rejected).count()
+    );
+    assert!(counters.repair_queue_full > 0 && counters.stream_paused > 0, "{counters:?}");
+}
+
+/// A receiver built on the sans-IO state machine with sockets of its own, to be slow on
+/// purpose: its repair connection has a 4 KiB receive buffer and is read 1 KiB at a time every
+/// 10 ms (a rate limit, not a synchronization).
+mod slow {
+    use std::collections::HashMap;
+    use std::io::IoSliceMut;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use ldm7_fmtp::udp::{MulticastConfig, MulticastReceiver, RecvMeta, datagrams};
+    use ldm7_fmtp_proto::wire::{Split, handshake, split_frame};
+    use ldm7_fmtp_proto::{MissReason, Receiver, ReceiverConfig, ReceiverEvent};
+    use ldm7_io::Clock;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[derive(Debug, Default)]
+    pub struct Outcome {
+        pub delivered: usize,
+        pub missed: Vec<MissReason>,
+    }
+
+    pub async fn receive(multicast: MulticastConfig, retx: SocketAddr, drop: f64, wanted: usize) -> Outcome {
+        let udp = MulticastReceiver::join(&multicast, None).expect("join");
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        socket.connect(&retx.into()).expect("connect");
+        socket.set_nonblocking(true).expect("non-blocking");
+        let stream = tokio::net::TcpStream::from_std(socket.into()).expect("register");
+        let (mut read, mut write) = stream.into_split();
+        let mut hello = Vec::new();
+        handshake::emit_blob(b"slow receiver", &mut hello).expect("blob");
+        write.write_all(&hello).await.expect("offer");
+        let mut buffer = Vec::new();
+        let mut chunk = [0u8; 1024];
+        buffer = loop {
+            if let Split::Frame { rest, .. } = handshake::split_blob(&buffer).expect("blob") {
+                break rest.to_vec();
+            }
+            let count = read.read(&mut chunk).await.expect("answer");
+            assert!(count > 0, "the sender closed during the key exchange");
+            buffer.extend_from_slice(&chunk[..count]);
         };
-        let events_tx = events_tx.clone();
-        let tagged = tokio::sync::mpsc::unbounded_channel::<ReceiverEvent>();
-        let (tag_tx, mut tag_rx) = tagged;
-        let forward = events_tx.clone();
-        tokio::spawn(async move {
-            while let Some(event) = tag_rx.recv().await {
-                let _ = forward.send((seed, event));
+        // Requests go out from a task of their own: the sender may stop reading them.
+        let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            while let Some(bytes) = request_rx.recv().await {
+                if write.write_all(&bytes).await.is_err() {
+                    return;
+                }
             }
         });
-        drop(events_tx);
-        tasks.push(tokio::spawn(run_receiver(options, tag_tx, stop.clone())));
-    }
-    drop(events_tx);
-    let mut joined = 0;
-    while joined < receivers {
-        match tokio::time::timeout(Duration::from_secs(10), sender.next_notice()).await {
-            Ok(Some(SenderNotice::ReceiverJoined(..))) => joined += 1,
-            Ok(Some(_)) => {}
-            other => panic!("receivers did not connect: {other:?}"),
-        }
-    }
-
-    // Sizes from the NEXRAD3 trace's first products, as in the IDD.
-    let sizes = [18_909usize, 165, 89_266, 17_954, 50_265, 1_448, 2_896, 1, 250_000, 33_000];
-    let mut expected = HashMap::new();
-    for (index, &size) in sizes.iter().cycle().take(60).enumerate() {
-        let data: Vec<u8> = (0..size).map(|offset| (offset * 31 + index * 7) as u8).collect();
-        let digest: [u8; 16] = Md5::digest(&data).into();
-        expected.insert(digest, size);
-        sender.send(Product::new(data, digest.to_vec())).expect("send");
-    }
-    let mut delivered: HashMap<u64, Vec<[u8; 16]>> = HashMap::new();
-    let wanted = expected.len() * receivers as usize;
-    let mut retransmitted = 0u64;
-    while delivered.values().map(Vec::len).sum::<usize>() < wanted {
-        let (seed, event) = tokio::time::timeout(Duration::from_secs(30), events.recv())
-            .await
-            .expect("all products within 30 s")
-            .expect("receivers alive");
-        match event {
-            ReceiverEvent::Delivered(delivery) => {
-                let digest: [u8; 16] = Md5::digest(&delivery.data).into();
-                assert_eq!(delivery.metadata, digest, "product {:?} corrupted", delivery.index);
-                assert_eq!(expected.get(&digest), Some(&delivery.data.len()));
-                retransmitted += u64::from(delivery.retransmitted_blocks);
-                delivered.entry(seed).or_default().push(digest);
+        let config = ReceiverConfig { incomplete_timeout: Duration::from_secs(120), ..ReceiverConfig::default() };
+        let mut receiver = Receiver::new(config).expect("receiver");
+        let mut outcome = Outcome::default();
+        let mut seen = HashMap::new();
+        let mut rng = super::SplitMix(7);
+        let mut storage = vec![vec![0u8; 65_535]; 8];
+        let mut meta = vec![RecvMeta::default(); 8];
+        let mut slow_read = tokio::time::interval(Duration::from_millis(10));
+        while outcome.delivered + outcome.missed.len() < wanted {
+            let mut outgoing = Vec::new();
+            while let Some(message) = receiver.poll_transmit() {
+                message.emit_to_vec(&mut outgoing).expect("emit");
             }
-            ReceiverEvent::Missed { index, reason } => panic!("receiver {seed} missed {index:?}: {reason:?}"),
-            _ => {}
+            if !outgoing.is_empty() {
+                requests.send(outgoing).expect("writer runs");
+            }
+            while let Some(event) = receiver.poll_event() {
+                match event {
+                    ReceiverEvent::Delivered(delivery) => {
+                        assert!(seen.insert(delivery.index, ()).is_none(), "delivered twice");
+                        outcome.delivered += 1;
+                    }
+                    ReceiverEvent::Missed { index, reason } => {
+                        assert!(seen.insert(index, ()).is_none(), "settled twice");
+                        outcome.missed.push(reason);
+                    }
+                    _ => {}
+                }
+            }
+            let wake = receiver.poll_timeout().map(|at| tokio::time::Instant::from_std(Clock::to_std(at)));
+            tokio::select! {
+                received = async {
+                    let mut buffers: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+                    udp.recv_batch(&mut buffers, &mut meta).await
+                } => {
+                    let count = received.expect("multicast");
+                    let now = Clock::now();
+                    for (buffer, meta) in storage.iter().zip(&meta).take(count) {
+                        for datagram in datagrams(buffer, meta) {
+                            if !rng.below(drop) {
+                                receiver.handle_datagram(now, datagram);
+                            }
+                        }
+                    }
+                }
+                _ = slow_read.tick() => {
+                    let count = match read.try_read(&mut chunk) {
+                        Ok(0) => panic!("the sender closed the connection"),
+                        Ok(count) => count,
+                        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => 0,
+                        Err(error) => panic!("repairs: {error}"),
+                    };
+                    buffer.extend_from_slice(&chunk[..count]);
+                    let now = Clock::now();
+                    while let Split::Frame { frame, rest } = split_frame(&buffer).expect("framing") {
+                        let consumed = buffer.len() - rest.len();
+                        receiver.handle_stream_frame(now, frame).expect("valid frame");
+                        buffer.drain(..consumed);
+                    }
+                }
+                () = async { tokio::time::sleep_until(wake.expect("guarded")).await }, if wake.is_some() => {
+                    receiver.handle_timeout(Clock::now());
+                }
+            }
         }
+        writer.abort();
+        outcome
     }
-    for digests in delivered.values() {
-        let mut unique = digests.clone();
-        unique.sort_unstable();
-        unique.dedup();
-        assert_eq!(unique.len(), expected.len(), "each product exactly once");
-    }
-    assert!(retransmitted > 0, "5% loss must have needed repairs");
-    let _ = stop_tx.send(true);
-    for task in tasks {
-        let counters = task.await.expect("join").expect("receiver ran");
-        let _ = counters;
+}
+
+/// SplitMix64 draws for the slow receiver's loss filter.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn below(&mut self, probability: f64) -> bool {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (((z ^ (z >> 31)) >> 11) as f64) / ((1u64 << 53) as f64) < probability
     }
 }

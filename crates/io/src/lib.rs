@@ -1,15 +1,18 @@
 //! What every driver of a sans-IO protocol crate shares (ARCHITECTURE.md, "The sans-IO
 //! boundary"): the one process clock that maps the operating system's monotonic clock to the
-//! protocols' [`ldm7_types::Instant`] ([`clock`]), reconnection back-off ([`backoff`]), and the
-//! log targets every driver logs per-product lines with ([`log_target`]).
+//! protocols' [`ldm7_types::Instant`] ([`clock`]), reconnection back-off ([`backoff`]), the
+//! log targets every driver logs per-product lines with ([`log_target`]), and the counter and
+//! once-per-episode logging decision for a named bound that was hit ([`bound`]).
 //!
 //! Protocol crates never read a clock; drivers (the FMTP driver, the server's session threads,
 //! the command-line clients) read it here, so that every `Instant` in a process is on one
 //! timeline and comparable across sessions.
 
 pub mod backoff;
+pub mod bound;
 pub mod clock;
 pub mod log_target;
 
 pub use backoff::Backoff;
+pub use bound::BoundHits;
 pub use clock::Clock;

@@ -180,6 +180,30 @@ fn slow_receiver_does_not_slow_the_others() {
     assert!(slow.latency.quantile(0.99) > after_p99 * 2, "{slow:?}");
 }
 
+#[test]
+fn receiver_slower_than_the_deadline_gets_rejections_not_timeouts() {
+    // Receiver 1 loses 20% behind a 500 kbit/s TCP connection with a 64 KiB buffer, and the
+    // deadline is 1 s: it cannot be repaired in time. The repairs the sender drops at each
+    // deadline are answered RETX_REJ, so its products end missed (rejected) at once, not at its
+    // 600 s incomplete timeout; receiver 0 is unaffected.
+    let seed = seed_from_env(21);
+    let specs = vec![
+        rtt30().loss(LossModel::Bernoulli(0.01)),
+        rtt30().loss(LossModel::Bernoulli(0.20)).tcp_rate(500_000, 64 << 10),
+    ];
+    let mut config = SimConfig::new(seed, specs);
+    config.sender = SenderConfig::with_rate(50_000_000);
+    config.sender.deadline = DeadlinePolicy::Constant(Duration::from_secs(1));
+    let workload = Workload::generated(seed, 200, 1_000, 400_000, 20 * MS);
+    let report = run(config, workload);
+    assert_eq!(report.receivers[0].tally.delivered, 201, "{report}");
+    let slow = &report.receivers[1].tally;
+    assert_eq!(slow.delivered + slow.missed, 201, "{report}");
+    assert!(slow.missed_rejected > 0, "{report}");
+    assert_eq!(slow.missed_other, 0, "{report}");
+    assert!(report.virtual_time < Instant::ZERO + Duration::from_secs(300), "{report}");
+}
+
 fn lossy_run(seed: u64, receivers: usize, loss: LossModel, products: usize) -> Report {
     let specs = (0..receivers).map(|_| rtt30().loss(loss).jitter(2 * MS)).collect();
     let mut config = SimConfig::new(seed, specs);

@@ -106,11 +106,17 @@ impl Net {
 
     /// Adds and connects a receiver now; returns its position.
     pub fn add_receiver(&mut self, config: ReceiverConfig) -> usize {
+        self.add(Receiver::new(config).expect("receiver config"))
+    }
+
+    /// Adds and connects a receiver built by the caller (e.g. with a sink); returns its
+    /// position.
+    pub fn add(&mut self, receiver: Receiver) -> usize {
         let id = ReceiverId(self.nodes.len() as u64 + 100);
         self.sender.receiver_connected(self.now, id);
         self.nodes.push(Node {
             id,
-            receiver: Receiver::new(config).expect("receiver config"),
+            receiver,
             muted: false,
             stream_delay: Duration::from_millis(5),
             delivered: HashMap::new(),

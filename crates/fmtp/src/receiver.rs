@@ -1,0 +1,642 @@
+//! Runs the sans-IO FMTP [`Receiver`] on real sockets (ldm7-multicast.md §3.9): it joins the
+//! multicast group, opens the TCP retransmission connection to the sender — retrying with
+//! back-off until [`ReceiverOptions::connect_deadline`] (§3.1: the reference retries every 5 s
+//! for up to 120 s; we start at 20 ms and double to 2 s) — and follows the protocol's polling
+//! order (transmit, events, timeout). The driver decides nothing about the protocol.
+//!
+//! Products are assembled in memory (`Assembly::Memory`, the default), or, with
+//! [`ReceiverOptions::spool`], written into spool files ([`SpoolSink`]) so that no product is
+//! held whole in memory; each delivery comes with its bytes as a [`ReceivedProduct`].
+//!
+//! Bounds ([`ReceiverBounds`], counted in [`ReceiverDriverCounters`], logged once per episode):
+//! notices wait for the application in a bounded channel — when it is full the task waits
+//! (multicast then queues in the socket buffer and what overflows is repaired), never drops
+//! one; requests wait for the socket in a queue bounded in bytes — at the bound they stay in
+//! the protocol's own (bounded) queue. Requests are written by a task of their own, so that a
+//! sender that stops reading (its TCP backpressure) never stops this receiver from reading
+//! repairs.
+
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ldm7_fmtp_proto::wire::{self, Split};
+use ldm7_fmtp_proto::{
+    Assembly, ConfigError, Delivery, MissReason, Receiver, ReceiverConfig, ReceiverCounters, ReceiverEvent,
+};
+use ldm7_io::{Backoff, BoundHits, Clock};
+use md5::{Digest, Md5};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::spool::{SpoolSink, SpooledProduct};
+use crate::stream::{ConnectError, READ_CHUNK_BYTES, connect_with_backoff, offer_handshake, read_more};
+use crate::udp::{MulticastConfig, MulticastReceiver, SocketError, datagrams};
+
+/// First pause between attempts to connect to the retransmission server.
+pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(20);
+/// Longest pause between attempts.
+pub const CONNECT_RETRY_MAX: Duration = Duration::from_secs(2);
+/// Default of [`ReceiverOptions::connect_deadline`] (the reference's 120 s).
+pub const CONNECT_DEADLINE_DEFAULT: Duration = Duration::from_secs(120);
+
+/// Largest FMTP datagram (12-byte header + 1448 bytes).
+const DATAGRAM_LEN_MAX: usize = 1460;
+/// Receive buffers per `recvmmsg`.
+const RECV_BATCH: usize = 32;
+
+/// The driver's own bounds (the protocol's are in [`ReceiverConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceiverBounds {
+    /// Notices the application has not read; beyond it the receiver waits for the application.
+    pub notices_max: usize,
+    /// Request bytes waiting for the socket; beyond it requests stay queued in the protocol.
+    pub request_queue_bytes_max: usize,
+}
+
+impl Default for ReceiverBounds {
+    fn default() -> Self {
+        Self { notices_max: 1024, request_queue_bytes_max: 64 << 10 }
+    }
+}
+
+/// Settings of a receiver.
+#[derive(Clone, Debug)]
+pub struct ReceiverOptions {
+    /// The group and the interface to join on.
+    pub multicast: MulticastConfig,
+    /// Source-specific join on this sender address (LDM-7 joins source-specifically).
+    pub source: Option<IpAddr>,
+    /// The sender's retransmission server.
+    pub sender_retx: SocketAddr,
+    /// Protocol settings (its `assembly` is overridden by [`spool`](Self::spool)).
+    pub proto: ReceiverConfig,
+    /// Write products into spool files in a fresh directory under this one instead of
+    /// assembling them in memory.
+    pub spool: Option<PathBuf>,
+    /// How long to keep trying to connect to the retransmission server.
+    pub connect_deadline: Duration,
+    /// Receive-side loss filter for tests and demos: drop this fraction (0 ≤ p < 1) of
+    /// datagrams.
+    pub drop_probability: f64,
+    /// Seed of the loss filter.
+    pub seed: u64,
+    /// The driver's queue bounds.
+    pub bounds: ReceiverBounds,
+}
+
+impl ReceiverOptions {
+    /// Default options: assembly in memory, no loss filter, 120 s to connect.
+    pub fn new(multicast: MulticastConfig, sender_retx: SocketAddr) -> Self {
+        Self {
+            multicast,
+            source: None,
+            sender_retx,
+            proto: ReceiverConfig::default(),
+            spool: None,
+            connect_deadline: CONNECT_DEADLINE_DEFAULT,
+            drop_probability: 0.0,
+            seed: 1,
+            bounds: ReceiverBounds::default(),
+        }
+    }
+}
+
+/// What the receiving application hears.
+#[derive(Debug)]
+pub enum ReceiverNotice {
+    /// The retransmission connection to the sender is up.
+    Connected(SocketAddr),
+    /// A product arrived whole (`delivery.data` is empty: the bytes are in `product`).
+    Delivered {
+        /// The protocol's account of it.
+        delivery: Delivery,
+        /// Its bytes.
+        product: ReceivedProduct,
+    },
+    /// Any other protocol event: missed products, index gaps, bounds hit.
+    Event(ReceiverEvent),
+}
+
+/// A delivered product's bytes.
+#[derive(Debug)]
+pub enum ReceivedProduct {
+    /// Assembled in memory.
+    Memory(Vec<u8>),
+    /// In a spool file.
+    Spooled(SpooledProduct),
+    /// Not kept (`Assembly::Discard`).
+    Discarded,
+}
+
+impl ReceivedProduct {
+    /// Length in bytes (0 when discarded).
+    pub fn len(&self) -> u64 {
+        match self {
+            Self::Memory(bytes) => bytes.len() as u64,
+            Self::Spooled(spooled) => spooled.len(),
+            Self::Discarded => 0,
+        }
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The MD5 digest of the bytes.
+    pub fn md5(&self) -> io::Result<[u8; 16]> {
+        match self {
+            Self::Memory(bytes) => Ok(Md5::digest(bytes).into()),
+            Self::Spooled(spooled) => spooled.md5(),
+            Self::Discarded => Err(discarded()),
+        }
+    }
+
+    /// The bytes in memory.
+    pub fn into_vec(self) -> io::Result<Vec<u8>> {
+        match self {
+            Self::Memory(bytes) => Ok(bytes),
+            Self::Spooled(spooled) => spooled.to_vec(),
+            Self::Discarded => Err(discarded()),
+        }
+    }
+
+    /// Stores the bytes at `path` (a spooled product is renamed there).
+    pub fn persist(self, path: &Path) -> io::Result<()> {
+        match self {
+            Self::Memory(bytes) => std::fs::write(path, bytes),
+            Self::Spooled(spooled) => spooled.persist(path),
+            Self::Discarded => Err(discarded()),
+        }
+    }
+}
+
+fn discarded() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "the receiver discards product bytes (Assembly::Discard)")
+}
+
+/// The driver's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverDriverCounters {
+    /// Attempts to connect to the retransmission server.
+    pub connect_attempts: u64,
+    /// A notice found the application's channel full and the receiver waited.
+    pub notices_full: u64,
+    /// Requests were held in the protocol because the request queue was at its bound.
+    pub request_queue_full: u64,
+    /// Datagrams dropped by the receive-side loss filter.
+    pub datagrams_dropped: u64,
+}
+
+/// What a receiver totals at its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverReport {
+    /// The protocol's counters.
+    pub protocol: ReceiverCounters,
+    /// The driver's counters.
+    pub driver: ReceiverDriverCounters,
+}
+
+/// Why a receiver could not run or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    /// Bad protocol settings.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The loss filter probability is not in [0, 1).
+    #[error("drop probability {0} must be at least 0 and below 1")]
+    DropProbability(f64),
+    /// The multicast socket could not be set up.
+    #[error(transparent)]
+    Multicast(#[from] SocketError),
+    /// The spool directory could not be created.
+    #[error("cannot create the spool under {path}: {source}")]
+    Spool {
+        /// The parent directory.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The retransmission server could not be reached before the deadline.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The connection failed (key exchange, read, malformed stream, multicast read).
+    #[error("FMTP receiver connection to {addr}: {source}")]
+    Connection {
+        /// The sender's retransmission server.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// The receiver task panicked or was cancelled.
+    #[error("the FMTP receiver task ended abnormally: {0}")]
+    Task(String),
+}
+
+/// A running receiver: read its notices, then [`finish`](Self::finish) it. Dropping it stops
+/// the receiver.
+#[derive(Debug)]
+pub struct FmtpReceiver {
+    notices: mpsc::Receiver<ReceiverNotice>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<ReceiverCounters, ReceiveError>>,
+    counters: watch::Receiver<ReceiverCounters>,
+    shared: Arc<Shared>,
+}
+
+impl FmtpReceiver {
+    /// Joins the multicast group (errors at once) and starts the receiver task, which connects
+    /// to the sender in the background (inside a tokio runtime).
+    pub fn start(options: ReceiverOptions) -> Result<Self, ReceiveError> {
+        if !(0.0..1.0).contains(&options.drop_probability) {
+            return Err(ReceiveError::DropProbability(options.drop_probability));
+        }
+        let spool = match &options.spool {
+            Some(parent) => {
+                Some(SpoolSink::new(parent).map_err(|source| ReceiveError::Spool { path: parent.clone(), source })?)
+            }
+            None => None,
+        };
+        let receiver = match &spool {
+            Some(spool) => Receiver::with_sink(options.proto.clone(), spool.clone())?,
+            None => Receiver::new(options.proto.clone())?,
+        };
+        let udp = MulticastReceiver::join(&options.multicast, options.source)?;
+        let shared = Arc::new(Shared::default());
+        let (notice_tx, notices) = mpsc::channel(options.bounds.notices_max.max(1));
+        let (stop, stop_rx) = watch::channel(false);
+        let (counters_tx, counters) = watch::channel(ReceiverCounters::default());
+        let task = ReceiverTask {
+            options,
+            receiver,
+            spool,
+            notices: Notices { notices: notice_tx, shared: shared.clone() },
+            shared: shared.clone(),
+            counters: counters_tx,
+            drop_filter: None,
+        };
+        let task = tokio::spawn(task.run(udp, stop_rx));
+        Ok(Self { notices, stop, task, counters, shared })
+    }
+
+    /// The next notice; `None` once the receiver ended (then [`finish`](Self::finish) says
+    /// why).
+    pub async fn next_notice(&mut self) -> Option<ReceiverNotice> {
+        self.notices.recv().await
+    }
+
+    /// The protocol counters as of the last loop turn.
+    pub fn counters(&self) -> ReceiverCounters {
+        self.counters.borrow().clone()
+    }
+
+    /// The driver's counters now.
+    pub fn driver_counters(&self) -> ReceiverDriverCounters {
+        self.shared.snapshot()
+    }
+
+    /// Stops the receiver (if it still runs) and returns its totals, or why it ended.
+    pub async fn finish(mut self) -> Result<ReceiverReport, ReceiveError> {
+        self.notices.close();
+        let _ = self.stop.send(true);
+        let result = (&mut self.task).await;
+        let protocol = match result {
+            Ok(Ok(counters)) => counters,
+            Ok(Err(error)) => return Err(error),
+            Err(error) => return Err(ReceiveError::Task(error.to_string())),
+        };
+        Ok(ReceiverReport { protocol, driver: self.shared.snapshot() })
+    }
+}
+
+impl Drop for FmtpReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    connect_attempts: AtomicU64,
+    notices: BoundHits,
+    request_queue: BoundHits,
+    datagrams_dropped: AtomicU64,
+}
+
+impl Shared {
+    fn snapshot(&self) -> ReceiverDriverCounters {
+        ReceiverDriverCounters {
+            connect_attempts: self.connect_attempts.load(Ordering::Relaxed),
+            notices_full: self.notices.count(),
+            request_queue_full: self.request_queue.count(),
+            datagrams_dropped: self.datagrams_dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Requests between the receiver task and its writer task.
+#[derive(Debug, Default)]
+struct RequestQueue {
+    queued_bytes: AtomicUsize,
+    drained: Notify,
+}
+
+struct ReceiverTask {
+    options: ReceiverOptions,
+    receiver: Receiver,
+    spool: Option<SpoolSink>,
+    notices: Notices,
+    shared: Arc<Shared>,
+    counters: watch::Sender<ReceiverCounters>,
+    drop_filter: Option<DropFilter>,
+}
+
+/// Why the receive loop stopped without an error.
+enum Stopped {
+    /// Asked to, or the application went away.
+    Asked,
+    /// The sender closed the connection (§3.9: the receiver stops; LDM-7 restarts the session).
+    SenderClosed,
+}
+
+impl ReceiverTask {
+    async fn run(
+        mut self,
+        udp: MulticastReceiver,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<ReceiverCounters, ReceiveError> {
+        let addr = self.options.sender_retx;
+        let connection = |source| ReceiveError::Connection { addr, source };
+        if self.options.drop_probability > 0.0 {
+            self.drop_filter = Some(DropFilter::new(self.options.drop_probability, self.options.seed));
+        }
+        let backoff = Backoff::new(CONNECT_RETRY_MIN, CONNECT_RETRY_MAX)
+            .with_deadline(Clock::now() + self.options.connect_deadline);
+        let shared = self.shared.clone();
+        let connecting = connect_with_backoff(addr, backoff, move || {
+            shared.connect_attempts.fetch_add(1, Ordering::Relaxed);
+        });
+        let stream = tokio::select! {
+            stream = connecting => stream?,
+            () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
+        };
+        stream.set_nodelay(true).map_err(connection)?;
+        let (mut read, mut write) = stream.into_split();
+        let mut stream_buffer = tokio::select! {
+            rest = offer_handshake(&mut read, &mut write) => rest.map_err(connection)?,
+            () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
+        };
+        tracing::info!(sender = %addr, "FMTP receiver connected");
+        let (anchor, wall) = Clock::wall_anchor();
+        self.receiver.set_wall_clock(anchor, wall);
+        if self.notices.send(ReceiverNotice::Connected(addr)).await.is_err() {
+            return Ok(self.receiver.counters().clone());
+        }
+        let queue = Arc::new(RequestQueue::default());
+        let (requests, request_rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
+        let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
+        writer.abort();
+        match result {
+            Ok(Stopped::Asked) => {}
+            Ok(Stopped::SenderClosed) => tracing::info!(sender = %addr, "FMTP sender closed the connection"),
+            Err(error) => return Err(connection(error)),
+        }
+        Ok(self.receiver.counters().clone())
+    }
+
+    /// The receive loop.
+    async fn receive(
+        &mut self,
+        udp: &MulticastReceiver,
+        read: &mut tokio::net::tcp::OwnedReadHalf,
+        stream_buffer: &mut Vec<u8>,
+        requests: &mpsc::UnboundedSender<Vec<u8>>,
+        queue: &RequestQueue,
+        stop: &mut watch::Receiver<bool>,
+    ) -> io::Result<Stopped> {
+        let gro = udp.gro_segments().max(1);
+        let mut storage = vec![vec![0u8; 65535.min(DATAGRAM_LEN_MAX * gro).max(DATAGRAM_LEN_MAX)]; RECV_BATCH];
+        let mut meta = vec![quinn_udp::RecvMeta::default(); RECV_BATCH];
+        let request_bytes_max = self.options.bounds.request_queue_bytes_max.max(1);
+        // Frames that came with the key exchange's answer.
+        self.handle_stream(stream_buffer)?;
+        loop {
+            // 1. Requests, up to the queue's bound.
+            let mut outgoing = Vec::new();
+            let mut held_back = false;
+            loop {
+                if queue.queued_bytes.load(Ordering::SeqCst) + outgoing.len() >= request_bytes_max {
+                    held_back = true;
+                    break;
+                }
+                let Some(message) = self.receiver.poll_transmit() else { break };
+                message.emit_to_vec(&mut outgoing).map_err(io::Error::other)?;
+            }
+            if !outgoing.is_empty() {
+                queue.queued_bytes.fetch_add(outgoing.len(), Ordering::SeqCst);
+                // A closed writer means the connection failed: the read side reports it.
+                let _ = requests.send(outgoing);
+            }
+            if held_back {
+                if self.shared.request_queue.hit() {
+                    tracing::info!(
+                        bound = request_bytes_max,
+                        "FMTP receiver: request queue full (the sender reads slowly); requests wait"
+                    );
+                }
+            } else {
+                self.shared.request_queue.relieved();
+            }
+            // 2. Events.
+            while let Some(event) = self.receiver.poll_event() {
+                let notice = self.notice_of(event);
+                if self.notices.send(notice).await.is_err() {
+                    return Ok(Stopped::Asked);
+                }
+            }
+            self.counters.send_if_modified(|counters| {
+                let changed = counters != self.receiver.counters();
+                if changed {
+                    counters.clone_from(self.receiver.counters());
+                }
+                changed
+            });
+            // 3. Wait for a datagram, a repair, the timer, room for requests, or the stop.
+            let sleep_until = self.receiver.poll_timeout().map(|at| tokio::time::Instant::from_std(Clock::to_std(at)));
+            tokio::select! {
+                received = async {
+                    let mut buffers: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+                    udp.recv_batch(&mut buffers, &mut meta).await
+                } => {
+                    let count = received?;
+                    let now = Clock::now();
+                    for (buffer, meta) in storage.iter().zip(&meta).take(count) {
+                        for datagram in datagrams(buffer, meta) {
+                            if self.drop_filter.as_mut().is_some_and(DropFilter::drops) {
+                                self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                            self.receiver.handle_datagram(now, datagram);
+                        }
+                    }
+                }
+                read_count = read_more(read, stream_buffer, READ_CHUNK_BYTES) => {
+                    match read_count {
+                        Ok(_) => self.handle_stream(stream_buffer)?,
+                        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(Stopped::SenderClosed),
+                        Err(error) => return Err(error),
+                    }
+                }
+                () = async { tokio::time::sleep_until(sleep_until.expect("guarded")).await }, if sleep_until.is_some() => {
+                    self.receiver.handle_timeout(Clock::now());
+                }
+                () = queue.drained.notified(), if held_back => {}
+                () = stopped(stop) => return Ok(Stopped::Asked),
+            }
+        }
+    }
+
+    /// Hands the whole frames at the front of the buffer to the protocol.
+    fn handle_stream(&mut self, stream_buffer: &mut Vec<u8>) -> io::Result<()> {
+        let now = Clock::now();
+        let mut consumed = 0;
+        loop {
+            match wire::split_frame(&stream_buffer[consumed..]) {
+                Ok(Split::Frame { frame, rest }) => {
+                    if let Err(error) = self.receiver.handle_stream_frame(now, frame) {
+                        tracing::warn!(%error, "FMTP receiver: malformed message from the sender");
+                    }
+                    consumed = stream_buffer.len() - rest.len();
+                }
+                Ok(Split::Incomplete { .. }) => break,
+                Err(error) => return Err(io::Error::new(io::ErrorKind::InvalidData, error)),
+            }
+        }
+        stream_buffer.drain(..consumed);
+        Ok(())
+    }
+
+    /// The application's view of a protocol event: a delivery with its bytes.
+    fn notice_of(&mut self, event: ReceiverEvent) -> ReceiverNotice {
+        let ReceiverEvent::Delivered(mut delivery) = event else {
+            if let ReceiverEvent::BoundHit { bound, index } = &event {
+                tracing::warn!(?bound, index = index.map(|i| i.0), "FMTP receiver: protocol bound hit");
+            }
+            return ReceiverNotice::Event(event);
+        };
+        let product = match (self.receiver_assembly(), &self.spool) {
+            (Assembly::Sink, Some(spool)) => match spool.take(delivery.index) {
+                Some(spooled) => ReceivedProduct::Spooled(spooled),
+                None => {
+                    tracing::error!(index = delivery.index.0, "FMTP receiver: a delivered product is not in the spool");
+                    let index = delivery.index;
+                    return ReceiverNotice::Event(ReceiverEvent::Missed { index, reason: MissReason::SinkFailed });
+                }
+            },
+            (Assembly::Discard, _) => ReceivedProduct::Discarded,
+            _ => ReceivedProduct::Memory(std::mem::take(&mut delivery.data)),
+        };
+        ReceiverNotice::Delivered { delivery, product }
+    }
+
+    fn receiver_assembly(&self) -> Assembly {
+        if self.spool.is_some() { Assembly::Sink } else { self.options.proto.assembly }
+    }
+}
+
+/// The application's notice channel, counting when it is full.
+struct Notices {
+    notices: mpsc::Sender<ReceiverNotice>,
+    shared: Arc<Shared>,
+}
+
+impl Notices {
+    /// Hands a notice to the application, waiting while its channel is full; `Err` when the
+    /// application went away.
+    async fn send(&self, notice: ReceiverNotice) -> Result<(), ()> {
+        match self.notices.try_send(notice) {
+            Ok(()) => {
+                self.shared.notices.relieved();
+                Ok(())
+            }
+            Err(TrySendError::Closed(_)) => Err(()),
+            Err(TrySendError::Full(notice)) => {
+                if self.shared.notices.hit() {
+                    tracing::info!(
+                        bound = self.notices.max_capacity(),
+                        "FMTP receiver: the application is not reading notices; receiving waits"
+                    );
+                }
+                self.notices.send(notice).await.map_err(|_| ())
+            }
+        }
+    }
+}
+
+/// Resolves when `stop` is set (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Writes requests as the receiver task queues them, coalescing.
+async fn write_requests(
+    mut write: OwnedWriteHalf,
+    mut requests: mpsc::UnboundedReceiver<Vec<u8>>,
+    queue: Arc<RequestQueue>,
+) {
+    while let Some(mut batch) = requests.recv().await {
+        while let Ok(more) = requests.try_recv() {
+            batch.extend_from_slice(&more);
+        }
+        if let Err(error) = write.write_all(&batch).await {
+            tracing::info!(%error, "FMTP receiver: cannot write requests to the sender");
+            return;
+        }
+        queue.queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst);
+        queue.drained.notify_one();
+    }
+}
+
+/// The receive-side loss filter: SplitMix64 draws, deterministic from the seed.
+struct DropFilter {
+    /// Drop when a draw is below this.
+    threshold: u64,
+    state: u64,
+}
+
+impl DropFilter {
+    fn new(probability: f64, seed: u64) -> Self {
+        // probability < 1, so the product is below 2^64.
+        Self { threshold: (probability * 18_446_744_073_709_551_616.0) as u64, state: seed }
+    }
+
+    fn drops(&mut self) -> bool {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) < self.threshold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_filter_drops_about_the_fraction_asked() {
+        let mut filter = DropFilter::new(0.05, 1);
+        let dropped = (0..100_000).filter(|_| filter.drops()).count();
+        assert!((4_000..6_000).contains(&dropped), "{dropped}");
+        let mut none = DropFilter::new(0.0, 1);
+        assert!(!(0..10_000).any(|_| none.drops()));
+    }
+}

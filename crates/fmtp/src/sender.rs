@@ -1,0 +1,959 @@
+//! Runs the sans-IO FMTP [`Sender`] on real sockets (ldm7-multicast.md §3.8): multicast UDP
+//! through [`crate::udp`] in GSO batches, and one TCP retransmission connection per receiver.
+//! The driver decides nothing about the protocol; it owns the sockets, the timers and every
+//! queue between them, and feeds the protocol the hints it needs:
+//!
+//! * **Writability** — each receiver's repairs go through a writer task behind a queue bounded
+//!   by [`SenderBounds::repair_queue_bytes_max`]. When the queue reaches the bound (the
+//!   receiver's socket is not draining), the driver calls `Sender::set_writable(id, false)`
+//!   and the protocol serves the others; when the writer has drained it to half, `true` again.
+//! * **TCP backpressure** — a receiver's connection is read in chunks of at most
+//!   [`SenderBounds::stream_chunk_bytes_max`], each read only after the previous chunk was
+//!   consumed. Frames are handed to the protocol only while `Sender::accepts_stream(id)`; the
+//!   rest of the chunk is held and no more is read until the receiver's repair backlog is back
+//!   under its bound, so a receiver asking faster than it can be served is slowed by TCP
+//!   instead of having requests dropped.
+//! * **RTT** — the kernel's smoothed RTT of each connection (`TCP_INFO`) every
+//!   [`RTT_INTERVAL`], for `Sender::set_rtt`.
+//!
+//! One task owns the state machine and follows its polling order (transmit, events, timeout).
+//! Every channel has a named bound ([`SenderBounds`]) and a counter ([`SenderDriverCounters`]);
+//! hitting a bound is logged once per episode. Nothing accepted is dropped: a full product
+//! input makes [`ProductSender::send`] wait; a product the protocol refuses comes back in
+//! [`SenderNotice::Refused`]; notices the application has not read yet wait in the task, which
+//! meanwhile takes no new product.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ldm7_fmtp_proto::wire::{self, Split};
+use ldm7_fmtp_proto::{
+    Destination, EnqueueError, Product, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
+};
+use ldm7_io::{BoundHits, Clock};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::error::TrySendError as ChannelFull;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::stream::{self, accept_handshake, read_more, tcp_rtt};
+use crate::udp::{MulticastConfig, MulticastSender};
+
+/// How often each receiver connection's RTT is read from the kernel.
+pub const RTT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Pause after a failed `accept` (out of file descriptors) before trying again.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// Largest FMTP datagram (12-byte header + 1448 bytes).
+const DATAGRAM_LEN_MAX: usize = 1460;
+
+/// Most segments in one GSO send.
+const GSO_SEGMENTS_MAX: usize = 44;
+
+/// Most bytes a writer task coalesces into one socket write.
+const WRITE_BATCH_BYTES_MAX: usize = 64 << 10;
+
+/// Who may open a retransmission connection (LDM: the subscriber's allowed address).
+pub type Authorizer = Arc<dyn Fn(SocketAddr) -> bool + Send + Sync>;
+
+/// The driver's own bounds (the protocol's are in [`SenderConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SenderBounds {
+    /// Products handed to [`ProductSender::send`] and not yet taken by the sender task (which
+    /// takes one only when the protocol's send queue has room).
+    pub product_inputs_max: usize,
+    /// Connection events, stream chunks and RTT samples waiting for the sender task.
+    pub inputs_max: usize,
+    /// Notices the application has not read. Beyond it notices wait in the task, which takes
+    /// no new product until they are read.
+    pub notices_max: usize,
+    /// Repair bytes queued for one receiver's socket; at the bound the receiver is marked not
+    /// writable until its writer drained half of it.
+    pub repair_queue_bytes_max: usize,
+    /// Largest chunk read from a receiver's connection before the sender task consumed the
+    /// previous one (the unit of TCP backpressure).
+    pub stream_chunk_bytes_max: usize,
+    /// Receiver connections at once; more are refused.
+    pub receivers_max: usize,
+    /// The kernel's send buffer of each repair connection (`SO_SNDBUF`); `None` leaves Linux's
+    /// autotuning (up to `net.ipv4.tcp_wmem`, 4 MiB by default). Repairs in the kernel's buffer
+    /// are beyond the protocol's reach: a product released at its deadline still reaches a slow
+    /// receiver from there. Bound it to bound memory per receiver and make deadlines bite; keep
+    /// it above the repair rate × RTT.
+    pub repair_send_buffer_bytes: Option<usize>,
+}
+
+impl Default for SenderBounds {
+    fn default() -> Self {
+        Self {
+            product_inputs_max: 64,
+            inputs_max: 1024,
+            notices_max: 4096,
+            repair_queue_bytes_max: 256 << 10,
+            stream_chunk_bytes_max: 16 << 10,
+            receivers_max: 1024,
+            repair_send_buffer_bytes: None,
+        }
+    }
+}
+
+/// Settings of an [`FmtpSender`].
+#[derive(Clone)]
+pub struct SenderOptions {
+    /// The multicast group, interface, TTL.
+    pub multicast: MulticastConfig,
+    /// Where the retransmission server listens (port 0: any).
+    pub retx_listen: SocketAddr,
+    /// Protocol settings (rate, deadline, bounds).
+    pub proto: SenderConfig,
+    /// Connection filter on the peer address.
+    pub authorize: Authorizer,
+    /// The driver's queue bounds.
+    pub bounds: SenderBounds,
+}
+
+impl SenderOptions {
+    /// Options that authorize every peer, with the default bounds.
+    pub fn new(multicast: MulticastConfig, retx_listen: SocketAddr, proto: SenderConfig) -> Self {
+        Self { multicast, retx_listen, proto, authorize: Arc::new(|_| true), bounds: SenderBounds::default() }
+    }
+}
+
+impl std::fmt::Debug for SenderOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SenderOptions")
+            .field("multicast", &self.multicast)
+            .field("retx_listen", &self.retx_listen)
+            .field("proto", &self.proto)
+            .field("bounds", &self.bounds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the sending application hears.
+#[derive(Debug)]
+pub enum SenderNotice {
+    /// A protocol event (sent, released, bound hit).
+    Event(SenderEvent),
+    /// A receiver's retransmission connection opened; products handed over from now on count
+    /// it among their receivers.
+    ReceiverJoined(ReceiverId, SocketAddr),
+    /// A receiver's connection closed.
+    ReceiverLeft(ReceiverId),
+    /// The protocol refused a product (LDM's policy: no receiver connected); it was not sent
+    /// and is handed back.
+    Refused(EnqueueError),
+}
+
+/// The driver's counters: how often each of its bounds was hit, and what it measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SenderDriverCounters {
+    /// [`ProductSender::send`] found the product input full and waited.
+    pub product_inputs_full: u64,
+    /// A connection task found the sender task's input full and waited.
+    pub inputs_full: u64,
+    /// A notice found the application's notice channel full and waited in the task.
+    pub notices_full: u64,
+    /// A receiver's repair queue reached its bound: marked not writable.
+    pub repair_queue_full: u64,
+    /// Reading a receiver's connection was paused because the protocol accepted no more of its
+    /// requests (TCP backpressure).
+    pub stream_paused: u64,
+    /// RTT samples handed to the protocol.
+    pub rtt_samples: u64,
+    /// Connections refused: peer not authorized.
+    pub connections_unauthorized: u64,
+    /// Connections refused: [`SenderBounds::receivers_max`] reached.
+    pub connections_over_bound: u64,
+    /// Multicast sends that failed.
+    pub multicast_send_errors: u64,
+}
+
+/// Why a product could not be handed over: the sender task ended. The product is handed back.
+#[derive(Debug, thiserror::Error)]
+#[error("the FMTP sender stopped: product not sent")]
+pub struct SendError(pub Product);
+
+/// Why [`ProductSender::try_send`] did not take a product (handed back).
+#[derive(Debug, thiserror::Error)]
+pub enum TrySendError {
+    /// [`SenderBounds::product_inputs_max`] products wait already: try again later.
+    #[error("the FMTP sender's product input is full")]
+    Full(Product),
+    /// The sender task ended.
+    #[error("the FMTP sender stopped")]
+    Stopped(Product),
+}
+
+/// Hands products to a running [`FmtpSender`]; clone it to feed products from another task
+/// while this one reads notices.
+#[derive(Clone, Debug)]
+pub struct ProductSender {
+    products: mpsc::Sender<Product>,
+    shared: Arc<Shared>,
+}
+
+impl ProductSender {
+    /// Hands a product over for multicast, waiting while
+    /// [`SenderBounds::product_inputs_max`] products are waiting already. Read the notices
+    /// meanwhile (another task, or `select!`): the sender takes no product while the
+    /// application leaves its notices unread.
+    pub async fn send(&self, product: Product) -> Result<(), SendError> {
+        match self.try_send(product) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Stopped(product)) => Err(SendError(product)),
+            Err(TrySendError::Full(product)) => {
+                if self.shared.product_inputs.hit() {
+                    tracing::info!(
+                        bound = self.products.max_capacity(),
+                        "FMTP sender: product input full; sending waits for the multicast"
+                    );
+                }
+                self.products.send(product).await.map_err(|error| SendError(error.0))
+            }
+        }
+    }
+
+    /// Hands a product over if there is room now.
+    pub fn try_send(&self, product: Product) -> Result<(), TrySendError> {
+        match self.products.try_send(product) {
+            Ok(()) => {
+                self.shared.product_inputs.relieved();
+                Ok(())
+            }
+            Err(ChannelFull::Full(product)) => Err(TrySendError::Full(product)),
+            Err(ChannelFull::Closed(product)) => Err(TrySendError::Stopped(product)),
+        }
+    }
+}
+
+/// A running FMTP sender: hand it products, read its notices. Dropping it stops the sender.
+#[derive(Debug)]
+pub struct FmtpSender {
+    products: ProductSender,
+    notices: mpsc::Receiver<SenderNotice>,
+    retx_addr: SocketAddr,
+    source_addr: SocketAddr,
+    counters: watch::Receiver<SenderCounters>,
+    shared: Arc<Shared>,
+    tasks: [JoinHandle<()>; 2],
+}
+
+impl FmtpSender {
+    /// Opens the sockets and starts the sender (inside a tokio runtime).
+    pub async fn start(options: SenderOptions) -> io::Result<Self> {
+        let bounds = options.bounds;
+        if [bounds.product_inputs_max, bounds.inputs_max, bounds.notices_max, bounds.receivers_max].contains(&0)
+            || bounds.repair_queue_bytes_max < DATAGRAM_LEN_MAX
+            || bounds.stream_chunk_bytes_max < DATAGRAM_LEN_MAX
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("FMTP sender bounds too small: {bounds:?} (queues ≥ 1, byte bounds ≥ {DATAGRAM_LEN_MAX})"),
+            ));
+        }
+        let udp = MulticastSender::open(&options.multicast).map_err(io::Error::other)?;
+        let source_addr = udp.local_addr()?;
+        let listener = TcpListener::bind(options.retx_listen).await?;
+        let retx_addr = listener.local_addr()?;
+        let mut proto = options.proto.clone();
+        for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
+            pacing.bucket_bytes = pacing.bucket_bytes.max(timer_burst_bytes(pacing.rate_bits_per_s));
+        }
+        let queued_products_max = proto.queued_products_max;
+        let mut sender = Sender::new(proto, Clock::now()).map_err(io::Error::other)?;
+        let (anchor, wall) = Clock::wall_anchor();
+        sender.set_wall_clock(anchor, wall);
+
+        let shared = Arc::new(Shared::default());
+        let (product_tx, product_rx) = mpsc::channel(bounds.product_inputs_max);
+        let (input_tx, input_rx) = mpsc::channel(bounds.inputs_max);
+        let (notice_tx, notices) = mpsc::channel(bounds.notices_max);
+        let (counters_tx, counters) = watch::channel(SenderCounters::default());
+        let inputs = Inputs { inputs: input_tx, shared: shared.clone() };
+        let accept = tokio::spawn(accept_loop(listener, options.authorize.clone(), inputs, bounds));
+        let max_segments = udp.max_segments().clamp(1, GSO_SEGMENTS_MAX);
+        let task = SenderTask {
+            sender,
+            udp,
+            queued_products_max,
+            bounds,
+            links: HashMap::new(),
+            notices: notice_tx,
+            pending_notices: VecDeque::new(),
+            shared: shared.clone(),
+            counters: counters_tx,
+            message: Vec::with_capacity(DATAGRAM_LEN_MAX),
+            batch: Vec::with_capacity(DATAGRAM_LEN_MAX * max_segments),
+            max_segments,
+            segment_len: 0,
+            segments: 0,
+        };
+        let run = tokio::spawn(task.run(product_rx, input_rx));
+        Ok(Self {
+            products: ProductSender { products: product_tx, shared: shared.clone() },
+            notices,
+            retx_addr,
+            source_addr,
+            counters,
+            shared,
+            tasks: [run, accept],
+        })
+    }
+
+    /// The retransmission server's address (give it to receivers).
+    pub fn retx_addr(&self) -> SocketAddr {
+        self.retx_addr
+    }
+
+    /// The address multicast datagrams come from.
+    pub fn source_addr(&self) -> SocketAddr {
+        self.source_addr
+    }
+
+    /// Hands a product over (see [`ProductSender::send`]).
+    pub async fn send(&self, product: Product) -> Result<(), SendError> {
+        self.products.send(product).await
+    }
+
+    /// A handle to send products from another task.
+    pub fn product_sender(&self) -> ProductSender {
+        self.products.clone()
+    }
+
+    /// The next notice; `None` once the sender stopped.
+    pub async fn next_notice(&mut self) -> Option<SenderNotice> {
+        self.notices.recv().await
+    }
+
+    /// The protocol counters as of the last loop turn.
+    pub fn counters(&self) -> SenderCounters {
+        self.counters.borrow().clone()
+    }
+
+    /// The driver's counters now.
+    pub fn driver_counters(&self) -> SenderDriverCounters {
+        self.shared.snapshot()
+    }
+}
+
+impl Drop for FmtpSender {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Bucket depth that keeps the rate when the task wakes at the timer's granularity (about a
+/// millisecond, often more under load): two milliseconds of traffic, and at least one full GSO
+/// batch. A smaller bucket caps the rate at bucket ÷ wake-up interval.
+fn timer_burst_bytes(rate_bits_per_s: u64) -> u64 {
+    (rate_bits_per_s / 8 / 500).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
+}
+
+/// Counters shared by the tasks (atomics; [`Shared::snapshot`] reads them).
+#[derive(Debug, Default)]
+struct Shared {
+    product_inputs: BoundHits,
+    inputs: BoundHits,
+    notices: BoundHits,
+    repair_queue_full: AtomicU64,
+    stream_paused: AtomicU64,
+    rtt_samples: AtomicU64,
+    connections_unauthorized: AtomicU64,
+    connections_over_bound: BoundHits,
+    multicast_send_errors: BoundHits,
+}
+
+impl Shared {
+    fn snapshot(&self) -> SenderDriverCounters {
+        SenderDriverCounters {
+            product_inputs_full: self.product_inputs.count(),
+            inputs_full: self.inputs.count(),
+            notices_full: self.notices.count(),
+            repair_queue_full: self.repair_queue_full.load(Ordering::Relaxed),
+            stream_paused: self.stream_paused.load(Ordering::Relaxed),
+            rtt_samples: self.rtt_samples.load(Ordering::Relaxed),
+            connections_unauthorized: self.connections_unauthorized.load(Ordering::Relaxed),
+            connections_over_bound: self.connections_over_bound.count(),
+            multicast_send_errors: self.multicast_send_errors.count(),
+        }
+    }
+}
+
+/// What the connection tasks tell the sender task.
+enum Input {
+    /// A receiver finished the key exchange.
+    Connected { id: ReceiverId, peer: SocketAddr, link: Link },
+    /// Whole frames read from a receiver's connection; its reader waits for a read credit.
+    Frames { id: ReceiverId, frames: Vec<u8> },
+    /// A receiver's repair queue drained below half its bound.
+    Writable(ReceiverId),
+    /// A receiver connection's RTT.
+    Rtt(ReceiverId, Duration),
+    /// A receiver's connection ended.
+    Disconnected(ReceiverId),
+}
+
+/// The sender task's input channel, counting when it is full.
+#[derive(Clone)]
+struct Inputs {
+    inputs: mpsc::Sender<Input>,
+    shared: Arc<Shared>,
+}
+
+impl Inputs {
+    /// Sends, waiting while the channel is full; `Err` once the sender task ended.
+    async fn send(&self, input: Input) -> Result<(), ()> {
+        match self.inputs.try_send(input) {
+            Ok(()) => {
+                self.shared.inputs.relieved();
+                Ok(())
+            }
+            Err(ChannelFull::Closed(_)) => Err(()),
+            Err(ChannelFull::Full(input)) => {
+                if self.shared.inputs.hit() {
+                    tracing::info!(
+                        bound = self.inputs.max_capacity(),
+                        "FMTP sender: input channel full; connections wait for the sender task"
+                    );
+                }
+                self.inputs.send(input).await.map_err(|_| ())
+            }
+        }
+    }
+
+    async fn closed(&self) {
+        self.inputs.closed().await;
+    }
+}
+
+/// One receiver's repair queue between the sender task and the writer task.
+#[derive(Debug, Default)]
+struct RepairQueue {
+    /// Bytes handed to the writer and not yet written to the socket.
+    queued_bytes: AtomicUsize,
+    /// The sender task marked the receiver not writable; the writer clears it (and says so)
+    /// once the queue drained to half.
+    blocked: AtomicBool,
+    /// Episodes of a full queue (logged once each; an episode ends when the queue is empty).
+    full: BoundHits,
+}
+
+/// The sender task's view of one receiver connection.
+struct Link {
+    peer: SocketAddr,
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    queue: Arc<RepairQueue>,
+    /// Read credits: one more chunk may be read per permit.
+    credit: Arc<Semaphore>,
+    /// Repair bytes of this loop turn not yet handed to the writer.
+    out: Vec<u8>,
+    /// Frames read but not yet handed to the protocol (it accepted no more).
+    held: Vec<u8>,
+    /// The reader waits for a credit the task withholds.
+    paused: bool,
+    /// Episodes of paused reading (logged once each; one ends when a chunk is taken whole).
+    pauses: BoundHits,
+}
+
+impl Link {
+    /// Hands this turn's repair bytes to the writer.
+    fn flush(&mut self) {
+        if self.out.is_empty() {
+            return;
+        }
+        let bytes = std::mem::take(&mut self.out);
+        self.queue.queued_bytes.fetch_add(bytes.len(), Ordering::SeqCst);
+        // A closed writer means the connection is ending; its Disconnected input follows.
+        let _ = self.writer.send(bytes);
+    }
+
+    /// Marks the queue blocked unless the writer drained it meanwhile; returns whether it is.
+    fn block(&self, low_water_bytes: usize) -> bool {
+        self.queue.blocked.store(true, Ordering::SeqCst);
+        let drained = self.queue.queued_bytes.load(Ordering::SeqCst) <= low_water_bytes;
+        !(drained && self.queue.blocked.compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst).is_ok())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // Ends the reader task if it waits for a credit.
+        self.credit.close();
+    }
+}
+
+struct SenderTask {
+    sender: Sender,
+    udp: MulticastSender,
+    queued_products_max: usize,
+    bounds: SenderBounds,
+    links: HashMap<ReceiverId, Link>,
+    notices: mpsc::Sender<SenderNotice>,
+    /// Notices the application's full channel could not take yet (bounded by the products the
+    /// protocol holds: no product is taken while any waits).
+    pending_notices: VecDeque<SenderNotice>,
+    shared: Arc<Shared>,
+    counters: watch::Sender<SenderCounters>,
+    message: Vec<u8>,
+    batch: Vec<u8>,
+    max_segments: usize,
+    segment_len: usize,
+    segments: usize,
+}
+
+/// What woke the sender task.
+enum Wake {
+    Input(Option<Input>),
+    NoticeSlot(Option<mpsc::OwnedPermit<SenderNotice>>),
+    Product(Option<Product>),
+    Timer,
+}
+
+impl SenderTask {
+    async fn run(mut self, mut products: mpsc::Receiver<Product>, mut inputs: mpsc::Receiver<Input>) {
+        let mut products_open = true;
+        loop {
+            self.drive().await;
+            let timeout = self.sender.poll_timeout();
+            let take_products = products_open
+                && self.pending_notices.is_empty()
+                && self.sender.queued_products() < self.queued_products_max;
+            let sleep_until = timeout.map(|at| tokio::time::Instant::from_std(Clock::to_std(at)));
+            let notice_slot = (!self.pending_notices.is_empty()).then(|| self.notices.clone().reserve_owned());
+            let wake = tokio::select! {
+                input = inputs.recv() => Wake::Input(input),
+                permit = async { notice_slot.expect("guarded").await }, if notice_slot.is_some() => {
+                    Wake::NoticeSlot(permit.ok())
+                }
+                product = products.recv(), if take_products => Wake::Product(product),
+                () = async { tokio::time::sleep_until(sleep_until.expect("guarded")).await }, if sleep_until.is_some() => {
+                    Wake::Timer
+                }
+            };
+            match wake {
+                Wake::Input(None) => return,
+                Wake::Input(Some(input)) => self.handle_input(input),
+                Wake::NoticeSlot(Some(permit)) => {
+                    if let Some(notice) = self.pending_notices.pop_front() {
+                        permit.send(notice);
+                    }
+                    self.flush_notices();
+                }
+                Wake::NoticeSlot(None) => self.pending_notices.clear(), // The application is gone.
+                Wake::Product(None) => products_open = false,
+                Wake::Product(Some(product)) => {
+                    if let Err(error) = self.sender.enqueue(Clock::now(), product) {
+                        self.notify(SenderNotice::Refused(error));
+                    }
+                }
+                Wake::Timer => self.sender.handle_timeout(Clock::now()),
+            }
+        }
+    }
+
+    /// Drains the protocol's outputs in its order, feeding held frames while it accepts them.
+    async fn drive(&mut self) {
+        loop {
+            let fed = self.feed_held();
+            self.transmit().await;
+            while let Some(event) = self.sender.poll_event() {
+                if let SenderEvent::BoundHit { bound, receiver } = &event {
+                    tracing::warn!(?bound, receiver = receiver.map(|id| id.0), "FMTP sender: protocol bound hit");
+                }
+                self.notify(SenderNotice::Event(event));
+            }
+            self.grant_credits();
+            if !fed {
+                break;
+            }
+        }
+        self.counters.send_if_modified(|counters| {
+            let changed = counters != self.sender.counters();
+            if changed {
+                counters.clone_from(self.sender.counters());
+            }
+            changed
+        });
+    }
+
+    fn handle_input(&mut self, input: Input) {
+        let now = Clock::now();
+        match input {
+            Input::Connected { id, peer, link } => {
+                self.links.insert(id, link);
+                self.sender.receiver_connected(now, id);
+                self.notify(SenderNotice::ReceiverJoined(id, peer));
+            }
+            Input::Frames { id, frames } => {
+                let Some(link) = self.links.get_mut(&id) else { return };
+                link.held.extend_from_slice(&frames);
+                link.paused = true;
+                self.feed_held();
+                self.grant_credits();
+                let Some(link) = self.links.get(&id) else { return };
+                if !link.paused {
+                    link.pauses.relieved();
+                } else {
+                    self.shared.stream_paused.fetch_add(1, Ordering::Relaxed);
+                    if link.pauses.hit() {
+                        tracing::info!(
+                            receiver = id.0,
+                            peer = %link.peer,
+                            "FMTP sender: the receiver's repair backlog is full; reading its requests paused"
+                        );
+                    }
+                }
+            }
+            Input::Writable(id) => {
+                if self.links.contains_key(&id) {
+                    self.sender.set_writable(id, true);
+                }
+            }
+            Input::Rtt(id, rtt) => {
+                if self.links.contains_key(&id) {
+                    self.sender.set_rtt(id, rtt);
+                    self.shared.rtt_samples.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Input::Disconnected(id) => {
+                if let Some(link) = self.links.remove(&id) {
+                    tracing::info!(receiver = id.0, peer = %link.peer, "FMTP receiver left");
+                    self.sender.receiver_disconnected(now, id);
+                    self.notify(SenderNotice::ReceiverLeft(id));
+                }
+            }
+        }
+    }
+
+    /// Hands held frames to the protocol while it accepts them; returns whether any was.
+    fn feed_held(&mut self) -> bool {
+        let now = Clock::now();
+        let mut fed = false;
+        for (id, link) in &mut self.links {
+            let mut consumed = 0;
+            while consumed < link.held.len() && self.sender.accepts_stream(*id) {
+                // The reader hands over whole, well-framed frames only.
+                let Ok(Split::Frame { frame, rest }) = wire::split_frame(&link.held[consumed..]) else {
+                    consumed = link.held.len();
+                    break;
+                };
+                if let Err(error) = self.sender.handle_stream_frame(now, *id, frame) {
+                    tracing::warn!(receiver = id.0, %error, "FMTP sender: malformed message from a receiver");
+                }
+                consumed = link.held.len() - rest.len();
+                fed = true;
+            }
+            link.held.drain(..consumed);
+        }
+        fed
+    }
+
+    /// Gives paused readers their credit back once their frames were all taken and the
+    /// protocol accepts more.
+    fn grant_credits(&mut self) {
+        for (id, link) in &mut self.links {
+            if link.paused && link.held.is_empty() && self.sender.accepts_stream(*id) {
+                link.paused = false;
+                link.credit.add_permits(1);
+            }
+        }
+    }
+
+    /// Sends everything the protocol allows now: multicast in GSO batches of equal-sized
+    /// segments, repairs into each receiver's queue.
+    async fn transmit(&mut self) {
+        let now = Clock::now();
+        let low_water_bytes = self.bounds.repair_queue_bytes_max / 2;
+        loop {
+            self.message.clear();
+            let Some(transmit) = self.sender.poll_transmit(now, &mut self.message) else { break };
+            match transmit.destination {
+                Destination::Multicast => {
+                    let len = self.message.len();
+                    if self.segments > 0 && (len > self.segment_len || self.batch.len() % self.segment_len != 0) {
+                        self.flush_multicast().await;
+                    }
+                    if self.segments == 0 {
+                        self.segment_len = len;
+                    }
+                    self.batch.extend_from_slice(&self.message);
+                    self.segments += 1;
+                    if self.segments == self.max_segments || len < self.segment_len {
+                        self.flush_multicast().await;
+                    }
+                }
+                Destination::Receiver(id) => {
+                    let Some(link) = self.links.get_mut(&id) else { continue };
+                    link.out.extend_from_slice(&self.message);
+                    let queued = link.queue.queued_bytes.load(Ordering::SeqCst) + link.out.len();
+                    if queued >= self.bounds.repair_queue_bytes_max {
+                        link.flush();
+                        if link.block(low_water_bytes) {
+                            self.sender.set_writable(id, false);
+                            self.shared.repair_queue_full.fetch_add(1, Ordering::Relaxed);
+                            if link.queue.full.hit() {
+                                tracing::info!(
+                                    receiver = id.0,
+                                    peer = %link.peer,
+                                    bound = self.bounds.repair_queue_bytes_max,
+                                    "FMTP sender: repair queue full (the receiver reads slowly); serving the others"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if self.segments > 0 {
+            self.flush_multicast().await;
+        }
+        for link in self.links.values_mut() {
+            link.flush();
+        }
+    }
+
+    async fn flush_multicast(&mut self) {
+        match self.udp.send_segments(&self.batch, self.segment_len).await {
+            Ok(()) => {
+                self.shared.multicast_send_errors.relieved();
+            }
+            Err(error) => {
+                if self.shared.multicast_send_errors.hit() {
+                    tracing::warn!(%error, "FMTP sender: multicast send failed (receivers will ask for repairs)");
+                }
+            }
+        }
+        self.batch.clear();
+        self.segments = 0;
+    }
+
+    /// Hands a notice to the application, or keeps it while the channel is full.
+    fn notify(&mut self, notice: SenderNotice) {
+        if !self.pending_notices.is_empty() {
+            self.pending_notices.push_back(notice);
+            return;
+        }
+        match self.notices.try_send(notice) {
+            Ok(()) => {
+                self.shared.notices.relieved();
+            }
+            Err(ChannelFull::Full(notice)) => {
+                if self.shared.notices.hit() {
+                    tracing::info!(
+                        bound = self.notices.max_capacity(),
+                        "FMTP sender: the application is not reading notices; taking no product until it does"
+                    );
+                }
+                self.pending_notices.push_back(notice);
+            }
+            Err(ChannelFull::Closed(_)) => {}
+        }
+    }
+
+    fn flush_notices(&mut self) {
+        while let Some(notice) = self.pending_notices.pop_front() {
+            match self.notices.try_send(notice) {
+                Ok(()) => {}
+                Err(ChannelFull::Full(notice)) => {
+                    self.pending_notices.push_front(notice);
+                    return;
+                }
+                Err(ChannelFull::Closed(_)) => {
+                    self.pending_notices.clear();
+                    return;
+                }
+            }
+        }
+        self.shared.notices.relieved();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, authorize: Authorizer, inputs: Inputs, bounds: SenderBounds) {
+    let live = Arc::new(AtomicUsize::new(0));
+    let accept_errors = BoundHits::new();
+    let mut next_id = 1u64;
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
+                accept_errors.relieved();
+                accepted
+            }
+            Err(error) => {
+                if accept_errors.hit() {
+                    tracing::warn!(%error, "FMTP sender: cannot accept retransmission connections; retrying");
+                }
+                tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
+                continue;
+            }
+        };
+        if !authorize(peer) {
+            inputs.shared.connections_unauthorized.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, "FMTP sender: refused a retransmission connection: peer not authorized");
+            continue;
+        }
+        if live.load(Ordering::SeqCst) >= bounds.receivers_max {
+            if inputs.shared.connections_over_bound.hit() {
+                tracing::warn!(%peer, bound = bounds.receivers_max, "FMTP sender: too many receivers; refusing more");
+            }
+            continue;
+        }
+        inputs.shared.connections_over_bound.relieved();
+        live.fetch_add(1, Ordering::SeqCst);
+        let id = ReceiverId(next_id);
+        next_id += 1;
+        let inputs = inputs.clone();
+        let live = live.clone();
+        tokio::spawn(async move {
+            if let Err(error) = serve_connection(stream, peer, id, &inputs, bounds).await {
+                tracing::info!(%peer, receiver = id.0, %error, "FMTP retransmission connection closed");
+            }
+            live.fetch_sub(1, Ordering::SeqCst);
+            let _ = inputs.send(Input::Disconnected(id)).await;
+        });
+    }
+}
+
+/// One receiver's connection: key exchange, then its writer task, then reading frames with
+/// credits until the connection ends.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: ReceiverId,
+    inputs: &Inputs,
+    bounds: SenderBounds,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream::set_keepalive(&stream)?;
+    if let Some(bytes) = bounds.repair_send_buffer_bytes {
+        socket2::SockRef::from(&stream).set_send_buffer_size(bytes)?;
+    }
+    let (mut read, mut write) = stream.into_split();
+    let first = accept_handshake(&mut read, &mut write).await?;
+    let queue = Arc::new(RepairQueue::default());
+    let credit = Arc::new(Semaphore::new(0));
+    let (writer, repairs) = mpsc::unbounded_channel();
+    let low_water_bytes = bounds.repair_queue_bytes_max / 2;
+    tokio::spawn(write_repairs(write, repairs, queue.clone(), low_water_bytes, id, inputs.clone()));
+    let link = Link {
+        peer,
+        writer,
+        queue,
+        credit: credit.clone(),
+        out: Vec::new(),
+        held: Vec::new(),
+        paused: false,
+        pauses: BoundHits::new(),
+    };
+    if inputs.send(Input::Connected { id, peer, link }).await.is_err() {
+        return Ok(());
+    }
+    tracing::info!(%peer, receiver = id.0, "FMTP receiver joined");
+    read_frames(read, first, id, &credit, inputs, bounds.stream_chunk_bytes_max).await
+}
+
+/// Reads a receiver's requests: hands whole frames over, then reads the next chunk only with
+/// a credit from the sender task (TCP backpressure); samples the RTT meanwhile.
+async fn read_frames(
+    mut read: OwnedReadHalf,
+    mut buffer: Vec<u8>,
+    id: ReceiverId,
+    credit: &Semaphore,
+    inputs: &Inputs,
+    chunk_bytes_max: usize,
+) -> io::Result<()> {
+    let mut rtt_timer = tokio::time::interval(RTT_INTERVAL);
+    rtt_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut needs_credit = false;
+    loop {
+        if !needs_credit {
+            let whole = whole_frames_len(&buffer)?;
+            if whole > 0 {
+                let rest = buffer.split_off(whole);
+                let frames = std::mem::replace(&mut buffer, rest);
+                if inputs.send(Input::Frames { id, frames }).await.is_err() {
+                    return Ok(());
+                }
+                needs_credit = true;
+                continue;
+            }
+        }
+        tokio::select! {
+            _ = rtt_timer.tick() => {
+                if let Some(rtt) = tcp_rtt(read.as_ref()) {
+                    if inputs.send(Input::Rtt(id, rtt)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            permit = credit.acquire(), if needs_credit => match permit {
+                Ok(permit) => {
+                    permit.forget();
+                    needs_credit = false;
+                }
+                // The sender task dropped the link.
+                Err(_) => return Ok(()),
+            },
+            read = read_more(&mut read, &mut buffer, chunk_bytes_max), if !needs_credit => {
+                read?;
+            }
+            () = inputs.closed() => return Ok(()),
+        }
+    }
+}
+
+/// Bytes of the whole frames at the front of `buffer`.
+fn whole_frames_len(buffer: &[u8]) -> io::Result<usize> {
+    let mut rest = buffer;
+    loop {
+        match wire::split_frame(rest) {
+            Ok(Split::Frame { rest: after, .. }) => rest = after,
+            Ok(Split::Incomplete { .. }) => return Ok(buffer.len() - rest.len()),
+            Err(error) => return Err(io::Error::new(io::ErrorKind::InvalidData, error)),
+        }
+    }
+}
+
+/// Writes a receiver's repairs as the sender task queues them, coalescing; says when the
+/// queue drained below half its bound after the task marked it full.
+async fn write_repairs(
+    mut write: OwnedWriteHalf,
+    mut repairs: mpsc::UnboundedReceiver<Vec<u8>>,
+    queue: Arc<RepairQueue>,
+    low_water_bytes: usize,
+    id: ReceiverId,
+    inputs: Inputs,
+) {
+    while let Some(mut batch) = repairs.recv().await {
+        while batch.len() < WRITE_BATCH_BYTES_MAX {
+            match repairs.try_recv() {
+                Ok(more) => batch.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if let Err(error) = write.write_all(&batch).await {
+            tracing::info!(receiver = id.0, %error, "FMTP sender: cannot write repairs; closing the connection");
+            break;
+        }
+        let left = queue.queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst) - batch.len();
+        if left <= low_water_bytes
+            && queue.blocked.compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+            && inputs.send(Input::Writable(id)).await.is_err()
+        {
+            return;
+        }
+        if left == 0 {
+            queue.full.relieved();
+        }
+    }
+    let _ = inputs.send(Input::Disconnected(id)).await;
+}
