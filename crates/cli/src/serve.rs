@@ -1,11 +1,15 @@
 //! `ldm7 serve`: the LDM server (ldmd) — ALLOW/ACCEPT/REQUEST/EXEC/INCLUDE from ldmd.conf,
-//! upstream sessions from the queue, downstream REQUESTs into it. SIGTERM/SIGINT drain and
+//! upstream sessions from the queue, downstream REQUESTs into it, and the LDM-7 multicast
+//! service (MULTICAST feeds to subscribers, RECEIVE subscriptions; settings in `ldm7.toml`).
+//! `--check` validates the configuration and the settings and exits. SIGTERM/SIGINT drain and
 //! exit; SIGHUP reloads the configuration (and reopens the log file, `crate::logging`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ldm7_server::config::Config;
+use ldm7_server::settings::Settings;
 use ldm7_server::{Server, ServerOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -46,10 +50,21 @@ pub struct ServeArgs {
     /// Most connections served at once; more are refused (LDM's /server/max-clients).
     #[arg(long = "max-clients", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_clients: u32,
+    /// The settings file (multicast rate and deadline, path service, subscribers; see
+    /// docs/ldm7.md) [default: ldm7.toml next to the configuration file, if there is one].
+    #[arg(long = "settings", value_name = "LDM7_TOML")]
+    pub settings: Option<PathBuf>,
+    /// Check the configuration and the settings, print what they define, and exit.
+    #[arg(long = "check")]
+    pub check: bool,
 }
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(args: &ServeArgs) -> CmdResult {
+    let settings = load_settings(args)?;
+    if args.check {
+        return check(args, &settings);
+    }
     let mut options = ServerOptions::new(
         args.config.clone(),
         queue_path(args.queue.as_deref()),
@@ -61,6 +76,7 @@ pub fn run(args: &ServeArgs) -> CmdResult {
     options.retry_max = args.retry_max;
     options.retry_min = options.retry_min.min(options.retry_max);
     options.max_clients = args.max_clients as usize;
+    options.settings = std::sync::Arc::new(settings);
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(runtime)?;
     let server = Server::start(options).map_err(|error| match error {
         ldm7_server::ServerError::Config(_) | ldm7_server::ServerError::Queue { .. } => input(error),
@@ -77,6 +93,68 @@ pub fn run(args: &ServeArgs) -> CmdResult {
         }
     }
     server.stop();
+    Ok(())
+}
+
+/// The settings: `--settings FILE`, else `ldm7.toml` beside the configuration file, else the
+/// defaults.
+fn load_settings(args: &ServeArgs) -> CmdResult<Settings> {
+    let path = match &args.settings {
+        Some(path) => Some(path.clone()),
+        None => {
+            let beside = args.config.parent().unwrap_or(std::path::Path::new(".")).join("ldm7.toml");
+            beside.is_file().then_some(beside)
+        }
+    };
+    match path {
+        Some(path) => Settings::load(&path).map_err(input),
+        None => Ok(Settings::default()),
+    }
+}
+
+/// `--check`: parses everything, prints a summary, exits 0 (or 1 with the first error).
+fn check(args: &ServeArgs, settings: &Settings) -> CmdResult {
+    let config = Config::load(&args.config).map_err(input)?;
+    println!("{}: OK", args.config.display());
+    match &settings.source {
+        Some(path) => println!("{}: OK", path.display()),
+        None => println!("settings: defaults (no ldm7.toml)"),
+    }
+    println!(
+        "ALLOW {}, ACCEPT {}, REQUEST {}, EXEC {}, MULTICAST {}, RECEIVE {}",
+        config.allows.len(),
+        config.accepts.len(),
+        config.requests.len(),
+        config.execs.len(),
+        config.multicasts.len(),
+        config.receives.len()
+    );
+    for entry in &config.multicasts {
+        let feed = settings.multicast(entry.feedtype);
+        let port = entry.group_port.unwrap_or(args.port);
+        let subnet = if entry.subnet_len > 0 {
+            format!("addresses from {}/{}", entry.fmtp_server, entry.subnet_len)
+        } else {
+            "subscribers keep their own address".to_owned()
+        };
+        println!(
+            "MULTICAST {} to {}:{port} at {}, deadline {:?}, FMTP server {}:{}, {subnet}",
+            entry.feedtype, entry.group, feed.rate, feed.deadline, entry.fmtp_server, entry.fmtp_port
+        );
+    }
+    for entry in &config.receives {
+        let feed = settings.receive(entry.feedtype);
+        println!(
+            "RECEIVE {} from {}:{} (backlog {} s when new, retry {}–{} s{})",
+            entry.feedtype,
+            entry.host,
+            entry.port.unwrap_or(args.port),
+            feed.time_offset.as_secs(),
+            feed.retry_min.as_secs_f64(),
+            feed.retry_max.as_secs_f64(),
+            entry.interface.as_deref().map(|name| format!(", interface {name}")).unwrap_or_default()
+        );
+    }
     Ok(())
 }
 

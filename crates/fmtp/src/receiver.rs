@@ -75,6 +75,9 @@ pub struct ReceiverOptions {
     pub source: Option<IpAddr>,
     /// The sender's retransmission server.
     pub sender_retx: SocketAddr,
+    /// The local address the retransmission connection comes from (`None`: the kernel's
+    /// choice). LDM-7: the address the publisher handed out (ldm7-multicast.md §4.3).
+    pub local_addr: Option<IpAddr>,
     /// Protocol settings (its `assembly` is overridden by [`spool`](Self::spool)).
     pub proto: ReceiverConfig,
     /// Write products into spool files in a fresh directory under this one instead of
@@ -98,6 +101,7 @@ impl ReceiverOptions {
             multicast,
             source: None,
             sender_retx,
+            local_addr: None,
             proto: ReceiverConfig::default(),
             spool: None,
             connect_deadline: CONNECT_DEADLINE_DEFAULT,
@@ -380,7 +384,7 @@ impl ReceiverTask {
         let backoff = Backoff::new(CONNECT_RETRY_MIN, CONNECT_RETRY_MAX)
             .with_deadline(Clock::now() + self.options.connect_deadline);
         let shared = self.shared.clone();
-        let connecting = connect_with_backoff(addr, backoff, move || {
+        let connecting = connect_with_backoff(addr, self.options.local_addr, backoff, move || {
             shared.connect_attempts.fetch_add(1, Ordering::Relaxed);
         });
         let stream = tokio::select! {

@@ -11,7 +11,7 @@
 //! is not implemented yet.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::BufMut;
@@ -114,12 +114,14 @@ pub struct ConnectError {
     pub last: io::Error,
 }
 
-/// Connects to `addr`, retrying with `backoff` (which carries the deadline) on refusal or any
-/// other error (each attempt cut at [`CONNECT_ATTEMPT_TIMEOUT`]); `on_attempt` is called before
-/// each attempt. ldm7-multicast.md §3.1: the reference retries every 5 s for up to 120 s; we
-/// start faster.
+/// Connects to `addr` — from `local` when given (LDM-7: the address the publisher handed out,
+/// the only one its repair server accepts, ldm7-multicast.md §4.3) — retrying with `backoff`
+/// (which carries the deadline) on refusal or any other error (each attempt cut at
+/// [`CONNECT_ATTEMPT_TIMEOUT`]); `on_attempt` is called before each attempt. §3.1: the
+/// reference retries every 5 s for up to 120 s; we start faster.
 pub(crate) async fn connect_with_backoff(
     addr: SocketAddr,
+    local: Option<IpAddr>,
     mut backoff: Backoff,
     mut on_attempt: impl FnMut(),
 ) -> Result<TcpStream, ConnectError> {
@@ -128,7 +130,7 @@ pub(crate) async fn connect_with_backoff(
     loop {
         attempts += 1;
         on_attempt();
-        let attempt = tokio::time::timeout(CONNECT_ATTEMPT_TIMEOUT, TcpStream::connect(addr)).await;
+        let attempt = tokio::time::timeout(CONNECT_ATTEMPT_TIMEOUT, connect_from(addr, local)).await;
         let error = match attempt {
             Ok(Ok(stream)) => return Ok(stream),
             Ok(Err(error)) => error,
@@ -141,6 +143,14 @@ pub(crate) async fn connect_with_backoff(
         tracing::debug!(%addr, %error, ?delay, "FMTP retransmission server not reachable yet; retrying");
         tokio::time::sleep(delay).await;
     }
+}
+
+/// One connection attempt, bound to `local` (any port) when given.
+async fn connect_from(addr: SocketAddr, local: Option<IpAddr>) -> io::Result<TcpStream> {
+    let Some(local) = local else { return TcpStream::connect(addr).await };
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.bind(SocketAddr::new(local, 0))?;
+    socket.connect(addr).await
 }
 
 /// Keep-alive as the reference sets it on accepted connections (§3.1: idle 60 s, interval
@@ -197,7 +207,7 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2))
             .with_deadline(Clock::now() + Duration::from_secs(10));
-        let (client, accepted) = tokio::join!(connect_with_backoff(addr, backoff, || {}), listener.accept());
+        let (client, accepted) = tokio::join!(connect_with_backoff(addr, None, backoff, || {}), listener.accept());
         let client = client.expect("connect");
         let (server, _) = accepted.expect("accept");
         let (mut client_read, mut client_write) = client.into_split();
@@ -222,7 +232,7 @@ mod tests {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(20))
             .with_deadline(Clock::now() + Duration::from_millis(200));
-        let error = connect_with_backoff(addr, backoff, || {}).await.expect_err("nobody listens");
+        let error = connect_with_backoff(addr, None, backoff, || {}).await.expect_err("nobody listens");
         assert!(error.attempts >= 3, "{error}");
         assert_eq!(error.last.kind(), io::ErrorKind::ConnectionRefused, "{error}");
     }

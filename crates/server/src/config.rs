@@ -563,13 +563,21 @@ fn host_and_port<'a>(text: &'a str, location: &Location) -> Result<(&'a str, Opt
     Ok((host, port))
 }
 
-/// `a.b.c.d[:port]`.
+/// `a.b.c.d[:port]` (port 0: chosen by the system).
 fn address_and_port(
     text: &str,
     what: &str,
     location: &Location,
 ) -> Result<(std::net::Ipv4Addr, Option<u16>), ConfigError> {
-    let (host, port) = host_and_port(text, location)?;
+    let (host, port) = match text.split_once(':') {
+        Some((host, port)) => {
+            let port = port.parse::<u16>().map_err(|_| {
+                entry_error(location, format!("invalid port in {text:?}: give {what} as a.b.c.d[:port]"))
+            })?;
+            (host, Some(port))
+        }
+        None => (text, None),
+    };
     let address = host
         .parse::<std::net::Ipv4Addr>()
         .map_err(|_| entry_error(location, format!("{what} {host:?} is not an IPv4 address (a.b.c.d[:port])")))?;

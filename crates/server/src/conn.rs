@@ -1,5 +1,7 @@
-//! One accepted connection: the sans-IO [`Upstream`] session driven over a blocking socket in
-//! its own thread (LDM forks a process per connection; a thread is our equivalent).
+//! One accepted connection: the sans-IO [`Inbound`] session driven over a blocking socket in
+//! its own thread (LDM forks a process per connection; a thread is our equivalent). The first
+//! call decides: LDM-6 calls are served here as an [`Upstream`]; an LDM-7 call (SUBSCRIBE) hands
+//! the connection to the multicast service ([`crate::multicast::upstream7`]).
 //!
 //! Feeding reads the queue with a [`ldm7_pq::Follower`] from the requested position and
 //! writes products in batches; when it catches up it flushes with NULLPROC and waits for the
@@ -12,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ldm7_io::Clock;
-use ldm7_ldm_proto::{FeedMode, HiyaAnswer, RequestAnswer, Upstream, UpstreamEvent};
+use ldm7_ldm_proto::{FeedMode, HiyaAnswer, Inbound, RequestAnswer, Upstream, UpstreamEvent};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 
 use ldm7_io::log_target::PRODUCT;
@@ -71,13 +73,16 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
         return Ok(());
     }
     tracing::info!(target: PRODUCT, "Connection from {peer}");
-    let mut session = Upstream::new(Clock::now());
+    let mut inbound = Inbound::new(Clock::now());
     let mut buf = vec![0u8; 256 << 10];
     let mut out = Vec::with_capacity(WRITE_BATCH * 2);
     let mut feed: Option<Feed> = None;
     let mut accepted: Option<ProdClass> = None;
     let mut follower_from: Option<Timestamp> = None;
     loop {
+        let Some(session) = inbound.upstream() else {
+            return crate::multicast::upstream7::serve(shared, stream, peer, inbound, buf);
+        };
         // Decisions and state changes.
         while let Some(event) = session.poll_event() {
             match event {
@@ -151,29 +156,29 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                     if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
                         shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
                     }
-                    write_all(&mut stream, &mut session, &mut out)?;
+                    write_all(&mut stream, session, &mut out)?;
                     return Ok(result?);
                 }
             }
         }
-        write_all(&mut stream, &mut session, &mut out)?;
+        write_all(&mut stream, session, &mut out)?;
         if shared.stopping.load(Ordering::Relaxed) {
             return Ok(());
         }
         // Feeding: products while ready; else read the socket until the next timeout.
         if let (Some(from), Some(feed)) = (follower_from, &feed) {
             if session.ready() {
-                let next = feed_products(shared, &mut session, &mut stream, &mut out, from, feed)?;
+                let next = feed_products(shared, session, &mut stream, &mut out, from, feed)?;
                 follower_from = Some(next);
                 continue;
             }
         }
-        match wait_input(&mut stream, &mut buf, session.poll_timeout(), SHUTDOWN_POLL) {
-            Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
-            Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
-            Ok(Input::Eof) => session.handle_eof(),
+        match wait_input(&mut stream, &mut buf, inbound.poll_timeout(), SHUTDOWN_POLL) {
+            Ok(Input::Bytes(n)) => inbound.handle_input(Clock::now(), &buf[..n]),
+            Ok(Input::Timeout) => inbound.handle_timeout(Clock::now()),
+            Ok(Input::Eof) => inbound.handle_eof(),
             Err(error) => {
-                session.handle_eof();
+                inbound.handle_eof();
                 tracing::debug!("{peer}: read: {error}");
             }
         }

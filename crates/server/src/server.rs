@@ -14,7 +14,10 @@ use ldm7_pq::Queue;
 
 use crate::access::PeerHost;
 use crate::config::Config;
+use crate::multicast::Multicaster;
+use crate::multicast::downstream7::{self, SubscriberContext, SubscriberCounters};
 use crate::request::RequestSpec;
+use crate::settings::Settings;
 use crate::{conn, request};
 
 /// How the server runs.
@@ -40,6 +43,8 @@ pub struct ServerOptions {
     pub retry_max: Duration,
     /// Most connections served at once (LDM's `/server/max-clients`: 256).
     pub max_clients: usize,
+    /// The settings file (multicast, path service, subscribers).
+    pub settings: Arc<Settings>,
 }
 
 impl ServerOptions {
@@ -56,6 +61,7 @@ impl ServerOptions {
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(60),
             max_clients: 256,
+            settings: Arc::new(Settings::default()),
         }
     }
 }
@@ -88,7 +94,10 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct Shared {
     pub(crate) options: ServerOptions,
-    pub(crate) queue: Queue,
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) multicaster: Arc<Multicaster>,
+    /// The counters of each RECEIVE, by name.
+    pub(crate) subscriber_counters: Mutex<Vec<(String, Arc<SubscriberCounters>)>>,
     config: RwLock<Arc<Config>>,
     pub(crate) stopping: AtomicBool,
     pub(crate) counters: Counters,
@@ -148,6 +157,9 @@ pub enum ServerError {
         /// Why.
         source: std::io::Error,
     },
+    /// The LDM-7 runtime cannot start.
+    #[error("cannot start the LDM-7 subscriber threads: {0}")]
+    Runtime(#[source] std::io::Error),
     /// The state directory cannot be used.
     #[error("cannot use the state directory {path}: {source}")]
     StateDir {
@@ -165,6 +177,8 @@ pub struct Server {
     local_addr: SocketAddr,
     threads: Vec<JoinHandle<()>>,
     children: Vec<Child>,
+    /// The RECEIVE subscribers' runtime and their stop signal.
+    subscribers: Option<(tokio::runtime::Runtime, tokio::sync::watch::Sender<bool>)>,
 }
 
 impl Server {
@@ -172,7 +186,6 @@ impl Server {
     /// the EXEC children.
     pub fn start(options: ServerOptions) -> Result<Self, ServerError> {
         let config = Config::load(&options.config_path)?;
-        warn_unsupported(&config);
         let queue = Queue::open(&options.queue_path)
             .map_err(|source| ServerError::Queue { path: options.queue_path.display().to_string(), source })?;
         std::fs::create_dir_all(&options.state_dir)
@@ -182,9 +195,18 @@ impl Server {
         let local_addr =
             listener.local_addr().map_err(|source| ServerError::Listen { address: options.listen, source })?;
         listener.set_nonblocking(true).map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        let queue = Arc::new(queue);
+        let multicaster = Arc::new(Multicaster::new(
+            queue.clone(),
+            options.state_dir.clone(),
+            options.settings.clone(),
+            local_addr.port(),
+        ));
         let shared = Arc::new(Shared {
             options,
             queue,
+            multicaster,
+            subscriber_counters: Mutex::new(Vec::new()),
             config: RwLock::new(Arc::new(config)),
             stopping: AtomicBool::new(false),
             counters: Counters::default(),
@@ -209,8 +231,9 @@ impl Server {
                 std::thread::Builder::new().name(name).spawn(move || request::run(shared, request)).expect("spawn"),
             );
         }
+        let subscribers = start_subscribers(&shared, &config, local_addr.port())?;
         let children = start_execs(&config);
-        Ok(Self { shared, local_addr, threads, children })
+        Ok(Self { shared, local_addr, threads, children, subscribers })
     }
 
     /// The address the server listens on.
@@ -227,7 +250,6 @@ impl Server {
     /// REQUEST and EXEC changes take effect at the next start (as with LDM's `ldmadmin restart`).
     pub fn reload(&self) -> Result<(), ServerError> {
         let config = Config::load(&self.shared.options.config_path)?;
-        warn_unsupported(&config);
         *self.shared.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
         tracing::info!("Configuration reloaded from {}", self.shared.options.config_path.display());
         Ok(())
@@ -242,6 +264,11 @@ impl Server {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        if let Some((runtime, stop)) = self.subscribers.take() {
+            let _ = stop.send(true);
+            runtime.shutdown_timeout(Duration::from_secs(5));
+        }
+        self.shared.multicaster.stop();
         for child in &mut self.children {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
@@ -300,6 +327,41 @@ fn requests(config: &Config, default_port: u16) -> Vec<RequestSpec> {
         .collect()
 }
 
+/// One task per RECEIVE entry on a runtime of their own.
+fn start_subscribers(
+    shared: &Arc<Shared>,
+    config: &Config,
+    server_port: u16,
+) -> Result<Option<(tokio::runtime::Runtime, tokio::sync::watch::Sender<bool>)>, ServerError> {
+    if config.receives.is_empty() {
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ldm7-receive")
+        .enable_all()
+        .build()
+        .map_err(ServerError::Runtime)?;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    for receive in &config.receives {
+        let context = SubscriberContext {
+            queue: shared.queue.clone(),
+            state_dir: shared.options.state_dir.clone(),
+            server_port,
+            stop: stop_rx.clone(),
+        };
+        let settings = shared.options.settings.receive(receive.feedtype).clone();
+        let counters = Arc::new(SubscriberCounters::default());
+        shared
+            .subscriber_counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((format!("{} {}", receive.host, receive.feedtype), counters.clone()));
+        runtime.spawn(downstream7::run(context, receive.clone(), settings, counters));
+    }
+    Ok(Some((runtime, stop)))
+}
+
 fn start_execs(config: &Config) -> Vec<Child> {
     let mut children = Vec::new();
     for exec in &config.execs {
@@ -313,10 +375,4 @@ fn start_execs(config: &Config) -> Vec<Child> {
         }
     }
     children
-}
-
-fn warn_unsupported(config: &Config) {
-    for location in config.multicasts.iter().map(|m| &m.location).chain(config.receives.iter().map(|r| &r.location)) {
-        tracing::warn!("{location}: MULTICAST/RECEIVE are not served yet; ignored");
-    }
 }

@@ -5,7 +5,7 @@
 //!
 //! Nothing here reads a clock. [`WallClock`] maps instants to wall time from one anchor pair
 //! the driver supplies (`set_wall_clock` on the FMTP sender and receiver). Drivers read the
-//! real clock through one type of their own (`ldm7_fmtp::clock::Clock` style) that maps
+//! real clock through `ldm7_io::Clock`, which maps
 //! `std::time::Instant` to [`Instant`].
 
 use std::fmt;

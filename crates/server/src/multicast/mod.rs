@@ -3,6 +3,11 @@
 //! products as FMTP carries them ([`product`]).
 
 pub mod delivery;
+pub mod downstream7;
 pub mod index_map;
 pub mod pool;
 pub mod product;
+pub mod publisher;
+pub(crate) mod upstream7;
+
+pub use publisher::{Multicaster, PublisherCounters, Refusal, Subscription};

@@ -1,0 +1,742 @@
+//! The subscriber side of LDM-7 (a RECEIVE entry; ldm7-multicast.md §2.2 steps 1, 3–5, §2.3,
+//! §2.4): subscribes to the upstream, receives the feed by FMTP into the product queue, fetches
+//! what FMTP could not deliver through the backstop (REQUEST_PRODUCT) and what it missed while
+//! away through the backlog (REQUEST_BACKLOG), and logs one [`Delivery`] line per product.
+//!
+//! One task per RECEIVE entry, on the server's LDM-7 runtime:
+//!
+//! 1. Connects to the upstream and sends SUBSCRIBE (feed, this host's attachment). A refusal or
+//!    a lost connection is retried with back-off (`retry_min` doubling to `retry_max`) for as
+//!    long as the server runs; the first failure of an outage is logged as a warning, the
+//!    retries at debug level, and the resubscription once it succeeds.
+//! 2. On `Subscribed`: configures the address it was given on the RECEIVE entry's interface if
+//!    one is named (needs root), joins the group there (or on loopback when the address is a
+//!    loopback one) and connects its FMTP repair connection *from* that address — the publisher
+//!    only takes repair connections from addresses it handed out.
+//! 3. Each product FMTP delivers is written into a spool file as it arrives (never whole in
+//!    memory beyond the receiver's bounds), checked (XDR header, BOP metadata, MD5 of the data)
+//!    and copied from the spool into the queue in one pass. A product that fails the check is
+//!    fetched through the backstop instead.
+//! 4. Products FMTP reports missed (rejected after the sender's deadline, timed out, evicted, or
+//!    skipped by a jump of the product index) are asked for with REQUEST_PRODUCT; the answers
+//!    come in request order on the control connection and are inserted (`Inserted`).
+//! 5. At the first product of a session it asks for the backlog: from just after its resume
+//!    point — or `time_offset` back when it has none — up to that first product (`Backlog`).
+//!
+//! The resume point ([`Resume`], kept in the state directory) is the newest product before
+//! which nothing is missing: the reference keeps the last product received by multicast, but
+//! then a product still being fetched through the backstop when the session dies (kill -9, the
+//! publisher restarting) would never arrive — its index is older than the last one received,
+//! so the next backlog starts after it. Ours stays below every product still asked for, and
+//! advances only once the session's own backlog is complete (END_BACKLOG).
+//!
+//! Duplicates (a product that came both ways) are dropped by the queue and counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate};
+use ldm7_fmtp::{FmtpReceiver, ReceivedProduct, ReceiverNotice, ReceiverOptions};
+use ldm7_fmtp_proto::{ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
+use ldm7_io::log_target::PRODUCT;
+use ldm7_io::{Backoff, Clock};
+use ldm7_ldm_proto::{
+    BacklogSpec, McastSubInfo, SessionError, Subscriber, SubscriberConfig, SubscriberEvent, VcEndPoint,
+};
+use ldm7_pq::{InsertError, InsertOutcome, Queue};
+use ldm7_types::{ProdInfo, Signature};
+use md5::{Digest, Md5};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::delivery::{Delivery, DeliveryMode};
+use super::product;
+use crate::config::Receive;
+use crate::settings::ReceiveSettings;
+
+/// Bytes read from the head of a spooled product to decode its XDR header (the largest
+/// `prod_info` is 8 + 16 + 4 + 64 + 4 + 4 + 4 + 256 + 4 bytes).
+const HEAD_BYTES: usize = 512;
+/// Chunk size when copying a spooled product into the queue.
+const COPY_CHUNK_BYTES: usize = 256 << 10;
+/// Most products asked for one jump of the product index.
+const INDEX_GAP_REQUESTS_MAX: u32 = 100_000;
+/// How often the resume point (last product's signature) is saved while products arrive.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+/// How long a connection to the upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the FMTP receiver keeps trying to reach the repair server.
+const REPAIR_CONNECT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Counters of one RECEIVE (per feed and upstream).
+#[derive(Debug, Default)]
+pub struct SubscriberCounters {
+    /// Successful subscriptions (1 + resubscriptions).
+    pub subscriptions: AtomicU64,
+    /// Products received by FMTP and inserted.
+    pub received: AtomicU64,
+    /// Of those, products that needed no retransmitted block.
+    pub multicast_only: AtomicU64,
+    /// Blocks retransmitted over TCP for inserted FMTP products.
+    pub retransmitted_blocks: AtomicU64,
+    /// Products inserted from the backstop.
+    pub inserted: AtomicU64,
+    /// Products inserted from the backlog.
+    pub backlog: AtomicU64,
+    /// Products that came twice (the queue had them).
+    pub duplicates: AtomicU64,
+    /// Products asked for by REQUEST_PRODUCT.
+    pub requested: AtomicU64,
+    /// REQUEST_PRODUCTs the upstream could not answer (NO_SUCH_PRODUCT).
+    pub no_such_product: AtomicU64,
+    /// FMTP products that failed the check (header, metadata, MD5) and were asked for again.
+    pub corrupt: AtomicU64,
+    /// Products that could not be inserted (too big for the queue, storage failure).
+    pub insert_errors: AtomicU64,
+}
+
+/// What a subscriber needs from the server.
+#[derive(Clone)]
+pub struct SubscriberContext {
+    /// The product queue.
+    pub queue: Arc<Queue>,
+    /// Where the resume point and the spool live.
+    pub state_dir: PathBuf,
+    /// The server's port (the upstream's default port).
+    pub server_port: u16,
+    /// Set when the server stops.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for SubscriberContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriberContext").field("state_dir", &self.state_dir).finish_non_exhaustive()
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("the server is stopping")]
+    Stopping,
+    #[error("cannot connect to {address}: {source}")]
+    Connect { address: String, source: std::io::Error },
+    #[error("the upstream refused the subscription: {0}")]
+    Refused(ldm7_ldm_proto::Ldm7Status),
+    #[error("the control connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("the upstream closed the connection")]
+    Closed,
+    #[error("the FMTP receiver stopped: {0}")]
+    Fmtp(String),
+    #[error("the subscription reply is unusable: {0}")]
+    Reply(String),
+    #[error("cannot configure {address} on {interface}: {why}")]
+    Address { address: String, interface: String, why: String },
+}
+
+/// Runs one RECEIVE until the server stops.
+pub async fn run(
+    context: SubscriberContext,
+    receive: Receive,
+    settings: ReceiveSettings,
+    counters: Arc<SubscriberCounters>,
+) {
+    let port = receive.port.unwrap_or(context.server_port);
+    let name = format!("{}:{port} {}", receive.host, receive.feedtype);
+    let state_path = context.state_dir.join(format!(
+        ".ldm7-{}-{}-{port}.last",
+        file_name(&receive.feedtype.to_string()),
+        file_name(&receive.host)
+    ));
+    let mut resume = Resume::load(state_path);
+    let mut backoff = Backoff::new(settings.retry_min, settings.retry_max);
+    let mut in_outage = false;
+    let mut stop = context.stop.clone();
+    tracing::info!(
+        "Downstream LDM7 starting up: remoteLDM7={}:{port}, feed={}, fmtpIface={}, vcEndPoint={}",
+        receive.host,
+        receive.feedtype,
+        receive.interface.as_deref().unwrap_or("-"),
+        vc_end(&receive).switch_id
+    );
+    loop {
+        let started = Clock::now();
+        let mut session = Session {
+            context: &context,
+            receive: &receive,
+            settings: &settings,
+            counters: &counters,
+            name: &name,
+            port,
+            resume: &mut resume,
+            in_outage: &mut in_outage,
+        };
+        let end = session.run().await;
+        match end {
+            SessionEnd::Stopping => break,
+            error if !in_outage => {
+                tracing::warn!("{name}: {error}; resubscribing with back-off until it works");
+                in_outage = true;
+            }
+            error => tracing::debug!("{name}: {error}"),
+        }
+        if Clock::now() - started > backoff.max() {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay(Clock::now()).unwrap_or(settings.retry_max);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            break;
+        }
+    }
+    resume.save();
+}
+
+struct Session<'a> {
+    context: &'a SubscriberContext,
+    receive: &'a Receive,
+    settings: &'a ReceiveSettings,
+    counters: &'a SubscriberCounters,
+    name: &'a str,
+    port: u16,
+    resume: &'a mut Resume,
+    in_outage: &'a mut bool,
+}
+
+impl Session<'_> {
+    async fn run(&mut self) -> SessionEnd {
+        let address = format!("{}:{}", self.receive.host, self.port);
+        let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&address)).await;
+        let stream = match connect {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(source)) => return SessionEnd::Connect { address, source },
+            Err(_) => return SessionEnd::Connect { address, source: std::io::ErrorKind::TimedOut.into() },
+        };
+        let _ = stream.set_nodelay(true);
+        let mut config = SubscriberConfig::new(self.receive.feedtype);
+        config.vc_end = vc_end(self.receive);
+        config.upstream_host = Some(self.receive.host.clone());
+        let session = Subscriber::new(Clock::now(), config);
+        match self.drive(stream, session).await {
+            Ok(()) => SessionEnd::Closed,
+            Err(end) => end,
+        }
+    }
+
+    async fn drive(&mut self, stream: TcpStream, mut session: Subscriber) -> Result<(), SessionEnd> {
+        let (mut read, mut write) = stream.into_split();
+        let mut stop = self.context.stop.clone();
+        let mut buf = vec![0u8; 256 << 10];
+        let mut out = Vec::new();
+        let mut receiver: Option<FmtpReceiver> = None;
+        let mut backlog_asked = false;
+        let backlog_after = self.resume.session_started();
+        let mut last_save = Clock::now();
+        let mut unsaved = false;
+        let result = 'session: loop {
+            // Events of the control session.
+            while let Some(event) = session.poll_event() {
+                match event {
+                    SubscriberEvent::Subscribed { info } => {
+                        receiver = Some(self.start_receiver(&info)?);
+                        self.counters.subscriptions.fetch_add(1, Ordering::Relaxed);
+                        if std::mem::take(self.in_outage) {
+                            tracing::warn!("{}: resubscribed", self.name);
+                        }
+                        tracing::info!(
+                            "{}: subscribed: group {}, FMTP server {}, FMTP address {}",
+                            self.name,
+                            info.mcast_info.group,
+                            info.mcast_info.server,
+                            info.fmtp_addr
+                        );
+                    }
+                    SubscriberEvent::Refused { status } => return Err(SessionEnd::Refused(status)),
+                    SubscriberEvent::MissedProduct { index, product } => {
+                        self.resume.answered(index, Some(product.info.signature));
+                        unsaved = true;
+                        self.insert_product(DeliveryMode::Inserted, Some(index), product.info, &product.data);
+                    }
+                    SubscriberEvent::NoSuchProduct { index } => {
+                        self.resume.answered(index, None);
+                        self.counters.no_such_product.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
+                    }
+                    SubscriberEvent::BacklogProduct { product } => {
+                        self.insert_product(DeliveryMode::Backlog, None, product.info, &product.data);
+                    }
+                    SubscriberEvent::EndBacklog => {
+                        self.resume.backlog_complete();
+                        unsaved = true;
+                        tracing::info!(
+                            "All backlog data-products received: feed={}, server={}",
+                            self.receive.feedtype,
+                            self.receive.host
+                        );
+                    }
+                    SubscriberEvent::Unexpected { proc, index, expected } => {
+                        tracing::warn!(
+                            "{}: Unexpected product: {proc:?} for index {index} (expected {expected:?})",
+                            self.name
+                        );
+                    }
+                    SubscriberEvent::RequestsOverBound => {
+                        tracing::warn!(
+                            "{}: too many products requested at once; the backlog will cover the rest",
+                            self.name
+                        );
+                    }
+                    SubscriberEvent::Unserved(call) => tracing::warn!("{}: {call}", self.name),
+                    SubscriberEvent::Closed(result) => break 'session result.map_err(SessionEnd::from),
+                }
+            }
+            if unsaved && Clock::now() - last_save >= SAVE_EVERY {
+                self.resume.save();
+                last_save = Clock::now();
+                unsaved = false;
+            }
+            session.take_output(&mut out);
+            if !out.is_empty() {
+                write.write_all(&out).await?;
+                out.clear();
+            }
+            let timeout = session.poll_timeout().map(Clock::to_std).map(tokio::time::Instant::from_std);
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            tokio::select! {
+                read_count = read.read(&mut buf) => {
+                    match read_count? {
+                        0 => session.handle_eof(),
+                        count => session.handle_input(Clock::now(), &buf[..count]),
+                    }
+                }
+                notice = next_notice(&mut receiver) => {
+                    match notice {
+                        Some(notice) => {
+                            if let Some(first) = self.on_notice(&mut session, notice).await? {
+                                unsaved = true;
+                                if !backlog_asked {
+                                    backlog_asked = true;
+                                    self.ask_backlog(&mut session, backlog_after, first)?;
+                                }
+                            }
+                        }
+                        None => {
+                            let why = match receiver.take() {
+                                Some(receiver) => match receiver.finish().await {
+                                    Ok(_) => "it ended".to_owned(),
+                                    Err(error) => error.to_string(),
+                                },
+                                None => "it ended".to_owned(),
+                            };
+                            break Err(SessionEnd::Fmtp(why));
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(timeout.unwrap_or(far)) => session.handle_timeout(Clock::now()),
+                _ = stop.changed() => {
+                    if *stop.borrow() {
+                        break Err(SessionEnd::Stopping);
+                    }
+                }
+            }
+        };
+        if let Some(receiver) = receiver {
+            let _ = receiver.finish().await;
+        }
+        self.resume.save();
+        match result {
+            Ok(()) => Err(SessionEnd::Closed),
+            Err(end) => Err(end),
+        }
+    }
+
+    /// Starts the FMTP receiver for a subscription.
+    fn start_receiver(&self, info: &McastSubInfo) -> Result<FmtpReceiver, SessionEnd> {
+        let reply = |why: String| SessionEnd::Reply(why);
+        let group: SocketAddr = info
+            .mcast_info
+            .group
+            .parse()
+            .map_err(|_| reply(format!("group {:?} is not address:port", info.mcast_info.group)))?;
+        let server: SocketAddr = info
+            .mcast_info
+            .server
+            .parse()
+            .map_err(|_| reply(format!("FMTP server {:?} is not address:port", info.mcast_info.server)))?;
+        let address = info.fmtp_addr.addr;
+        if let Some(interface) = &self.receive.interface {
+            let cidr = ldm7_net::hostcfg::Ipv4Cidr { address, prefix_len: info.fmtp_addr.prefix_len };
+            ldm7_net::hostcfg::ensure_address(None, interface, cidr).map_err(|error| SessionEnd::Address {
+                address: cidr.to_string(),
+                interface: interface.clone(),
+                why: error.to_string(),
+            })?;
+        }
+        let join = if address.is_loopback() { Ipv4Addr::LOCALHOST } else { address };
+        let rate = self.settings.rate.bits_per_s();
+        let multicast = MulticastConfig {
+            group,
+            interface: IpAddr::V4(join),
+            interface_index: 0,
+            ttl: 1,
+            loopback: true,
+            buffer_bytes: buffer_bytes_for_rate(rate),
+        };
+        let mut options = ReceiverOptions::new(multicast, server);
+        let in_flight = self.settings.in_flight_bytes_max.bytes();
+        options.proto = ReceiverConfig {
+            receive_timer: ReceiveTimer { rate_bits_per_s: rate, ..ReceiveTimer::default() },
+            in_flight_bytes_max: in_flight,
+            product_size_max: u32::try_from(in_flight.min(u64::from(u32::MAX))).unwrap_or(u32::MAX),
+            ..ReceiverConfig::default()
+        };
+        let spool = if self.settings.spool_dir.is_absolute() {
+            self.settings.spool_dir.clone()
+        } else {
+            self.context.state_dir.join(&self.settings.spool_dir)
+        };
+        options.spool = Some(spool);
+        options.local_addr = (!address.is_unspecified()).then_some(IpAddr::V4(address));
+        options.connect_deadline = REPAIR_CONNECT_DEADLINE;
+        options.drop_probability = self.settings.drop;
+        options.seed = u64::from(u32::from(address)) ^ u64::from(self.port);
+        FmtpReceiver::start(options).map_err(|error| SessionEnd::Fmtp(error.to_string()))
+    }
+
+    /// Handles an FMTP notice; returns the signature of a product inserted from FMTP.
+    async fn on_notice(
+        &mut self,
+        session: &mut Subscriber,
+        notice: ReceiverNotice,
+    ) -> Result<Option<Signature>, SessionEnd> {
+        match notice {
+            ReceiverNotice::Connected(server) => {
+                tracing::info!("{}: FMTP repair connection to {server} up", self.name);
+                Ok(None)
+            }
+            ReceiverNotice::Delivered { delivery, product } => {
+                let index = delivery.index;
+                let blocks = delivery.retransmitted_blocks;
+                let start = delivery.start_time;
+                let metadata = delivery.metadata;
+                let queue = self.context.queue.clone();
+                let checked = tokio::task::spawn_blocking(move || insert_fmtp(&queue, product, &metadata))
+                    .await
+                    .map_err(|error| SessionEnd::Fmtp(error.to_string()))?;
+                match checked {
+                    Ok((info, outcome)) => {
+                        let signature = info.signature;
+                        let latency_us = latency_us(start);
+                        self.account(DeliveryMode::Received, Some(index.0), Some(blocks), info, outcome, latency_us);
+                        self.resume.received(index.0, signature);
+                        Ok(Some(signature))
+                    }
+                    Err(error) => {
+                        self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "{}: FMTP product {} unusable ({error}); asking for it again",
+                            self.name,
+                            index.0
+                        );
+                        self.request(session, index.0)?;
+                        Ok(None)
+                    }
+                }
+            }
+            ReceiverNotice::Event(ReceiverEvent::Missed { index, reason }) => {
+                tracing::info!("Missed product: prodIndex={} ({reason:?})", index.0);
+                self.request(session, index.0)?;
+                Ok(None)
+            }
+            ReceiverNotice::Event(ReceiverEvent::IndexGap { first, last }) => {
+                let count = last.0.wrapping_sub(first.0).wrapping_add(1);
+                tracing::warn!(
+                    "{}: products {}..={} skipped by the product index; asking for them",
+                    self.name,
+                    first.0,
+                    last.0
+                );
+                for offset in 0..count.min(INDEX_GAP_REQUESTS_MAX) {
+                    self.request(session, first.0.wrapping_add(offset))?;
+                }
+                Ok(None)
+            }
+            ReceiverNotice::Event(ReceiverEvent::BoundHit { bound, index }) => {
+                tracing::debug!("{}: FMTP receiver bound {bound:?} hit ({index:?})", self.name);
+                Ok(None)
+            }
+            ReceiverNotice::Event(ReceiverEvent::Delivered(_)) => Ok(None),
+        }
+    }
+
+    fn request(&mut self, session: &mut Subscriber, index: u32) -> Result<(), SessionEnd> {
+        self.counters.requested.fetch_add(1, Ordering::Relaxed);
+        if session.request_product(Clock::now(), index)? {
+            self.resume.requested(index);
+        }
+        Ok(())
+    }
+
+    /// REQUEST_BACKLOG at the first FMTP product of the session (§2.4).
+    fn ask_backlog(
+        &self,
+        session: &mut Subscriber,
+        previous: Option<Signature>,
+        first: Signature,
+    ) -> Result<(), SessionEnd> {
+        let spec = BacklogSpec {
+            after: previous.unwrap_or(Signature([0; 16])),
+            after_is_set: previous.is_some(),
+            before: first,
+            time_offset_secs: u32::try_from(self.settings.time_offset.as_secs()).unwrap_or(u32::MAX),
+        };
+        match previous {
+            Some(after) => tracing::info!("{}: asking for the backlog after {after} up to {first}", self.name),
+            None => tracing::info!(
+                "{}: asking for the backlog of the last {} s up to {first}",
+                self.name,
+                self.settings.time_offset.as_secs()
+            ),
+        }
+        session.request_backlog(Clock::now(), spec)?;
+        Ok(())
+    }
+
+    /// Inserts a product that came over the control connection.
+    fn insert_product(&mut self, mode: DeliveryMode, index: Option<u32>, info: ProdInfo, data: &[u8]) {
+        let latency_us = latency_us(WallTime::from(info.arrival.to_system_time()));
+        if data.len() != info.size as usize || product::verify(&info, data).is_err() {
+            self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{}: {} product does not match its signature; dropped: {info}", self.name, mode.keyword());
+            return;
+        }
+        let outcome = tokio::task::block_in_place(|| self.context.queue.insert(&info, data));
+        self.account(mode, index, None, info, outcome, latency_us);
+    }
+
+    fn account(
+        &self,
+        mode: DeliveryMode,
+        index: Option<u32>,
+        retransmitted_blocks: Option<u32>,
+        info: ProdInfo,
+        outcome: Result<InsertOutcome, InsertError>,
+        latency_us: i64,
+    ) {
+        match outcome {
+            Ok(InsertOutcome::Inserted { .. }) => {
+                let counter = match mode {
+                    DeliveryMode::Received => {
+                        let blocks = retransmitted_blocks.unwrap_or(0);
+                        self.counters.retransmitted_blocks.fetch_add(u64::from(blocks), Ordering::Relaxed);
+                        if blocks == 0 {
+                            self.counters.multicast_only.fetch_add(1, Ordering::Relaxed);
+                        }
+                        &self.counters.received
+                    }
+                    DeliveryMode::Inserted => &self.counters.inserted,
+                    DeliveryMode::Backlog => &self.counters.backlog,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                let delivery = Delivery {
+                    mode,
+                    latency_us,
+                    index: index.map(ldm7_fmtp_proto::ProductIndex),
+                    retransmitted_blocks,
+                    info,
+                };
+                tracing::info!(target: PRODUCT, "{delivery}");
+            }
+            Ok(InsertOutcome::Duplicate { .. }) => {
+                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(target: PRODUCT, "Duplicate data-product: {info}");
+            }
+            Err(InsertError::TooBig { .. }) => {
+                self.counters.insert_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("{}: Product too big for queue: {info}", self.name);
+            }
+            Err(error) => {
+                self.counters.insert_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!("{}: cannot insert {info}: {error}", self.name);
+            }
+        }
+    }
+}
+
+/// The next FMTP notice, or never when there is no receiver yet.
+async fn next_notice(receiver: &mut Option<FmtpReceiver>) -> Option<ReceiverNotice> {
+    match receiver {
+        Some(receiver) => receiver.next_notice().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Checks a product FMTP delivered and copies it into the queue (blocking).
+fn insert_fmtp(
+    queue: &Queue,
+    product: ReceivedProduct,
+    metadata: &[u8],
+) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), String> {
+    let len = product.len();
+    let spooled = match product {
+        ReceivedProduct::Spooled(spooled) => spooled,
+        ReceivedProduct::Memory(bytes) => {
+            let (info, at) = product::decode(&bytes, len, metadata).map_err(|error| error.to_string())?;
+            let data = &bytes[at..at + info.size as usize];
+            product::verify(&info, data).map_err(|error| error.to_string())?;
+            let outcome = queue.insert(&info, data);
+            return Ok((info, outcome));
+        }
+        ReceivedProduct::Discarded => return Err("the receiver kept no bytes".into()),
+    };
+    let mut head = vec![0u8; HEAD_BYTES.min(usize::try_from(len).unwrap_or(HEAD_BYTES))];
+    spooled.read_at(0, &mut head).map_err(|error| format!("reading the spool: {error}"))?;
+    let (info, at) = product::decode(&head, len, metadata).map_err(|error| error.to_string())?;
+    let size = u64::from(info.size);
+    let mut chunk = vec![0u8; COPY_CHUNK_BYTES.min(usize::try_from(size).unwrap_or(COPY_CHUNK_BYTES)).max(1)];
+    let signature = info.signature;
+    let outcome = queue.insert_streamed(&info, |out| {
+        let mut hasher = Md5::new();
+        let mut offset = 0u64;
+        while offset < size {
+            let count = chunk.len().min(usize::try_from(size - offset).unwrap_or(chunk.len()));
+            spooled.read_at(at as u64 + offset, &mut chunk[..count])?;
+            hasher.update(&chunk[..count]);
+            out.write_all(&chunk[..count])?;
+            offset += count as u64;
+        }
+        let computed = Signature(hasher.finalize().into());
+        if computed != signature {
+            return Err(std::io::Error::other(format!("the data's MD5 {computed} is not the signature {signature}")));
+        }
+        Ok(())
+    });
+    match outcome {
+        Err(InsertError::Source(error)) => Err(error.to_string()),
+        other => Ok((info, other)),
+    }
+}
+
+/// Microseconds from `start` (the BOP creation time, or a product's creation time) to now.
+fn latency_us(start: WallTime) -> i64 {
+    WallTime::from(SystemTime::now()).signed_nanos_since(start) / 1000
+}
+
+/// This host's attachment as SUBSCRIBE carries it (`dummy` without one).
+fn vc_end(receive: &Receive) -> VcEndPoint {
+    if receive.attachment.is_set() {
+        VcEndPoint {
+            switch_id: receive.attachment.switch.clone(),
+            port_id: receive.attachment.port.clone(),
+            vlan_id: receive.attachment.vlan,
+        }
+    } else {
+        VcEndPoint::unused()
+    }
+}
+
+/// The resume point of a RECEIVE (see the module documentation): the newest product before
+/// which nothing is missing, kept in a small file.
+#[derive(Debug)]
+pub(crate) struct Resume {
+    path: PathBuf,
+    /// What the file holds: where the next session's backlog starts.
+    point: Option<Signature>,
+    /// Whether this session's backlog is complete (only then may the point advance).
+    backlog_complete: bool,
+    /// Products of this session by index, pruned below the point.
+    received: BTreeMap<u32, Signature>,
+    /// Indexes asked for and not answered yet.
+    outstanding: BTreeSet<u32>,
+    dirty: bool,
+}
+
+impl Resume {
+    pub(crate) fn load(path: PathBuf) -> Self {
+        let point = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| text.lines().next().and_then(|line| line.trim().parse().ok()));
+        Self {
+            path,
+            point,
+            backlog_complete: false,
+            received: BTreeMap::new(),
+            outstanding: BTreeSet::new(),
+            dirty: false,
+        }
+    }
+
+    /// A session starts: returns where its backlog starts (the point so far).
+    pub(crate) fn session_started(&mut self) -> Option<Signature> {
+        self.backlog_complete = false;
+        self.received.clear();
+        self.outstanding.clear();
+        self.point
+    }
+
+    pub(crate) fn received(&mut self, index: u32, signature: Signature) {
+        self.received.insert(index, signature);
+        self.advance();
+    }
+
+    pub(crate) fn requested(&mut self, index: u32) {
+        self.outstanding.insert(index);
+    }
+
+    pub(crate) fn answered(&mut self, index: u32, signature: Option<Signature>) {
+        self.outstanding.remove(&index);
+        if let Some(signature) = signature {
+            self.received.insert(index, signature);
+        }
+        self.advance();
+    }
+
+    pub(crate) fn backlog_complete(&mut self) {
+        self.backlog_complete = true;
+        self.advance();
+    }
+
+    /// Moves the point to the newest product below every outstanding request.
+    fn advance(&mut self) {
+        if !self.backlog_complete {
+            return;
+        }
+        let below = match self.outstanding.first() {
+            Some(&oldest) => self.received.range(..oldest).next_back(),
+            None => self.received.last_key_value(),
+        };
+        if let Some((&index, &signature)) = below {
+            if self.point != Some(signature) {
+                self.point = Some(signature);
+                self.dirty = true;
+            }
+            self.received = self.received.split_off(&index);
+        }
+    }
+
+    pub(crate) fn save(&mut self) {
+        let Some(point) = self.point.filter(|_| self.dirty) else { return };
+        let temporary = self.path.with_extension("tmp");
+        let saved =
+            std::fs::write(&temporary, format!("{point}\n")).and_then(|()| std::fs::rename(&temporary, &self.path));
+        match saved {
+            Ok(()) => self.dirty = false,
+            Err(error) => tracing::warn!("cannot save the LDM-7 resume point in {}: {error}", self.path.display()),
+        }
+    }
+}
+
+fn file_name(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect()
+}

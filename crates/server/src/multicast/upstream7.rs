@@ -1,0 +1,238 @@
+//! The upstream LDM-7 of one connection (ldm7-multicast.md §2.2–§2.4): the sans-IO
+//! [`Publisher`] session driven over the connection's blocking socket, in the connection's
+//! thread. It answers the SUBSCRIBE through the [`Multicaster`](super::Multicaster), answers
+//! REQUEST_PRODUCT from the queue through the feed's product-index map (the backstop), and
+//! streams the backlog of a REQUEST_BACKLOG from the queue while the session is ready, reading
+//! the socket between batches so that the subscriber's requests and heartbeats keep flowing.
+//!
+//! Log lines (§5): NOTE `Incoming subscription request from <host> for feed <feed>`, the
+//! decision; INFO (per product, `-v`) `Missed product sent: index=<n>, info="…"` and
+//! `Backlog product sent: …`; NOTE when the backlog is complete and when the session ends.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ldm7_io::Clock;
+use ldm7_io::log_target::PRODUCT;
+use ldm7_ldm_proto::{
+    BacklogSpec, Inbound, InboundEvent, McastProdIndex, Publisher, PublisherEvent, SessionError, SubscriptionReply,
+    UpstreamEvent,
+};
+use ldm7_types::{Signature, Timestamp};
+
+use super::publisher::Subscription;
+use crate::Shared;
+use crate::access::PeerHost;
+use crate::conn::ConnectionError;
+use crate::wait::{Input, wait_input};
+
+/// How long the thread waits for input when it has nothing else to do (it looks at the
+/// shutdown flag this often).
+const IDLE_WAIT: Duration = Duration::from_millis(250);
+/// How long it waits for input between batches of work.
+const BUSY_WAIT: Duration = Duration::from_millis(1);
+/// Products sent under one read transaction.
+const BATCH_MAX: usize = 64;
+
+/// A backlog being sent: from `position` on, products of the subscription's feed, up to the
+/// product whose signature is `before` (not sent) or the newest product when it was asked.
+struct Backlog {
+    position: Timestamp,
+    end: Timestamp,
+    before: Signature,
+    sent: u64,
+}
+
+/// Serves an LDM-7 connection until it closes or the server stops.
+pub(crate) fn serve(
+    shared: &Shared,
+    mut stream: TcpStream,
+    peer: &PeerHost,
+    mut inbound: Inbound,
+    mut buf: Vec<u8>,
+) -> Result<(), ConnectionError> {
+    let mut out = Vec::with_capacity(1 << 20);
+    let mut subscription: Option<Subscription> = None;
+    let mut requests: VecDeque<McastProdIndex> = VecDeque::new();
+    let mut backlog: Option<Backlog> = None;
+    let result = loop {
+        let mut ended = None;
+        while let Some(event) = inbound.poll_event() {
+            let Some(publisher) = inbound.publisher() else { break };
+            match event {
+                InboundEvent::Ldm6(UpstreamEvent::Unserved(call))
+                | InboundEvent::Ldm7(PublisherEvent::Unserved(call)) => {
+                    shared.counters.unserved_calls.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("{peer}: {call}; answered as RPC does");
+                }
+                InboundEvent::Ldm6(other) => tracing::debug!("{peer}: LDM-6 event before LDM-7: {other:?}"),
+                InboundEvent::Ldm7(PublisherEvent::Subscribe { feed, vc_end }) => {
+                    tracing::info!("Incoming subscription request from {peer} for feed {feed}");
+                    let config = shared.config();
+                    match shared.multicaster.subscribe(&config, peer, feed, &vc_end) {
+                        Ok(admitted) => {
+                            let info = &admitted.info;
+                            tracing::info!(
+                                "{peer}: subscribed to {}: group {}, FMTP server {}, address {}",
+                                info.mcast_info.feed,
+                                info.mcast_info.group,
+                                info.mcast_info.server,
+                                info.fmtp_addr
+                            );
+                            publisher.answer_subscribe(Clock::now(), SubscriptionReply::Ok(info.clone()))?;
+                            subscription = Some(admitted);
+                        }
+                        Err(refusal) => {
+                            tracing::warn!("{peer}: subscription to {feed} refused ({}): {refusal}", refusal.status());
+                            publisher.answer_subscribe(Clock::now(), SubscriptionReply::Refused(refusal.status()))?;
+                        }
+                    }
+                }
+                InboundEvent::Ldm7(PublisherEvent::RequestProduct { index }) => requests.push_back(index),
+                InboundEvent::Ldm7(PublisherEvent::RequestBacklog { spec }) => {
+                    if backlog.is_some() {
+                        tracing::warn!("{peer}: a new REQUEST_BACKLOG replaces the one being sent");
+                    }
+                    backlog = Some(start_backlog(shared, &spec));
+                }
+                InboundEvent::Ldm7(PublisherEvent::TestConnection) => tracing::debug!("{peer}: TEST_CONNECTION"),
+                InboundEvent::Ldm7(PublisherEvent::Closed(result)) => {
+                    if let Err(SessionError::Malformed(_)) = &result {
+                        shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    ended = Some(result);
+                }
+            }
+        }
+        if let (Some(publisher), Some(subscription)) = (inbound.publisher(), &subscription) {
+            answer_requests(shared, publisher, subscription, &mut requests)?;
+            if let Some(current) = &mut backlog {
+                if send_backlog(shared, publisher, subscription, current)? {
+                    tracing::info!("{peer}: backlog of {} products sent", current.sent);
+                    publisher.end_backlog(Clock::now())?;
+                    backlog = None;
+                }
+            }
+        }
+        inbound.take_output(&mut out);
+        if !out.is_empty() {
+            stream.write_all(&out).map_err(ConnectionError::Write)?;
+            out.clear();
+        }
+        if let Some(result) = ended {
+            break result.map_err(ConnectionError::from);
+        }
+        if shared.stopping.load(Ordering::Relaxed) {
+            break Ok(());
+        }
+        let busy = !requests.is_empty() || backlog.is_some();
+        let longest = if busy { BUSY_WAIT } else { IDLE_WAIT };
+        match wait_input(&mut stream, &mut buf, inbound.poll_timeout(), longest) {
+            Ok(Input::Bytes(n)) => inbound.handle_input(Clock::now(), &buf[..n]),
+            Ok(Input::Timeout) => inbound.handle_timeout(Clock::now()),
+            Ok(Input::Eof) => inbound.handle_eof(),
+            Err(error) => {
+                tracing::debug!("{peer}: read: {error}");
+                inbound.handle_eof();
+            }
+        }
+    };
+    if let Some(subscription) = subscription {
+        tracing::info!("{peer}: subscription to {} ended", subscription.feedtype());
+    }
+    result
+}
+
+/// Answers product requests in order while the session can take more output.
+fn answer_requests(
+    shared: &Shared,
+    publisher: &mut Publisher,
+    subscription: &Subscription,
+    requests: &mut VecDeque<McastProdIndex>,
+) -> Result<(), ConnectionError> {
+    let counters = shared.multicaster.counters();
+    while publisher.ready() {
+        let Some(&index) = requests.front() else { break };
+        let signature = shared.multicaster.signature_of(subscription, ldm7_fmtp_proto::ProductIndex(index));
+        let snapshot = shared.queue.snapshot().map_err(ConnectionError::Queue)?;
+        let found = match signature {
+            Some(signature) => snapshot.product_by_signature(&signature).map_err(ConnectionError::Queue)?,
+            None => None,
+        };
+        match found {
+            Some(product) => {
+                publisher.deliver_missed_product(Clock::now(), index, &product.info, product.data)?;
+                counters.missed_products_sent.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(target: PRODUCT, "Missed product sent: index={index}, info=\"{}\"", product.info);
+            }
+            None => {
+                publisher.no_such_product(Clock::now(), index)?;
+                counters.no_such_products.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("Requested product {index} is not in the queue (no such product)");
+            }
+        }
+        requests.pop_front();
+    }
+    Ok(())
+}
+
+/// Where a backlog starts and ends (§2.4): just after `after` if the queue has it, else
+/// `time_offset` before now; up to `before` or the newest product now.
+fn start_backlog(shared: &Shared, spec: &BacklogSpec) -> Backlog {
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let fallback = now.saturating_sub(spec.time_offset());
+    let (position, end) = match shared.queue.snapshot() {
+        Ok(snapshot) => {
+            let after = spec.after().and_then(|after| snapshot.product_by_signature(&after).ok().flatten());
+            let position = after
+                .map(|product| Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1))
+                .unwrap_or(fallback);
+            let newest =
+                snapshot.products_before_reversed(Timestamp::END).ok().and_then(|mut products| products.next());
+            let end = newest.and_then(Result::ok).map_or(now, |product| product.insertion);
+            (position, end)
+        }
+        Err(error) => {
+            tracing::error!("reading the queue for a backlog: {error}");
+            (fallback, now)
+        }
+    };
+    Backlog { position, end, before: spec.before, sent: 0 }
+}
+
+/// Sends backlog products while the session is ready; returns whether the backlog is complete.
+fn send_backlog(
+    shared: &Shared,
+    publisher: &mut Publisher,
+    subscription: &Subscription,
+    backlog: &mut Backlog,
+) -> Result<bool, ConnectionError> {
+    let counters = shared.multicaster.counters();
+    let feedtype = subscription.feedtype();
+    if !publisher.ready() {
+        return Ok(false);
+    }
+    let snapshot = shared.queue.snapshot().map_err(ConnectionError::Queue)?;
+    let mut batch = 0;
+    for product in snapshot.products_from(backlog.position).map_err(ConnectionError::Queue)? {
+        let product = product.map_err(ConnectionError::Queue)?;
+        if product.insertion > backlog.end || product.info.signature == backlog.before {
+            return Ok(true);
+        }
+        backlog.position = Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1);
+        if feedtype.intersects(product.info.feedtype) && subscription.filter.allows(&product.info) {
+            publisher.deliver_backlog_product(Clock::now(), &product.info, product.data)?;
+            backlog.sent += 1;
+            batch += 1;
+            counters.backlog_products_sent.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(target: PRODUCT, "Backlog product sent: {}", product.info);
+        }
+        if !publisher.ready() || batch >= BATCH_MAX {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
