@@ -20,8 +20,13 @@
 //! 4. Products FMTP reports missed (rejected after the sender's deadline, timed out, evicted, or
 //!    skipped by a jump of the product index) are asked for with REQUEST_PRODUCT; the answers
 //!    come in request order on the control connection and are inserted (`Inserted`).
-//! 5. At the first product of a session it asks for the backlog: from just after its resume
-//!    point — or `time_offset` back when it has none — up to that first product (`Backlog`).
+//! 5. Once its FMTP receiver is connected it asks for the backlog: from just after its resume
+//!    point — or `time_offset` back when it has none — up to the newest product the upstream
+//!    has (`Backlog`). The reference asks at the first product multicast in the session, with
+//!    that product as the end; but a feed that stays quiet after an outage would then never
+//!    bring what was missed, so we ask at once and give no end product (a zero signature, which
+//!    the upstream never finds: it stops at its newest product). A product both in the backlog
+//!    and multicast just after arrives twice; the queue keeps one.
 //!
 //! The resume point ([`Resume`], kept in the state directory) is the newest product before
 //! which nothing is missing: the reference keeps the last product received by multicast, but
@@ -323,12 +328,13 @@ impl Session<'_> {
                 notice = next_notice(&mut receiver) => {
                     match notice {
                         Some(notice) => {
-                            if let Some(first) = self.on_notice(&mut session, notice).await? {
+                            let connected = matches!(notice, ReceiverNotice::Connected(_));
+                            if self.on_notice(&mut session, notice).await?.is_some() {
                                 unsaved = true;
-                                if !backlog_asked {
-                                    backlog_asked = true;
-                                    self.ask_backlog(&mut session, backlog_after, first)?;
-                                }
+                            }
+                            if connected && !backlog_asked {
+                                backlog_asked = true;
+                                self.ask_backlog(&mut session, backlog_after)?;
                             }
                         }
                         None => {
@@ -488,26 +494,24 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// REQUEST_BACKLOG at the first FMTP product of the session (§2.4).
-    fn ask_backlog(
-        &self,
-        session: &mut Subscriber,
-        previous: Option<Signature>,
-        first: Signature,
-    ) -> Result<(), SessionEnd> {
+    /// REQUEST_BACKLOG once the FMTP receiver is connected (§2.4, and the module
+    /// documentation).
+    fn ask_backlog(&self, session: &mut Subscriber, previous: Option<Signature>) -> Result<(), SessionEnd> {
         let spec = BacklogSpec {
             after: previous.unwrap_or(Signature([0; 16])),
             after_is_set: previous.is_some(),
-            before: first,
+            before: Signature([0; 16]),
             time_offset_secs: u32::try_from(self.settings.time_offset.as_secs()).unwrap_or(u32::MAX),
         };
         match previous {
-            Some(after) => tracing::info!("{}: asking for the backlog after {after} up to {first}", self.name),
-            None => tracing::info!(
-                "{}: asking for the backlog of the last {} s up to {first}",
-                self.name,
-                self.settings.time_offset.as_secs()
-            ),
+            Some(after) => tracing::info!("{}: asking for the backlog after {after}", self.name),
+            None => {
+                tracing::info!(
+                    "{}: asking for the backlog of the last {} s",
+                    self.name,
+                    self.settings.time_offset.as_secs()
+                )
+            }
         }
         session.request_backlog(Clock::now(), spec)?;
         Ok(())

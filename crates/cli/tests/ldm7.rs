@@ -1,0 +1,243 @@
+//! LDM-7 on loopback with real `ldm7 serve` processes (no root): a publisher multicasts a feed
+//! from its queue by FMTP to subscribers that RECEIVE it into their own queues. Every product
+//! reaches every subscriber's queue intact and once — by FMTP, the backstop or the backlog —
+//! through loss, a subscriber killed and restarted, and a publisher restarted; subscriptions
+//! that ALLOW does not grant and repair connections from addresses the publisher did not hand
+//! out are refused and logged.
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use ldm7_testkit::{shared_data, wait_until};
+use support::{LOCAL, Node, run, tail};
+
+const TRACE: &str = "traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt";
+
+/// A multicast group of this test process and test (tests run in parallel on one loopback).
+fn group(test: u8) -> String {
+    format!("239.255.{}.{test}:{}", std::process::id() % 250 + 1, support::free_port())
+}
+
+fn publisher(root: &std::path::Path, test: u8, allow: &str, settings: &str) -> Node {
+    let config = format!("{allow}\nMULTICAST EXP {} 127.0.0.1:0 24 0 dummy dummy\n", group(test));
+    let node = Node::new(root, "pub", "1G", &config);
+    std::fs::write(node.dir.join("ldm7.toml"), settings).expect("settings");
+    node
+}
+
+fn allow_all() -> String {
+    format!("ALLOW ANY {LOCAL}")
+}
+
+fn subscriber(root: &std::path::Path, name: &str, publisher: &Node, drop: f64) -> Node {
+    let node = Node::new(root, name, "1G", &format!("RECEIVE EXP 127.0.0.1:{}\n", publisher.port));
+    let settings = format!("[receive]\nretry_min = \"100ms\"\nretry_max = \"1s\"\ndrop = {drop}\n");
+    std::fs::write(node.dir.join("ldm7.toml"), settings).expect("settings");
+    node
+}
+
+/// Inserts `limit` NGRID-sized products (seeded contents) into a node's queue as EXP.
+fn replay(node: &Node, limit: usize, seed: u64) {
+    let trace = shared_data(TRACE);
+    let (queue, trace) = (node.queue_path(), trace.display().to_string());
+    let (limit, seed) = (limit.to_string(), seed.to_string());
+    run(&[
+        "insert", "-q", &queue, "--replay", &trace, "--feed", "EXP", "--speed", "0", "--limit", &limit, "--seed", &seed,
+    ]);
+}
+
+/// Lines of a delivery mode in a subscriber's log.
+fn deliveries(node: &Node, mode: &str) -> usize {
+    node.log().lines().filter(|line| line.contains(&format!(" INFO {mode}: {{latency: "))).count()
+}
+
+/// Waits until a subscriber has subscribed (its FMTP repair connection is up).
+fn wait_subscribed(node: &Node) {
+    wait_until(Duration::from_secs(20), &format!("{} to subscribe", node.dir.display()), || {
+        node.log().contains("FMTP repair connection to").then_some(())
+    });
+}
+
+/// Every subscriber holds exactly the publisher's products, intact.
+fn assert_same_products(publisher: &Node, subscribers: &[Node]) {
+    let (expected, _) = publisher.verify();
+    for node in subscribers {
+        let (got, _) = node.verify();
+        assert_eq!(got.len(), expected.len(), "{}: {}", node.dir.display(), tail(&node.log()));
+        assert_eq!(got, expected, "{}", node.dir.display());
+    }
+}
+
+#[test]
+fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 1, &allow_all(), "[multicast]\nrate = \"400 Mbit/s\"\n");
+    publisher.start();
+    let mut subscribers: Vec<Node> = [0.0, 0.0, 0.05]
+        .iter()
+        .enumerate()
+        .map(|(k, drop)| subscriber(root.path(), &format!("sub{k}"), &publisher, *drop))
+        .collect();
+    for node in &mut subscribers {
+        node.start();
+        wait_subscribed(node);
+    }
+    replay(&publisher, 1500, 7);
+    for node in &subscribers {
+        node.wait_for(1500, Duration::from_secs(120));
+    }
+    assert_same_products(&publisher, &subscribers);
+    for node in &subscribers {
+        assert_eq!(deliveries(node, "Received"), 1500, "{}", tail(&node.log()));
+        assert_eq!(deliveries(node, "Inserted") + deliveries(node, "Backlog"), 0);
+    }
+    let repaired =
+        subscribers[2].log().lines().filter(|line| line.contains("Received:") && !line.contains("retrans: 0,")).count();
+    assert!(repaired > 0, "the lossy subscriber needed repairs");
+    let publisher_log = publisher.log();
+    assert_eq!(publisher_log.matches("Multicasted: prodIndex=").count(), 1500);
+    assert!(publisher_log.contains("address 127.0.0.2/24"), "addresses come from the feed's pool");
+    for node in &mut subscribers {
+        node.stop();
+    }
+    publisher.stop();
+}
+
+#[test]
+fn the_backstop_fetches_what_fmtp_gave_up() {
+    // A retransmission deadline of zero: every repair request is rejected, so each product
+    // the lossy subscriber does not get whole by multicast comes through the backstop.
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 2, &allow_all(), "[multicast]\nretx_timeout = \"0\"\n");
+    publisher.start();
+    let mut lossy = subscriber(root.path(), "lossy", &publisher, 0.2);
+    lossy.start();
+    wait_subscribed(&lossy);
+    replay(&publisher, 300, 11);
+    lossy.wait_for(300, Duration::from_secs(120));
+    assert_same_products(&publisher, std::slice::from_ref(&lossy));
+    let (received, inserted) = (deliveries(&lossy, "Received"), deliveries(&lossy, "Inserted"));
+    assert!(inserted > 0, "products came through the backstop:\n{}", tail(&lossy.log()));
+    assert_eq!(received + inserted + deliveries(&lossy, "Backlog"), 300, "{}", tail(&lossy.log()));
+    assert!(publisher.log().contains("Missed product sent: index="));
+    lossy.stop();
+    publisher.stop();
+}
+
+#[test]
+fn a_killed_subscriber_gets_what_it_missed_through_the_backlog() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 3, &allow_all(), "");
+    publisher.start();
+    let mut steady = subscriber(root.path(), "steady", &publisher, 0.0);
+    let mut killed = subscriber(root.path(), "killed", &publisher, 0.02);
+    for node in [&mut steady, &mut killed] {
+        node.start();
+        wait_subscribed(node);
+    }
+    replay(&publisher, 300, 21);
+    killed.wait_for(300, Duration::from_secs(60));
+    killed.kill9();
+    replay(&publisher, 500, 21); // the first 300 are there already: 200 new
+    steady.wait_for(500, Duration::from_secs(60));
+    killed.start();
+    killed.wait_for(500, Duration::from_secs(60));
+    assert!(deliveries(&killed, "Backlog") >= 200, "{}", tail(&killed.log()));
+    replay(&publisher, 700, 21);
+    for node in [&steady, &killed] {
+        node.wait_for(700, Duration::from_secs(60));
+    }
+    assert_same_products(&publisher, &[steady, killed]);
+}
+
+#[test]
+fn a_restarted_publisher_is_resubscribed_and_nothing_is_lost() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 4, &allow_all(), "");
+    publisher.start();
+    let mut subscribers: Vec<Node> =
+        (0..2).map(|k| subscriber(root.path(), &format!("sub{k}"), &publisher, 0.01 * k as f64)).collect();
+    for node in &mut subscribers {
+        node.start();
+        wait_subscribed(node);
+    }
+    replay(&publisher, 200, 31);
+    for node in &subscribers {
+        node.wait_for(200, Duration::from_secs(60));
+    }
+    publisher.stop();
+    replay(&publisher, 400, 31); // while the publisher is down: these come by the backlog
+    publisher.start();
+    for node in &subscribers {
+        wait_until(Duration::from_secs(30), "resubscription", || node.log().contains("resubscribed").then_some(()));
+        node.wait_for(400, Duration::from_secs(60));
+    }
+    replay(&publisher, 600, 31); // after: by multicast, with indexes going on from 200
+    for node in &subscribers {
+        node.wait_for(600, Duration::from_secs(60));
+        assert!(deliveries(node, "Backlog") >= 200, "{}", tail(&node.log()));
+    }
+    assert!(publisher.log().contains("first product index 200"), "{}", tail(&publisher.log()));
+    assert_same_products(&publisher, &subscribers);
+}
+
+#[test]
+fn subscriptions_not_allowed_or_not_multicast_are_refused_and_logged() {
+    let root = tempfile::tempdir().expect("tempdir");
+    // The host may connect (ALLOW for IDS) but is not granted EXP.
+    let mut publisher = publisher(root.path(), 5, &format!("ALLOW IDS {LOCAL}"), "");
+    publisher.start();
+    let mut refused = subscriber(root.path(), "refused", &publisher, 0.0);
+    refused.start();
+    wait_until(Duration::from_secs(20), "the refusal", || refused.log().contains("LDM7_UNAUTH").then_some(()));
+    assert!(publisher.log().contains("refused (LDM7_UNAUTH)"), "{}", tail(&publisher.log()));
+    refused.stop();
+    // A feed no MULTICAST entry carries.
+    let mut other = Node::new(root.path(), "other", "100M", &format!("RECEIVE NGRID 127.0.0.1:{}\n", publisher.port));
+    publisher.stop();
+    std::fs::write(
+        publisher.dir.join("ldmd.conf"),
+        format!("{}\nMULTICAST EXP {} 127.0.0.1:0 24 0 dummy dummy\n", allow_all(), group(6)),
+    )
+    .expect("config");
+    publisher.start();
+    other.start();
+    wait_until(Duration::from_secs(20), "the refusal", || other.log().contains("LDM7_NOENT").then_some(()));
+    other.stop();
+    publisher.stop();
+}
+
+#[test]
+fn a_repair_connection_from_an_address_not_handed_out_is_refused() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 7, &allow_all(), "");
+    publisher.start();
+    let mut subscriber = subscriber(root.path(), "sub", &publisher, 0.0);
+    subscriber.start();
+    wait_subscribed(&subscriber);
+    let log = publisher.log();
+    let server = log
+        .lines()
+        .find_map(|line| line.split("FMTP server ").nth(1))
+        .and_then(|rest| rest.split(|c: char| c == ',' || c.is_whitespace()).next())
+        .and_then(|address| address.parse::<SocketAddr>().ok())
+        .expect("the FMTP server's address in the log");
+    let intruder = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    intruder.bind(&SocketAddr::new(Ipv4Addr::new(127, 0, 0, 200).into(), 0).into()).expect("bind");
+    intruder.connect(&server.into()).expect("connect");
+    let mut stream: TcpStream = intruder.into();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut byte = [0u8; 1];
+    let read = std::io::Read::read(&mut stream, &mut byte);
+    assert!(matches!(read, Ok(0) | Err(_)), "the connection is closed, not served: {read:?}");
+    wait_until(Duration::from_secs(10), "the refusal in the log", || {
+        publisher.log().contains("refused an FMTP repair connection from 127.0.0.200").then_some(())
+    });
+    // The subscriber is not disturbed.
+    replay(&publisher, 50, 41);
+    subscriber.wait_for(50, Duration::from_secs(30));
+    subscriber.stop();
+    publisher.stop();
+}

@@ -1,0 +1,166 @@
+//! The test harness of the loopback server tests (ldm6.rs, ldm7.rs): real `ldm7 serve`
+//! processes, each with its own directory, queue, configuration and log.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ldm7_pq::Queue;
+use ldm7_testkit::{shared_data, wait_until};
+use ldm7_types::{Signature, Timestamp};
+use md5::{Digest, Md5};
+
+pub const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
+pub const LOCAL: &str = r"^((localhost|loopback)|(127\.0\.0\.1\.?))$";
+
+pub fn run(args: &[&str]) -> String {
+    let output = Command::new(LDM7).args(args).output().expect("run ldm7");
+    assert!(output.status.success(), "ldm7 {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
+}
+
+/// One `ldm7 serve` with its own directory, queue and configuration.
+pub struct Node {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub child: Option<Child>,
+    pub extra: Vec<String>,
+}
+
+impl Node {
+    pub fn new(root: &Path, name: &str, queue_size: &str, config: &str) -> Self {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("dir");
+        run(&["queue", "create", "-q", dir.join("q.pq").to_str().expect("utf-8"), "--size", queue_size]);
+        std::fs::write(dir.join("ldmd.conf"), config).expect("config");
+        Self { dir, port: free_port(), child: None, extra: Vec::new() }
+    }
+
+    pub fn queue_path(&self) -> String {
+        self.dir.join("q.pq").display().to_string()
+    }
+
+    pub fn start(&mut self) -> &mut Self {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("log")).expect("log");
+        let child = Command::new(LDM7)
+            .args(["serve", "-c", "ldmd.conf", "-q", "q.pq", "--state-dir", "state", "--retry-max", "0.5", "-v"])
+            .args(["-P", &self.port.to_string()])
+            .args(&self.extra)
+            .current_dir(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start ldm7 serve");
+        self.child = Some(child);
+        // Listening? Read from the kernel's socket table rather than probing with a connection,
+        // which the server would count as a client.
+        wait_until(Duration::from_secs(10), &format!("ldm7 serve listening on port {}", self.port), || {
+            listening(self.port).then_some(())
+        });
+        self
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait: the server must drain and exit 0.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let status = wait_until(Duration::from_secs(10), "ldm7 serve to exit on SIGTERM", || {
+                child.try_wait().expect("wait")
+            });
+            assert!(status.success(), "ldm7 serve exited with {status}: {}", self.log());
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    pub fn count(&self) -> u64 {
+        Queue::open(Path::new(&self.queue_path())).map(|q| q.stats().expect("stats").product_count).unwrap_or(0)
+    }
+
+    pub fn wait_for(&self, count: u64, within: Duration) {
+        // Past `within` the condition itself fails, with the count and the server's log.
+        let deadline = Instant::now() + within;
+        wait_until(within + Duration::from_secs(1), &format!("{count} products"), || {
+            let have = self.count();
+            assert!(
+                have >= count || Instant::now() < deadline,
+                "{}: {have} of {count} products after {within:?}\n{}",
+                self.dir.display(),
+                tail(&self.log())
+            );
+            (have >= count).then_some(())
+        });
+    }
+
+    /// Every product: MD5 of its data equals its signature; returns the signatures and origins.
+    pub fn verify(&self) -> (HashSet<Signature>, Vec<String>) {
+        let queue = Queue::open(Path::new(&self.queue_path())).expect("open");
+        let snapshot = queue.snapshot().expect("snapshot");
+        let mut signatures = HashSet::new();
+        let mut origins = Vec::new();
+        for product in snapshot.products_from(Timestamp::ZERO).expect("iterate") {
+            let product = product.expect("product");
+            let digest: [u8; 16] = Md5::digest(product.data).into();
+            assert_eq!(Signature(digest), product.info.signature, "{}: corrupted {}", self.dir.display(), product.info);
+            assert!(signatures.insert(product.info.signature), "duplicate {}", product.info);
+            origins.push(product.info.origin.clone());
+        }
+        (signatures, origins)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Whether a TCP socket listens on `port` (any address), from `/proc/net/tcp` and `tcp6`.
+pub fn listening(port: u16) -> bool {
+    let local_port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).unwrap_or_default().lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Field 1 is the local address:port in hex, field 3 the state (0A = LISTEN).
+            fields.len() > 3 && fields[1].ends_with(&local_port) && fields[3] == "0A"
+        })
+    })
+}
+
+pub fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+pub fn replay(node: &Node, limit: usize, seed: u64) {
+    let trace = shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
+    run(&[
+        "insert",
+        "-q",
+        &node.queue_path(),
+        "--replay",
+        trace.to_str().expect("utf-8"),
+        "--speed",
+        "0",
+        "--limit",
+        &limit.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]);
+}
