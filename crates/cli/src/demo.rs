@@ -1,20 +1,38 @@
-//! `ldm7 demo`: the product queue at work with no set-up and no root. It creates a queue in a
-//! temporary directory, starts `ldm7 watch` in another process, replays the real one-hour NGRID
-//! trace into the queue as fast as it can, and prints what the watcher saw and a summary.
+//! `ldm7 demo`: the LDM-7 system at work with no set-up and no root, on loopback multicast.
+//!
+//! A publisher and three subscribers run as separate `ldm7 serve` processes in a temporary
+//! directory, each with its own product queue. The subscribers RECEIVE the feed by LDM-7: they
+//! subscribe, get an address from the publisher's pool, join the multicast group and receive by
+//! FMTP into their queues. The real one-hour NGRID trace is replayed into the publisher's queue
+//! at speed; one subscriber drops 2% of what it receives (its FMTP repairs them), and one is
+//! killed (SIGKILL) and restarted halfway (what it missed comes through the backlog). A live
+//! line per subscriber shows its products, FMTP delivery ratio, retransmitted blocks, backstop
+//! and backlog counts, from its delivery log. Independently of the servers, the demo follows
+//! every subscriber's queue, checks each product's MD5 against its signature, and finally
+//! compares the products each subscriber has with those the publisher had: the summary proves
+//! that every product reached every subscriber.
 
-use std::io::{BufRead, BufReader};
+use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ldm7_pq::{Capacity, Queue};
-use ldm7_types::FeedType;
+use ldm7_types::{FeedType, Signature, Timestamp};
+use md5::{Digest, Md5};
 
 use crate::exit::{CmdResult, bad_input, runtime};
 use crate::insert::replay_into;
-use crate::trace::{feed_from_name, read_trace};
+use crate::trace::read_trace;
 
 const DEFAULT_TRACE: &str = "data/traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt";
+/// The demo gives up waiting for the subscribers after this long without progress.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+/// How often the live lines are printed.
+const LIVE_EVERY: Duration = Duration::from_secs(3);
 
 /// Arguments of `ldm7 demo`.
 #[derive(clap::Args, Debug)]
@@ -22,15 +40,27 @@ pub struct DemoArgs {
     /// Trace to replay [default: the one-hour NGRID trace in $LDM7_SHARED or ../shared].
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Replay speed (0 = as fast as possible).
-    #[arg(long, default_value_t = 0.0, value_parser = crate::common::speed_arg)]
+    /// Replay speed: 60 = the trace's hour in a minute (0 = as fast as possible).
+    #[arg(long, default_value = "60", value_parser = crate::common::speed_arg)]
     pub speed: f64,
-    /// Queue capacity (smaller than the trace, so the queue evicts as a real one does).
+    /// Replay only the first part of the trace, e.g. 10min [default: all of it].
+    #[arg(long, value_name = "DURATION", value_parser = crate::common::duration_arg)]
+    pub span: Option<Duration>,
+    /// The FMTP sending rate (the path rate).
+    #[arg(long, default_value = "1 Gbit/s")]
+    pub rate: ldm7_types::Rate,
+    /// Subscribers (2 or more: one loses packets, one is killed and restarted).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=16))]
+    pub subscribers: u32,
+    /// Share of multicast datagrams the lossy subscriber drops.
+    #[arg(long, default_value = "0.02", value_parser = loss_arg)]
+    pub loss: f64,
+    /// Capacity of each queue (products are checked as they arrive, so queues may evict).
     #[arg(long, default_value = "1G")]
     pub queue_size: ldm7_types::ByteSize,
-    /// Lines of the watcher to show at the start (then every 2000th).
-    #[arg(long, default_value_t = 15)]
-    pub show: u64,
+    /// Keep the demo's directory (queues, configurations, logs) instead of removing it.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// Runs the demo.
@@ -43,82 +73,508 @@ pub fn run(args: &DemoArgs) -> CmdResult {
             ))
         })?,
     };
-    let products = read_trace(&trace).map_err(bad_input)?;
+    let mut products = read_trace(&trace).map_err(bad_input)?;
+    if let (Some(span), Some(first)) = (args.span, products.first().map(|product| product.created)) {
+        let end = first.as_unix_micros() + i64::try_from(span.as_micros()).unwrap_or(i64::MAX);
+        products.retain(|product| product.created.as_unix_micros() < end);
+    }
+    if products.is_empty() {
+        return Err(bad_input("the trace (or its --span) holds no product"));
+    }
     let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
+    let trace_span =
+        products.last().map(|p| p.created).unwrap_or_default().saturating_duration_since(products[0].created);
+    let replay_secs = if args.speed > 0.0 { trace_span.as_secs_f64() / args.speed } else { 0.0 };
     let dir = tempfile::Builder::new().prefix("ldm7-demo-").tempdir().map_err(runtime)?;
-    let queue_path = dir.path().join("ldm7.pq");
-    let capacity = Capacity {
-        bytes: args.queue_size.bytes(),
-        slots: Capacity::default_slots(args.queue_size.bytes()).max(20_000),
+    let started = Instant::now();
+    println!("== ldm7 demo: LDM-7 multicast on loopback ==");
+    println!(
+        "trace     {} ({} products, {:.2} GB over {:.0} min), replayed at {}x (about {replay_secs:.0} s)",
+        trace.display(),
+        products.len(),
+        total_bytes as f64 / 1e9,
+        trace_span.as_secs_f64() / 60.0,
+        args.speed
+    );
+    let lab = Lab::create(dir.path(), args, total_bytes)?;
+    println!(
+        "processes publisher pid {} (MULTICAST NGRID to {} at {}), {} subscribers: {}",
+        lab.publisher.pid(),
+        lab.group,
+        args.rate,
+        lab.subscribers.len(),
+        lab.subscribers.iter().map(|s| format!("{} pid {}", s.name, s.pid())).collect::<Vec<_>>().join(", ")
+    );
+    println!("directory {}{}", dir.path().display(), if args.keep { " (kept)" } else { " (removed at the end)" });
+    let mut lab = lab;
+    lab.wait_subscribed()?;
+    println!("all {} subscribers subscribed; replaying", lab.subscribers.len());
+
+    // The publisher's products as the replay inserts them, and each subscriber's as they arrive
+    // (each queue opened once in this process: LMDB allows one environment per file).
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher_queue = Arc::new(Queue::open(&lab.publisher.queue_path()).map_err(runtime)?);
+    let expected = Arc::new(Follower::start(publisher_queue.clone(), stop.clone(), false));
+    let checks: Vec<Arc<Follower>> = lab
+        .subscribers
+        .iter()
+        .map(|subscriber| {
+            let queue = Queue::open(&subscriber.queue_path()).map_err(runtime)?;
+            Ok(Arc::new(Follower::start(Arc::new(queue), stop.clone(), true)))
+        })
+        .collect::<CmdResult<_>>()?;
+
+    let replay = {
+        let trace = trace.clone();
+        let products = products.clone();
+        let speed = args.speed;
+        std::thread::spawn(move || {
+            replay_into(&publisher_queue, &trace, &products, FeedType::NGRID, true, speed, 1, false)
+        })
     };
-    println!("== ldm7 demo ==");
-    println!("trace    {} ({} products, {:.2} GB)", trace.display(), products.len(), total_bytes as f64 / 1e9);
-    println!("queue    {} ({} MB, {} slots)", queue_path.display(), capacity.bytes / 1_000_000, capacity.slots);
-    let queue = Queue::create(&queue_path, capacity, false).map_err(runtime)?;
-
-    let exe = std::env::current_exe().map_err(runtime)?;
-    let mut watcher = Command::new(exe)
-        .args(["watch", "--offset", "86400", "--summary", "--timeout", "30", "--count"])
-        .arg(products.len().to_string())
-        .arg("--queue")
-        .arg(&queue_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|error| runtime(anyhow::anyhow!("cannot start the watcher process: {error}")))?;
-    let stdout = watcher.stdout.take().ok_or_else(|| runtime(anyhow::anyhow!("watcher has no stdout")))?;
-    let show = args.show;
-    let reader = std::thread::spawn(move || {
-        let mut count = 0u64;
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            count += 1;
-            if count <= show || count % 2000 == 0 {
-                println!("watch #{count:<6} {line}");
-            } else if count == show + 1 {
-                println!("watch ...     (every 2000th line from here)");
-            }
+    let replay_started = Instant::now();
+    let victim = lab.subscribers.len() - 1;
+    let (kill_at, restart_at) = (replay_secs * 0.35, replay_secs * 0.55);
+    let mut killed = false;
+    let mut restarted = false;
+    let mut last_live = Instant::now();
+    let mut last_progress = (0u64, Instant::now());
+    let replay_result = loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let elapsed = replay_started.elapsed().as_secs_f64();
+        if !killed && elapsed >= kill_at {
+            lab.subscribers[victim].kill();
+            println!("[{elapsed:5.1} s] {} killed (SIGKILL)", lab.subscribers[victim].name);
+            killed = true;
         }
-        count
-    });
-    println!("watcher  pid {} follows the queue in another process; replaying now", watcher.id());
-    std::thread::sleep(Duration::from_millis(200));
-
-    let feed = feed_from_name(&trace).unwrap_or(FeedType::EXP);
-    let summary = replay_into(&queue, &trace, &products, feed, false, args.speed, 1, true)?;
-    let waited = Instant::now();
-    let status = watcher.wait().map_err(runtime)?;
-    let seen = reader.join().unwrap_or(0);
-    let stats = queue.stats().map_err(runtime)?;
-    let secs = summary.elapsed.as_secs_f64().max(1e-9);
-    println!("== summary ==");
+        if killed && !restarted && elapsed >= restart_at {
+            lab.subscribers[victim].start()?;
+            println!(
+                "[{elapsed:5.1} s] {} restarted: it resubscribes and asks for its backlog",
+                lab.subscribers[victim].name
+            );
+            restarted = true;
+        }
+        if last_live.elapsed() >= LIVE_EVERY {
+            lab.print_live(elapsed, &expected, &checks);
+            last_live = Instant::now();
+        }
+        if replay.is_finished() {
+            break replay.join().map_err(|_| runtime(anyhow::anyhow!("the replay thread panicked")))?;
+        }
+    };
+    let summary = replay_result?;
+    if !restarted {
+        if !killed {
+            lab.subscribers[victim].kill();
+        }
+        lab.subscribers[victim].start()?;
+    }
+    let published = summary.inserted;
     println!(
-        "inserted {} products, {:.2} GB in {:.2} s: {:.0} products/s, {:.0} MB/s",
-        summary.inserted,
-        summary.bytes as f64 / 1e9,
-        secs,
-        summary.inserted as f64 / secs,
-        summary.bytes as f64 / 1e6 / secs
+        "[{:5.1} s] replay done: {published} products, {:.2} GB; waiting for the subscribers",
+        replay_started.elapsed().as_secs_f64(),
+        summary.bytes as f64 / 1e9
     );
-    println!(
-        "queue    {} products now, {} evicted to stay within {} MB; minimum residence {}",
-        stats.product_count,
-        stats.evicted_count,
-        capacity.bytes / 1_000_000,
-        stats.mvrt.map(|mvrt| format!("{:.3} s", mvrt.residence.as_secs_f64())).unwrap_or_else(|| "-".into())
-    );
-    println!(
-        "watcher  saw {seen} of {} products ({}), finished {:.2} s after the last insert",
-        summary.inserted,
-        if seen == summary.inserted { "all of them, in order" } else { "SOME MISSING" },
-        waited.elapsed().as_secs_f64()
-    );
-    if !status.success() || seen != summary.inserted {
-        return Err(runtime(anyhow::anyhow!(
-            "the watcher saw {seen} of {} products (exit {status})",
-            summary.inserted
-        )));
+    // Wait until every subscriber holds every product, or nothing moves for a minute.
+    loop {
+        let have: u64 = checks.iter().map(|check| check.count().min(published)).sum();
+        if checks.iter().all(|check| check.count() >= published) {
+            break;
+        }
+        if have > last_progress.0 {
+            last_progress = (have, Instant::now());
+        } else if last_progress.1.elapsed() > STALL_LIMIT {
+            println!("no progress for {} s: giving up waiting", STALL_LIMIT.as_secs());
+            break;
+        }
+        if last_live.elapsed() >= LIVE_EVERY {
+            lab.print_live(replay_started.elapsed().as_secs_f64(), &expected, &checks);
+            last_live = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    lab.print_live(replay_started.elapsed().as_secs_f64(), &expected, &checks);
+    stop.store(true, Ordering::Relaxed);
+    lab.stop();
+    let complete = lab.summary(published, &expected, &checks);
+    println!("total time {:.1} s", started.elapsed().as_secs_f64());
+    if args.keep {
+        let kept = dir.keep();
+        println!("kept {}", kept.display());
+    }
+    if !complete {
+        return Err(runtime(anyhow::anyhow!("not every product reached every subscriber (see above)")));
     }
     Ok(())
+}
+
+fn loss_arg(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(loss) if (0.0..1.0).contains(&loss) => Ok(loss),
+        _ => Err(format!("loss {text:?} is not valid: give a share in [0, 1), e.g. 0.02")),
+    }
+}
+
+/// The processes of the demo.
+struct Lab {
+    publisher: Process,
+    subscribers: Vec<Process>,
+    group: String,
+}
+
+impl Lab {
+    fn create(root: &Path, args: &DemoArgs, replay_bytes: u64) -> CmdResult<Self> {
+        let exe = std::env::current_exe().map_err(runtime)?;
+        let port = free_port()?;
+        let group = format!("239.255.{}.7:{}", std::process::id() % 250 + 1, free_port()?);
+        let names: Vec<String> = (1..=args.subscribers).map(|k| format!("sub{k}")).collect();
+        // Queues are created in parallel (each is written full at creation). The publisher's
+        // holds the whole replay, so that every product a subscriber asks for is still there;
+        // the subscribers' may evict (the demo checks products as they arrive).
+        let creations: Vec<_> = std::iter::once("pub".to_owned())
+            .chain(names.iter().cloned())
+            .map(|name| {
+                let size = if name == "pub" {
+                    args.queue_size.bytes().max(replay_bytes * 11 / 10)
+                } else {
+                    args.queue_size.bytes()
+                };
+                let dir = root.join(&name);
+                std::thread::spawn(move || -> Result<(), String> {
+                    std::fs::create_dir_all(&dir).map_err(|error| error.to_string())?;
+                    let capacity = Capacity { bytes: size, slots: Capacity::default_slots(size).max(40_000) };
+                    Queue::create(&dir.join("q.pq"), capacity, false).map(|_| ()).map_err(|error| error.to_string())
+                })
+            })
+            .collect();
+        for creation in creations {
+            creation
+                .join()
+                .map_err(|_| runtime(anyhow::anyhow!("queue creation panicked")))?
+                .map_err(|error| runtime(anyhow::anyhow!("cannot create a queue: {error}")))?;
+        }
+        let write = |path: PathBuf, text: String| {
+            std::fs::write(&path, text).map_err(|error| runtime(anyhow::anyhow!("{}: {error}", path.display())))
+        };
+        let pub_dir = root.join("pub");
+        write(
+            pub_dir.join("ldmd.conf"),
+            format!("ALLOW ANY ^127\\.0\\.0\\.1$\nMULTICAST NGRID {group} 127.0.0.1:0 24 0 dummy dummy\n"),
+        )?;
+        write(pub_dir.join("ldm7.toml"), format!("[multicast]\nrate = \"{}\"\n", args.rate))?;
+        // With three or more subscribers the second one is lossy (the last is killed); with two,
+        // the first.
+        let lossy = if args.subscribers >= 3 { 1 } else { 0 };
+        let mut subscribers = Vec::new();
+        for (k, name) in names.iter().enumerate() {
+            let dir = root.join(name);
+            write(dir.join("ldmd.conf"), format!("RECEIVE NGRID 127.0.0.1:{port}\n"))?;
+            let drop = if k == lossy { args.loss } else { 0.0 };
+            write(
+                dir.join("ldm7.toml"),
+                format!(
+                    "[receive]\nretry_min = \"200ms\"\nretry_max = \"2s\"\nrate = \"{}\"\ndrop = {drop}\n",
+                    args.rate
+                ),
+            )?;
+            let mut process = Process::new(&exe, &dir, name, 0);
+            process.lossy = drop > 0.0;
+            subscribers.push(process);
+        }
+        let mut publisher = Process::new(&exe, &pub_dir, "publisher", port);
+        publisher.start()?;
+        for subscriber in &mut subscribers {
+            subscriber.start()?;
+        }
+        Ok(Self { publisher, subscribers, group })
+    }
+
+    fn wait_subscribed(&mut self) -> CmdResult {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.subscribers.iter().all(|s| s.log_text().contains("FMTP repair connection to")) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(runtime(anyhow::anyhow!(
+                    "the subscribers did not subscribe within 30 s; see the logs under {}",
+                    self.publisher.dir.parent().unwrap_or(Path::new(".")).display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn print_live(&mut self, elapsed: f64, expected: &Follower, checks: &[Arc<Follower>]) {
+        println!("[{elapsed:5.1} s] published {} products ({:.2} GB)", expected.count(), expected.bytes() as f64 / 1e9);
+        for (subscriber, check) in self.subscribers.iter_mut().zip(checks) {
+            let modes = subscriber.deliveries();
+            let total = modes.received + modes.inserted + modes.backlog;
+            let ratio = if total > 0 { 100.0 * modes.received as f64 / total as f64 } else { 100.0 };
+            println!(
+                "          {:<5} {:>6} products  FMTP {:>6} ({ratio:5.1}%, {:>5} blocks retransmitted)  backstop {:>4}  backlog {:>5}{}",
+                subscriber.name,
+                check.count(),
+                modes.received,
+                modes.retransmitted_blocks,
+                modes.inserted,
+                modes.backlog,
+                if subscriber.child.is_none() {
+                    "  [down]"
+                } else if subscriber.lossy {
+                    "  [lossy]"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+
+    fn stop(&mut self) {
+        for subscriber in &mut self.subscribers {
+            subscriber.terminate();
+        }
+        self.publisher.terminate();
+    }
+
+    /// Prints the summary; returns whether every subscriber has every product, intact.
+    fn summary(&mut self, published: u64, expected: &Follower, checks: &[Arc<Follower>]) -> bool {
+        let wanted = expected.signatures();
+        println!("== summary ==");
+        println!("publisher {} products, {:.2} GB", wanted.len(), expected.bytes() as f64 / 1e9);
+        let mut complete = wanted.len() as u64 == published;
+        for (subscriber, check) in self.subscribers.iter_mut().zip(checks) {
+            let got = check.signatures();
+            let missing = wanted.difference(&got).count();
+            let extra = got.difference(&wanted).count();
+            let modes = subscriber.deliveries();
+            let ok = missing == 0 && extra == 0 && check.corrupt() == 0 && check.skipped() == 0;
+            complete &= ok;
+            println!(
+                "{:<9} {} products, MD5 checked {} ({} corrupt), missing {missing}, duplicates dropped {}, by FMTP {} \
+                 ({} blocks retransmitted), backstop {}, backlog {}: {}",
+                subscriber.name,
+                got.len(),
+                check.count(),
+                check.corrupt(),
+                modes.duplicates,
+                modes.received,
+                modes.retransmitted_blocks,
+                modes.inserted,
+                modes.backlog,
+                if ok { "every product, intact" } else { "INCOMPLETE" }
+            );
+        }
+        println!(
+            "{}",
+            if complete {
+                "every product reached every subscriber's queue, each one checked by MD5"
+            } else {
+                "SOME PRODUCTS DID NOT ARRIVE"
+            }
+        );
+        complete
+    }
+}
+
+/// One `ldm7 serve` process of the demo.
+struct Process {
+    exe: PathBuf,
+    dir: PathBuf,
+    name: String,
+    port: u16,
+    child: Option<Child>,
+    lossy: bool,
+    log_offset: u64,
+    modes: Modes,
+}
+
+/// Delivery counts read from a subscriber's log.
+#[derive(Clone, Copy, Debug, Default)]
+struct Modes {
+    received: u64,
+    inserted: u64,
+    backlog: u64,
+    retransmitted_blocks: u64,
+    duplicates: u64,
+}
+
+impl Process {
+    fn new(exe: &Path, dir: &Path, name: &str, port: u16) -> Self {
+        Self {
+            exe: exe.to_path_buf(),
+            dir: dir.to_path_buf(),
+            name: name.to_owned(),
+            port,
+            child: None,
+            lossy: false,
+            log_offset: 0,
+            modes: Modes::default(),
+        }
+    }
+
+    fn queue_path(&self) -> PathBuf {
+        self.dir.join("q.pq")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    fn start(&mut self) -> CmdResult {
+        let child = Command::new(&self.exe)
+            .args(["serve", "-c", "ldmd.conf", "-q", "q.pq", "--state-dir", "state", "-v", "-l", "log"])
+            .args(["-P", &self.port.to_string(), "-I", "127.0.0.1"])
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|error| runtime(anyhow::anyhow!("cannot start {}: {error}", self.name)))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// Delivery counts so far (reads what the log gained since the last call).
+    fn deliveries(&mut self) -> Modes {
+        let Ok(mut file) = std::fs::File::open(self.dir.join("log")) else { return self.modes };
+        if file.seek(SeekFrom::Start(self.log_offset)).is_err() {
+            return self.modes;
+        }
+        let mut text = String::new();
+        if file.read_to_string(&mut text).is_err() {
+            return self.modes;
+        }
+        let complete = text.rfind('\n').map_or(0, |at| at + 1);
+        for line in text[..complete].lines() {
+            if line.contains(" INFO Received: {") {
+                self.modes.received += 1;
+                let blocks = line.split("retrans: ").nth(1).and_then(|rest| rest.split(',').next());
+                self.modes.retransmitted_blocks += blocks.and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+            } else if line.contains(" INFO Inserted: {") {
+                self.modes.inserted += 1;
+            } else if line.contains(" INFO Backlog: {") {
+                self.modes.backlog += 1;
+            } else if line.contains("Duplicate data-product") {
+                self.modes.duplicates += 1;
+            }
+        }
+        self.log_offset += complete as u64;
+        self.modes
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Follows a queue from its beginning in a thread: collects signatures and, when checking,
+/// verifies each product's MD5.
+struct Follower {
+    state: Arc<Mutex<HashSet<Signature>>>,
+    count: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
+    corrupt: Arc<AtomicU64>,
+    skipped: Arc<AtomicU64>,
+}
+
+impl Follower {
+    fn start(queue: Arc<Queue>, stop: Arc<AtomicBool>, check: bool) -> Self {
+        let follower = Self {
+            state: Arc::new(Mutex::new(HashSet::new())),
+            count: Arc::new(AtomicU64::new(0)),
+            bytes: Arc::new(AtomicU64::new(0)),
+            corrupt: Arc::new(AtomicU64::new(0)),
+            skipped: Arc::new(AtomicU64::new(0)),
+        };
+        let (state, count, bytes, corrupt, skipped) = (
+            follower.state.clone(),
+            follower.count.clone(),
+            follower.bytes.clone(),
+            follower.corrupt.clone(),
+            follower.skipped.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut cursor = queue.follow(Timestamp::ZERO);
+            while !stop.load(Ordering::Relaxed) {
+                let next = cursor.next_with(Some(Duration::from_millis(200)), |product| {
+                    let intact = !check || Signature(Md5::digest(product.data).into()) == product.info.signature;
+                    (product.info.signature, product.data.len() as u64, intact)
+                });
+                if let Ok(Some((signature, size, intact))) = next {
+                    if !intact {
+                        corrupt.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let new = state.lock().map(|mut set| set.insert(signature)).unwrap_or(false);
+                    if new {
+                        count.fetch_add(1, Ordering::Relaxed);
+                        bytes.fetch_add(size, Ordering::Relaxed);
+                    }
+                }
+                skipped.store(cursor.skipped(), Ordering::Relaxed);
+            }
+        });
+        follower
+    }
+
+    fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn corrupt(&self) -> u64 {
+        self.corrupt.load(Ordering::Relaxed)
+    }
+
+    fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    fn signatures(&self) -> HashSet<Signature> {
+        self.state.lock().map(|set| set.clone()).unwrap_or_default()
+    }
+}
+
+fn free_port() -> CmdResult<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(runtime)
 }
 
 /// Finds `relative` under the shared data directory: `$LDM7_SHARED`, then `../shared` from the

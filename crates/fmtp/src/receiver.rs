@@ -25,9 +25,10 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{self, Split};
 use ldm7_fmtp_proto::{
-    Assembly, ConfigError, Delivery, MissReason, Receiver, ReceiverConfig, ReceiverCounters, ReceiverEvent,
+    Assembly, ConfigError, Delivery, MissReason, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
+    ReceiverEvent,
 };
-use ldm7_io::{Backoff, BoundHits, Clock};
+use ldm7_io::{Backoff, BoundHits, Clock, Throttle};
 use md5::{Digest, Md5};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -45,6 +46,9 @@ pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(20);
 pub const CONNECT_RETRY_MAX: Duration = Duration::from_secs(2);
 /// Default of [`ReceiverOptions::connect_deadline`] (the reference's 120 s).
 pub const CONNECT_DEADLINE_DEFAULT: Duration = Duration::from_secs(120);
+
+/// A protocol bound hit is logged at most this often (per bound), with the count.
+const BOUND_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Largest FMTP datagram (12-byte header + 1448 bytes).
 const DATAGRAM_LEN_MAX: usize = 1460;
@@ -285,6 +289,7 @@ impl FmtpReceiver {
             shared: shared.clone(),
             counters: counters_tx,
             drop_filter: None,
+            bound_log: Throttle::new(BOUND_LOG_INTERVAL),
         };
         let task = tokio::spawn(task.run(udp, stop_rx));
         Ok(Self { notices, stop, task, counters, shared })
@@ -360,6 +365,8 @@ struct ReceiverTask {
     shared: Arc<Shared>,
     counters: watch::Sender<ReceiverCounters>,
     drop_filter: Option<DropFilter>,
+    /// Protocol bound hits: logged once, then at most once a minute per bound with the count.
+    bound_log: Throttle<ReceiverBound>,
 }
 
 /// Why the receive loop stopped without an error.
@@ -532,7 +539,14 @@ impl ReceiverTask {
     fn notice_of(&mut self, event: ReceiverEvent) -> ReceiverNotice {
         let ReceiverEvent::Delivered(mut delivery) = event else {
             if let ReceiverEvent::BoundHit { bound, index } = &event {
-                tracing::warn!(?bound, index = index.map(|i| i.0), "FMTP receiver: protocol bound hit");
+                if let Some(count) = self.bound_log.event(*bound, Clock::now()) {
+                    tracing::warn!(
+                        ?bound,
+                        index = index.map(|i| i.0),
+                        count,
+                        "FMTP receiver: protocol bound hit (logged at most once a minute)"
+                    );
+                }
             }
             return ReceiverNotice::Event(event);
         };

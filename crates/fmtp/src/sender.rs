@@ -32,9 +32,9 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{self, Split};
 use ldm7_fmtp_proto::{
-    Destination, EnqueueError, Product, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
+    Destination, EnqueueError, Product, ReceiverId, Sender, SenderBound, SenderConfig, SenderCounters, SenderEvent,
 };
-use ldm7_io::{BoundHits, Clock};
+use ldm7_io::{BoundHits, Clock, Throttle};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -44,6 +44,9 @@ use tokio::task::JoinHandle;
 
 use crate::stream::{self, accept_handshake, read_more, tcp_rtt};
 use crate::udp::{MulticastConfig, MulticastSender};
+
+/// A protocol bound hit is logged at most this often (per bound), with the count.
+const BOUND_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How often each receiver connection's RTT is read from the kernel.
 pub const RTT_INTERVAL: Duration = Duration::from_secs(1);
@@ -295,6 +298,7 @@ impl FmtpSender {
             max_segments,
             segment_len: 0,
             segments: 0,
+            bound_log: Throttle::new(BOUND_LOG_INTERVAL),
         };
         let run = tokio::spawn(task.run(product_rx, input_rx));
         Ok(Self {
@@ -509,6 +513,8 @@ struct SenderTask {
     max_segments: usize,
     segment_len: usize,
     segments: usize,
+    /// Protocol bound hits: logged once, then at most once a minute per bound with the count.
+    bound_log: Throttle<SenderBound>,
 }
 
 /// What woke the sender task.
@@ -568,7 +574,14 @@ impl SenderTask {
             self.transmit().await;
             while let Some(event) = self.sender.poll_event() {
                 if let SenderEvent::BoundHit { bound, receiver } = &event {
-                    tracing::warn!(?bound, receiver = receiver.map(|id| id.0), "FMTP sender: protocol bound hit");
+                    if let Some(count) = self.bound_log.event(*bound, Clock::now()) {
+                        tracing::warn!(
+                            ?bound,
+                            receiver = receiver.map(|id| id.0),
+                            count,
+                            "FMTP sender: protocol bound hit (logged at most once a minute)"
+                        );
+                    }
                 }
                 self.notify(SenderNotice::Event(event));
             }

@@ -45,9 +45,58 @@ impl BoundHits {
     }
 }
 
+/// Log throttling for events that have no "relieved" signal (a protocol reporting each time a
+/// bound stops a request): the first event of a kind is logged at once, later ones at most once
+/// per `interval`, with how many happened since the last line.
+#[derive(Debug)]
+pub struct Throttle<K> {
+    interval: std::time::Duration,
+    last: std::collections::HashMap<K, (ldm7_types::Instant, u64)>,
+}
+
+impl<K: std::hash::Hash + Eq> Throttle<K> {
+    /// At most one line per kind per `interval`.
+    pub fn new(interval: std::time::Duration) -> Self {
+        Self { interval, last: std::collections::HashMap::new() }
+    }
+
+    /// Records an event of `kind` at `now`; returns `Some(count)` (events since the last line,
+    /// this one included) when it should be logged.
+    pub fn event(&mut self, kind: K, now: ldm7_types::Instant) -> Option<u64> {
+        match self.last.get_mut(&kind) {
+            Some((at, since)) => {
+                *since += 1;
+                if now.saturating_duration_since(*at) < self.interval {
+                    return None;
+                }
+                let count = *since;
+                *at = now;
+                *since = 0;
+                Some(count)
+            }
+            None => {
+                self.last.insert(kind, (now, 0));
+                Some(1)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throttle_logs_the_first_then_once_per_interval_with_the_count() {
+        let mut throttle = Throttle::new(std::time::Duration::from_secs(60));
+        let at = |secs: u64| ldm7_types::Instant::from_nanos(secs * 1_000_000_000);
+        assert_eq!(throttle.event("a", at(0)), Some(1));
+        assert_eq!(throttle.event("a", at(1)), None);
+        assert_eq!(throttle.event("b", at(1)), Some(1));
+        assert_eq!(throttle.event("a", at(30)), None);
+        assert_eq!(throttle.event("a", at(61)), Some(3));
+        assert_eq!(throttle.event("a", at(62)), None);
+    }
 
     #[test]
     fn one_log_per_episode_every_hit_counted() {

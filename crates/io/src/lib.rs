@@ -14,5 +14,5 @@ pub mod clock;
 pub mod log_target;
 
 pub use backoff::Backoff;
-pub use bound::BoundHits;
+pub use bound::{BoundHits, Throttle};
 pub use clock::Clock;

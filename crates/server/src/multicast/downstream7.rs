@@ -245,6 +245,7 @@ impl Session<'_> {
         let mut buf = vec![0u8; 256 << 10];
         let mut out = Vec::new();
         let mut receiver: Option<FmtpReceiver> = None;
+        let mut inserter = Inserter::start(self.context.queue.clone(), self.name)?;
         let mut backlog_asked = false;
         let backlog_after = self.resume.session_started();
         let mut last_save = Clock::now();
@@ -257,7 +258,7 @@ impl Session<'_> {
                         receiver = Some(self.start_receiver(&info)?);
                         self.counters.subscriptions.fetch_add(1, Ordering::Relaxed);
                         if std::mem::take(self.in_outage) {
-                            tracing::warn!("{}: resubscribed", self.name);
+                            tracing::info!("{}: resubscribed", self.name);
                         }
                         tracing::info!(
                             "{}: subscribed: group {}, FMTP server {}, FMTP address {}",
@@ -271,7 +272,7 @@ impl Session<'_> {
                     SubscriberEvent::MissedProduct { index, product } => {
                         self.resume.answered(index, Some(product.info.signature));
                         unsaved = true;
-                        self.insert_product(DeliveryMode::Inserted, Some(index), product.info, &product.data);
+                        inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
                     }
                     SubscriberEvent::NoSuchProduct { index } => {
                         self.resume.answered(index, None);
@@ -279,7 +280,7 @@ impl Session<'_> {
                         tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
                     }
                     SubscriberEvent::BacklogProduct { product } => {
-                        self.insert_product(DeliveryMode::Backlog, None, product.info, &product.data);
+                        inserter.submit(Job::control(DeliveryMode::Backlog, None, product)).await?;
                     }
                     SubscriberEvent::EndBacklog => {
                         self.resume.backlog_complete();
@@ -329,9 +330,7 @@ impl Session<'_> {
                     match notice {
                         Some(notice) => {
                             let connected = matches!(notice, ReceiverNotice::Connected(_));
-                            if self.on_notice(&mut session, notice).await?.is_some() {
-                                unsaved = true;
-                            }
+                            self.on_notice(&mut session, &mut inserter, notice).await?;
                             if connected && !backlog_asked {
                                 backlog_asked = true;
                                 self.ask_backlog(&mut session, backlog_after)?;
@@ -349,6 +348,16 @@ impl Session<'_> {
                         }
                     }
                 }
+                done = inserter.done.recv() => {
+                    match done {
+                        Some(done) => {
+                            if self.on_done(&mut session, done)? {
+                                unsaved = true;
+                            }
+                        }
+                        None => break Err(SessionEnd::Fmtp("the inserter thread ended".into())),
+                    }
+                }
                 () = tokio::time::sleep_until(timeout.unwrap_or(far)) => session.handle_timeout(Clock::now()),
                 _ = stop.changed() => {
                     if *stop.borrow() {
@@ -359,6 +368,10 @@ impl Session<'_> {
         };
         if let Some(receiver) = receiver {
             let _ = receiver.finish().await;
+        }
+        // Products handed to the inserter are inserted and accounted before the session ends.
+        for done in inserter.finish().await {
+            let _ = self.on_done(&mut session, done);
         }
         self.resume.save();
         match result {
@@ -420,50 +433,32 @@ impl Session<'_> {
         FmtpReceiver::start(options).map_err(|error| SessionEnd::Fmtp(error.to_string()))
     }
 
-    /// Handles an FMTP notice; returns the signature of a product inserted from FMTP.
+    /// Handles an FMTP notice: a delivered product goes to the inserter, a missed one is asked
+    /// for through the backstop.
     async fn on_notice(
         &mut self,
         session: &mut Subscriber,
+        inserter: &mut Inserter,
         notice: ReceiverNotice,
-    ) -> Result<Option<Signature>, SessionEnd> {
+    ) -> Result<(), SessionEnd> {
         match notice {
             ReceiverNotice::Connected(server) => {
                 tracing::info!("{}: FMTP repair connection to {server} up", self.name);
-                Ok(None)
+                Ok(())
             }
             ReceiverNotice::Delivered { delivery, product } => {
-                let index = delivery.index;
-                let blocks = delivery.retransmitted_blocks;
-                let start = delivery.start_time;
-                let metadata = delivery.metadata;
-                let queue = self.context.queue.clone();
-                let checked = tokio::task::spawn_blocking(move || insert_fmtp(&queue, product, &metadata))
-                    .await
-                    .map_err(|error| SessionEnd::Fmtp(error.to_string()))?;
-                match checked {
-                    Ok((info, outcome)) => {
-                        let signature = info.signature;
-                        let latency_us = latency_us(start);
-                        self.account(DeliveryMode::Received, Some(index.0), Some(blocks), info, outcome, latency_us);
-                        self.resume.received(index.0, signature);
-                        Ok(Some(signature))
-                    }
-                    Err(error) => {
-                        self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            "{}: FMTP product {} unusable ({error}); asking for it again",
-                            self.name,
-                            index.0
-                        );
-                        self.request(session, index.0)?;
-                        Ok(None)
-                    }
-                }
+                let job = Job {
+                    mode: DeliveryMode::Received,
+                    index: Some(delivery.index.0),
+                    retransmitted_blocks: Some(delivery.retransmitted_blocks),
+                    start: Some(delivery.start_time),
+                    payload: Payload::Fmtp { product, metadata: delivery.metadata },
+                };
+                inserter.submit(job).await
             }
             ReceiverNotice::Event(ReceiverEvent::Missed { index, reason }) => {
                 tracing::info!("Missed product: prodIndex={} ({reason:?})", index.0);
-                self.request(session, index.0)?;
-                Ok(None)
+                self.request(session, index.0)
             }
             ReceiverNotice::Event(ReceiverEvent::IndexGap { first, last }) => {
                 let count = last.0.wrapping_sub(first.0).wrapping_add(1);
@@ -476,13 +471,44 @@ impl Session<'_> {
                 for offset in 0..count.min(INDEX_GAP_REQUESTS_MAX) {
                     self.request(session, first.0.wrapping_add(offset))?;
                 }
-                Ok(None)
+                Ok(())
             }
             ReceiverNotice::Event(ReceiverEvent::BoundHit { bound, index }) => {
                 tracing::debug!("{}: FMTP receiver bound {bound:?} hit ({index:?})", self.name);
-                Ok(None)
+                Ok(())
             }
-            ReceiverNotice::Event(ReceiverEvent::Delivered(_)) => Ok(None),
+            ReceiverNotice::Event(ReceiverEvent::Delivered(_)) => Ok(()),
+        }
+    }
+
+    /// Accounts a product the inserter finished; returns whether the resume point may move.
+    fn on_done(&mut self, session: &mut Subscriber, done: Done) -> Result<bool, SessionEnd> {
+        let Done { job, result } = done;
+        match result {
+            Ok((info, outcome)) => {
+                let signature = info.signature;
+                let start = job.start.unwrap_or_else(|| WallTime::from(info.arrival.to_system_time()));
+                let inserted = outcome.is_ok();
+                self.account(job.mode, job.index, job.retransmitted_blocks, info, outcome, latency_us(start));
+                if let (DeliveryMode::Received, Some(index), true) = (job.mode, job.index, inserted) {
+                    self.resume.received(index, signature);
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            Err(error) => {
+                self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+                match (job.mode, job.index) {
+                    (DeliveryMode::Received, Some(index)) => {
+                        tracing::warn!("{}: FMTP product {index} unusable ({error}); asking for it again", self.name);
+                        self.request(session, index)?;
+                    }
+                    (mode, _) => {
+                        tracing::error!("{}: {} product unusable ({error}); dropped", self.name, mode.keyword());
+                    }
+                }
+                Ok(false)
+            }
         }
     }
 
@@ -515,18 +541,6 @@ impl Session<'_> {
         }
         session.request_backlog(Clock::now(), spec)?;
         Ok(())
-    }
-
-    /// Inserts a product that came over the control connection.
-    fn insert_product(&mut self, mode: DeliveryMode, index: Option<u32>, info: ProdInfo, data: &[u8]) {
-        let latency_us = latency_us(WallTime::from(info.arrival.to_system_time()));
-        if data.len() != info.size as usize || product::verify(&info, data).is_err() {
-            self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
-            tracing::error!("{}: {} product does not match its signature; dropped: {info}", self.name, mode.keyword());
-            return;
-        }
-        let outcome = tokio::task::block_in_place(|| self.context.queue.insert(&info, data));
-        self.account(mode, index, None, info, outcome, latency_us);
     }
 
     fn account(
@@ -576,6 +590,116 @@ impl Session<'_> {
             }
         }
     }
+}
+
+/// Products waiting for the inserter (each a spool file or one product in memory).
+const INSERT_QUEUE_MAX: usize = 64;
+
+/// A product to check and insert.
+struct Job {
+    mode: DeliveryMode,
+    index: Option<u32>,
+    retransmitted_blocks: Option<u32>,
+    /// The BOP creation time (FMTP); else the product's creation time is the start.
+    start: Option<WallTime>,
+    payload: Payload,
+}
+
+enum Payload {
+    /// As FMTP delivered it: an XDR product (header and data) and the BOP metadata.
+    Fmtp { product: ReceivedProduct, metadata: Vec<u8> },
+    /// From the control connection (backstop, backlog).
+    Control(ldm7_ldm_proto::Product),
+}
+
+impl Job {
+    fn control(mode: DeliveryMode, index: Option<u32>, product: ldm7_ldm_proto::Product) -> Self {
+        Self { mode, index, retransmitted_blocks: None, start: None, payload: Payload::Control(product) }
+    }
+}
+
+/// What the inserter did with a job.
+struct Done {
+    job: JobHead,
+    result: Result<(ProdInfo, Result<InsertOutcome, InsertError>), String>,
+}
+
+/// A job without its bytes.
+#[derive(Clone, Copy)]
+struct JobHead {
+    mode: DeliveryMode,
+    index: Option<u32>,
+    retransmitted_blocks: Option<u32>,
+    start: Option<WallTime>,
+}
+
+/// The thread that checks products and copies them into the queue, so that the session keeps
+/// reading its connection and FMTP's notices while a large product is hashed and copied. Jobs
+/// are done in order; at most [`INSERT_QUEUE_MAX`] wait (then submitting waits).
+struct Inserter {
+    jobs: Option<tokio::sync::mpsc::Sender<Job>>,
+    done: tokio::sync::mpsc::UnboundedReceiver<Done>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Inserter {
+    fn start(queue: Arc<Queue>, name: &str) -> Result<Self, SessionEnd> {
+        let (jobs, mut incoming) = tokio::sync::mpsc::channel::<Job>(INSERT_QUEUE_MAX);
+        let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("insert {name}"))
+            .spawn(move || {
+                while let Some(job) = incoming.blocking_recv() {
+                    let head = JobHead {
+                        mode: job.mode,
+                        index: job.index,
+                        retransmitted_blocks: job.retransmitted_blocks,
+                        start: job.start,
+                    };
+                    let result = match job.payload {
+                        Payload::Fmtp { product, metadata } => insert_fmtp(&queue, product, &metadata),
+                        Payload::Control(product) => insert_control(&queue, product),
+                    };
+                    if done_tx.send(Done { job: head, result }).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|error| SessionEnd::Fmtp(format!("cannot start the inserter thread: {error}")))?;
+        Ok(Self { jobs: Some(jobs), done, thread: Some(thread) })
+    }
+
+    async fn submit(&mut self, job: Job) -> Result<(), SessionEnd> {
+        let Some(jobs) = &self.jobs else { return Err(SessionEnd::Fmtp("the inserter stopped".into())) };
+        jobs.send(job).await.map_err(|_| SessionEnd::Fmtp("the inserter thread ended".into()))
+    }
+
+    /// Lets the inserter finish what it has; returns the results not read yet.
+    async fn finish(mut self) -> Vec<Done> {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        let mut rest = Vec::new();
+        while let Ok(done) = self.done.try_recv() {
+            rest.push(done);
+        }
+        rest
+    }
+}
+
+/// Checks a product that came over the control connection and inserts it (blocking).
+fn insert_control(
+    queue: &Queue,
+    product: ldm7_ldm_proto::Product,
+) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), String> {
+    let info = product.info;
+    if product.data.len() != info.size as usize {
+        return Err(format!("{} bytes for a product of {}: {info}", product.data.len(), info.size));
+    }
+    product::verify(&info, &product.data).map_err(|error| format!("{error}: {info}"))?;
+    let outcome = queue.insert(&info, &product.data);
+    Ok((info, outcome))
 }
 
 /// The next FMTP notice, or never when there is no receiver yet.
