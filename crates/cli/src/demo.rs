@@ -74,9 +74,8 @@ pub fn run(args: &DemoArgs) -> CmdResult {
         })?,
     };
     let mut products = read_trace(&trace).map_err(bad_input)?;
-    if let (Some(span), Some(first)) = (args.span, products.first().map(|product| product.created)) {
-        let end = first.as_unix_micros() + i64::try_from(span.as_micros()).unwrap_or(i64::MAX);
-        products.retain(|product| product.created.as_unix_micros() < end);
+    if let Some(span) = args.span {
+        crate::trace::keep_span(&mut products, span);
     }
     if products.is_empty() {
         return Err(bad_input("the trace (or its --span) holds no product"));

@@ -43,6 +43,9 @@ pub struct InsertArgs {
     /// Replay at most this many products.
     #[arg(long, requires = "replay")]
     pub limit: Option<usize>,
+    /// Replay only the trace's first DURATION (of trace time), e.g. 10min.
+    #[arg(long, value_name = "DURATION", requires = "replay", value_parser = crate::common::duration_arg)]
+    pub span: Option<Duration>,
     /// Seed of the synthetic product contents.
     #[arg(long, default_value_t = 1, requires = "replay")]
     pub seed: u64,
@@ -151,6 +154,9 @@ fn replay(args: &InsertArgs, trace: &Path) -> CmdResult {
         None => None,
     };
     let mut products = read_trace(trace).map_err(bad_input)?;
+    if let Some(span) = args.span {
+        crate::trace::keep_span(&mut products, span);
+    }
     if let Some(limit) = args.limit {
         products.truncate(limit);
     }

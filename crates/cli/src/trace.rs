@@ -15,6 +15,13 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceProduct>, String> {
     Ok(products)
 }
 
+/// Keeps the products of the trace's first `span` (of trace time, from its first product).
+pub fn keep_span(products: &mut Vec<TraceProduct>, span: std::time::Duration) {
+    let Some(first) = products.first().map(|product| product.created) else { return };
+    let end = first.as_unix_micros().saturating_add(i64::try_from(span.as_micros()).unwrap_or(i64::MAX));
+    products.retain(|product| product.created.as_unix_micros() < end);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
