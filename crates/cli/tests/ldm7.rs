@@ -241,3 +241,39 @@ fn a_repair_connection_from_an_address_not_handed_out_is_refused() {
     subscriber.stop();
     publisher.stop();
 }
+
+#[test]
+fn a_full_pool_and_a_malformed_record_affect_only_their_own_connection() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 8, &allow_all(), "[multicast]\nsubscribers_max = 1\n");
+    publisher.start();
+    let mut first = subscriber(root.path(), "first", &publisher, 0.0);
+    first.start();
+    wait_subscribed(&first);
+    let mut second = subscriber(root.path(), "second", &publisher, 0.0);
+    second.start();
+    wait_until(Duration::from_secs(20), "the refusal", || second.log().contains("LDM7_MCAST").then_some(()));
+    assert!(publisher.log().contains("subscribers already"), "{}", tail(&publisher.log()));
+    second.stop();
+    // An LDM-7 SUBSCRIBE whose feed-request string claims 4 GB: malformed.
+    let mut record = Vec::new();
+    for word in [0x1234_u32, 0, 2, 300_029, 7, 1, 0, 0, 0, 0, 0x4000_0000, 0xFFFF_FFF0] {
+        record.extend_from_slice(&word.to_be_bytes());
+    }
+    let mut marked = (0x8000_0000u32 | record.len() as u32).to_be_bytes().to_vec();
+    marked.extend_from_slice(&record);
+    let mut stream = TcpStream::connect(("127.0.0.1", publisher.port)).expect("connect");
+    std::io::Write::write_all(&mut stream, &marked).expect("write");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut rest = Vec::new();
+    let read = std::io::Read::read_to_end(&mut stream, &mut rest);
+    assert!(read.is_ok() || rest.is_empty(), "the malformed connection is closed: {read:?}");
+    wait_until(Duration::from_secs(10), "the malformed record in the log", || {
+        publisher.log().contains("malformed record").then_some(())
+    });
+    replay(&publisher, 40, 51);
+    first.wait_for(40, Duration::from_secs(30));
+    assert_same_products(&publisher, std::slice::from_ref(&first));
+    first.stop();
+    publisher.stop();
+}

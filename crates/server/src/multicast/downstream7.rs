@@ -139,12 +139,18 @@ enum SessionEnd {
     Session(#[from] SessionError),
     #[error("the upstream closed the connection")]
     Closed,
-    #[error("the FMTP receiver stopped: {0}")]
-    Fmtp(String),
+    #[error("the FMTP receiver: {0}")]
+    Fmtp(#[from] ldm7_fmtp::ReceiveError),
+    #[error("the FMTP receiver ended")]
+    FmtpEnded,
+    #[error("the inserter thread: {0}")]
+    Inserter(#[source] std::io::Error),
+    #[error("the inserter thread ended")]
+    InserterEnded,
     #[error("the subscription reply is unusable: {0}")]
     Reply(String),
-    #[error("cannot configure {address} on {interface}: {why}")]
-    Address { address: String, interface: String, why: String },
+    #[error("cannot configure {address} on {interface}: {source}")]
+    Address { address: ldm7_net::hostcfg::Ipv4Cidr, interface: String, source: ldm7_net::hostcfg::AddressError },
 }
 
 /// Runs one RECEIVE until the server stops.
@@ -337,14 +343,11 @@ impl Session<'_> {
                             }
                         }
                         None => {
-                            let why = match receiver.take() {
-                                Some(receiver) => match receiver.finish().await {
-                                    Ok(_) => "it ended".to_owned(),
-                                    Err(error) => error.to_string(),
-                                },
-                                None => "it ended".to_owned(),
+                            let ended = match receiver.take() {
+                                Some(receiver) => receiver.finish().await.err().map(SessionEnd::Fmtp),
+                                None => None,
                             };
-                            break Err(SessionEnd::Fmtp(why));
+                            break Err(ended.unwrap_or(SessionEnd::FmtpEnded));
                         }
                     }
                 }
@@ -355,7 +358,7 @@ impl Session<'_> {
                                 unsaved = true;
                             }
                         }
-                        None => break Err(SessionEnd::Fmtp("the inserter thread ended".into())),
+                        None => break Err(SessionEnd::InserterEnded),
                     }
                 }
                 () = tokio::time::sleep_until(timeout.unwrap_or(far)) => session.handle_timeout(Clock::now()),
@@ -396,10 +399,10 @@ impl Session<'_> {
         let address = info.fmtp_addr.addr;
         if let Some(interface) = &self.receive.interface {
             let cidr = ldm7_net::hostcfg::Ipv4Cidr { address, prefix_len: info.fmtp_addr.prefix_len };
-            ldm7_net::hostcfg::ensure_address(None, interface, cidr).map_err(|error| SessionEnd::Address {
-                address: cidr.to_string(),
+            ldm7_net::hostcfg::ensure_address(None, interface, cidr).map_err(|source| SessionEnd::Address {
+                address: cidr,
                 interface: interface.clone(),
-                why: error.to_string(),
+                source,
             })?;
         }
         let join = if address.is_loopback() { Ipv4Addr::LOCALHOST } else { address };
@@ -430,7 +433,7 @@ impl Session<'_> {
         options.connect_deadline = REPAIR_CONNECT_DEADLINE;
         options.drop_probability = self.settings.drop;
         options.seed = u64::from(u32::from(address)) ^ u64::from(self.port);
-        FmtpReceiver::start(options).map_err(|error| SessionEnd::Fmtp(error.to_string()))
+        Ok(FmtpReceiver::start(options)?)
     }
 
     /// Handles an FMTP notice: a delivered product goes to the inserter, a missed one is asked
@@ -618,10 +621,33 @@ impl Job {
     }
 }
 
-/// What the inserter did with a job.
+/// What the inserter did with a job: the product's metadata and the queue's answer, or why the
+/// product is unusable.
 struct Done {
     job: JobHead,
-    result: Result<(ProdInfo, Result<InsertOutcome, InsertError>), String>,
+    result: Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable>,
+}
+
+/// Why a received product was not inserted.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// Its XDR header, size, metadata or MD5 is wrong.
+    #[error(transparent)]
+    Product(#[from] product::ProductError),
+    /// The spool file could not be read (or its bytes did not hash to the signature).
+    #[error("reading the spool: {0}")]
+    Spool(#[source] std::io::Error),
+    /// The receiver kept no bytes.
+    #[error("the FMTP receiver kept no bytes")]
+    Discarded,
+    /// The size the metadata gives is not the number of bytes.
+    #[error("{len} bytes for a product of {size}")]
+    Size {
+        /// Bytes received.
+        len: usize,
+        /// Bytes announced.
+        size: u32,
+    },
 }
 
 /// A job without its bytes.
@@ -665,13 +691,13 @@ impl Inserter {
                     }
                 }
             })
-            .map_err(|error| SessionEnd::Fmtp(format!("cannot start the inserter thread: {error}")))?;
+            .map_err(SessionEnd::Inserter)?;
         Ok(Self { jobs: Some(jobs), done, thread: Some(thread) })
     }
 
     async fn submit(&mut self, job: Job) -> Result<(), SessionEnd> {
-        let Some(jobs) = &self.jobs else { return Err(SessionEnd::Fmtp("the inserter stopped".into())) };
-        jobs.send(job).await.map_err(|_| SessionEnd::Fmtp("the inserter thread ended".into()))
+        let Some(jobs) = &self.jobs else { return Err(SessionEnd::InserterEnded) };
+        jobs.send(job).await.map_err(|_| SessionEnd::InserterEnded)
     }
 
     /// Lets the inserter finish what it has; returns the results not read yet.
@@ -692,12 +718,12 @@ impl Inserter {
 fn insert_control(
     queue: &Queue,
     product: ldm7_ldm_proto::Product,
-) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), String> {
+) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable> {
     let info = product.info;
     if product.data.len() != info.size as usize {
-        return Err(format!("{} bytes for a product of {}: {info}", product.data.len(), info.size));
+        return Err(Unusable::Size { len: product.data.len(), size: info.size });
     }
-    product::verify(&info, &product.data).map_err(|error| format!("{error}: {info}"))?;
+    product::verify(&info, &product.data)?;
     let outcome = queue.insert(&info, &product.data);
     Ok((info, outcome))
 }
@@ -715,22 +741,22 @@ fn insert_fmtp(
     queue: &Queue,
     product: ReceivedProduct,
     metadata: &[u8],
-) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), String> {
+) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable> {
     let len = product.len();
     let spooled = match product {
         ReceivedProduct::Spooled(spooled) => spooled,
         ReceivedProduct::Memory(bytes) => {
-            let (info, at) = product::decode(&bytes, len, metadata).map_err(|error| error.to_string())?;
+            let (info, at) = product::decode(&bytes, len, metadata)?;
             let data = &bytes[at..at + info.size as usize];
-            product::verify(&info, data).map_err(|error| error.to_string())?;
+            product::verify(&info, data)?;
             let outcome = queue.insert(&info, data);
             return Ok((info, outcome));
         }
-        ReceivedProduct::Discarded => return Err("the receiver kept no bytes".into()),
+        ReceivedProduct::Discarded => return Err(Unusable::Discarded),
     };
     let mut head = vec![0u8; HEAD_BYTES.min(usize::try_from(len).unwrap_or(HEAD_BYTES))];
-    spooled.read_at(0, &mut head).map_err(|error| format!("reading the spool: {error}"))?;
-    let (info, at) = product::decode(&head, len, metadata).map_err(|error| error.to_string())?;
+    spooled.read_at(0, &mut head).map_err(Unusable::Spool)?;
+    let (info, at) = product::decode(&head, len, metadata)?;
     let size = u64::from(info.size);
     let mut chunk = vec![0u8; COPY_CHUNK_BYTES.min(usize::try_from(size).unwrap_or(COPY_CHUNK_BYTES)).max(1)];
     let signature = info.signature;
@@ -751,7 +777,7 @@ fn insert_fmtp(
         Ok(())
     });
     match outcome {
-        Err(InsertError::Source(error)) => Err(error.to_string()),
+        Err(InsertError::Source(error)) => Err(Unusable::Spool(error)),
         other => Ok((info, other)),
     }
 }

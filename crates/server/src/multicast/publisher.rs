@@ -68,12 +68,13 @@ pub enum Refusal {
     #[error("no MULTICAST entry multicasts {0}")]
     NoSuchFeed(FeedType),
     /// The feed's FMTP sender could not start.
-    #[error("cannot start multicasting {feed}: {why}")]
+    #[error("cannot start multicasting {feed}: {source}")]
     Start {
         /// The feed.
         feed: FeedType,
         /// Why.
-        why: String,
+        #[source]
+        source: FeedError,
     },
     /// No address is left for the subscriber.
     #[error("no FMTP address for the subscriber: {0}")]
@@ -103,6 +104,30 @@ impl Refusal {
             Self::Start { .. } | Self::Pool(_) | Self::Path { .. } => Ldm7Status::Mcast,
         }
     }
+}
+
+/// Why a feed's multicasting could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The FMTP runtime's threads could not start.
+    #[error("cannot start the FMTP threads: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The product-index map cannot be used.
+    #[error(transparent)]
+    IndexMap(#[from] IndexMapError),
+    /// The MULTICAST entry's subnet cannot hold a pool.
+    #[error("the FMTP address pool: {0}")]
+    Pool(#[from] PoolError),
+    /// The FMTP sender's sockets could not be opened.
+    #[error("FMTP sender on {retx_listen}, group {group}: {source}")]
+    Sockets {
+        /// The retransmission server's address.
+        retx_listen: SocketAddr,
+        /// The group.
+        group: SocketAddrV4,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Counters of the publisher side.
@@ -279,7 +304,7 @@ impl Multicaster {
                 return Ok(feed.clone());
             }
         }
-        let handle = self.runtime_handle().map_err(|why| Refusal::Start { feed: entry.feedtype, why })?;
+        let handle = self.runtime_handle().map_err(|source| Refusal::Start { feed: entry.feedtype, source })?;
         let settings = self.settings.multicast(entry.feedtype).clone();
         let feed = Feed::start(FeedStart {
             queue: self.queue.clone(),
@@ -290,7 +315,7 @@ impl Multicaster {
             runtime: handle,
             counters: self.counters.clone(),
         })
-        .map_err(|why| Refusal::Start { feed: entry.feedtype, why })?;
+        .map_err(|source| Refusal::Start { feed: entry.feedtype, source })?;
         if let Some(path) = self.path().as_mut() {
             if let Err(error) = path.create_path(&feed.path_name, feed.settings.rate) {
                 tracing::debug!("{}: path {}: {error} (kept as it is)", feed.name, feed.path_name);
@@ -335,19 +360,20 @@ impl Multicaster {
         self.path.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn runtime_handle(&self) -> Result<tokio::runtime::Handle, String> {
+    fn runtime_handle(&self) -> Result<tokio::runtime::Handle, FeedError> {
         let mut runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner);
-        if runtime.is_none() {
-            *runtime = Some(
+        let runtime = match &mut *runtime {
+            Some(runtime) => runtime,
+            empty => empty.insert(
                 tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
                     .thread_name("fmtp-send")
                     .enable_all()
                     .build()
-                    .map_err(|error| format!("cannot start the FMTP runtime: {error}"))?,
-            );
-        }
-        runtime.as_ref().map(|runtime| runtime.handle().clone()).ok_or_else(|| "no FMTP runtime".to_owned())
+                    .map_err(FeedError::Runtime)?,
+            ),
+        };
+        Ok(runtime.handle().clone())
     }
 }
 
@@ -460,18 +486,17 @@ pub struct Feed {
 }
 
 impl Feed {
-    fn start(start: FeedStart) -> Result<Arc<Self>, String> {
+    fn start(start: FeedStart) -> Result<Arc<Self>, FeedError> {
         let FeedStart { queue, entry, settings, state_dir, server_port, runtime, counters } = start;
         let name = entry.feedtype.to_string();
         let path_name = settings.path.clone().unwrap_or_else(|| name.clone());
         let group = SocketAddrV4::new(entry.group, entry.group_port.unwrap_or(server_port));
         let map_path = state_dir.join(format!("{}.fmtp-index", file_name(&name)));
-        let index_map =
-            IndexMap::open(&map_path, settings.index_map_capacity).map_err(|error: IndexMapError| error.to_string())?;
+        let index_map = IndexMap::open(&map_path, settings.index_map_capacity)?;
         let first_index = index_map.next_index();
         let admission = if entry.subnet_len > 0 && !entry.fmtp_server.is_unspecified() {
             let subnet = Ipv4Cidr { address: entry.fmtp_server, prefix_len: entry.subnet_len };
-            Admission::Pool(Pool::new(subnet, settings.subscribers_max).map_err(|error| error.to_string())?)
+            Admission::Pool(Pool::new(subnet, settings.subscribers_max)?)
         } else {
             Admission::OwnAddress { allowed: BTreeMap::new(), max: settings.subscribers_max }
         };
@@ -512,9 +537,11 @@ impl Feed {
             }
             allowed
         });
-        let sender = runtime
-            .block_on(FmtpSender::start(options))
-            .map_err(|error| format!("FMTP sender on {retx_listen}, group {group}: {error}"))?;
+        let sender = runtime.block_on(FmtpSender::start(options)).map_err(|source| FeedError::Sockets {
+            retx_listen,
+            group,
+            source,
+        })?;
         let retx_addr = sender.retx_addr();
         tracing::info!(
             "{name}: multicasting to {group} at {}, FMTP server {retx_addr}, first product index {}",
@@ -568,7 +595,7 @@ impl Feed {
         let reader = std::thread::Builder::new()
             .name(format!("mcast {name}"))
             .spawn(move || reader_feed.read_queue(&queue, &runtime, &products, &counters))
-            .map_err(|error| format!("cannot start the queue reader: {error}"))?;
+            .map_err(FeedError::Runtime)?;
         *feed.reader.lock().unwrap_or_else(PoisonError::into_inner) = Some(reader);
         Ok(feed)
     }
