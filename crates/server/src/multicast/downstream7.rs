@@ -75,6 +75,9 @@ const INDEX_GAP_REQUESTS_MAX: u32 = 100_000;
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// How long a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound: products of a session remembered for moving the resume point (they are pruned as it
+/// moves; only a long backlog lets them accumulate).
+const RESUME_RECEIVED_MAX: usize = 1 << 20;
 /// How long the FMTP receiver keeps trying to reach the repair server.
 const REPAIR_CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -841,6 +844,10 @@ impl Resume {
 
     pub(crate) fn received(&mut self, index: u32, signature: Signature) {
         self.received.insert(index, signature);
+        if self.received.len() > RESUME_RECEIVED_MAX {
+            // Only the newest entries can become the point; forgetting the oldest is safe.
+            self.received.pop_first();
+        }
         self.advance();
     }
 
@@ -893,4 +900,39 @@ impl Resume {
 
 fn file_name(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signature(n: u8) -> Signature {
+        Signature([n; 16])
+    }
+
+    #[test]
+    fn the_resume_point_stays_below_outstanding_requests_and_waits_for_the_backlog() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("resume");
+        let mut resume = Resume::load(path.clone());
+        assert_eq!(resume.session_started(), None);
+        resume.received(10, signature(10));
+        resume.requested(11);
+        resume.received(12, signature(12));
+        assert_eq!(resume.point, None, "not before the session's backlog is complete");
+        resume.backlog_complete();
+        assert_eq!(resume.point, Some(signature(10)), "below the outstanding request for 11");
+        resume.answered(11, Some(signature(11)));
+        assert_eq!(resume.point, Some(signature(12)));
+        resume.requested(13);
+        resume.received(14, signature(14));
+        resume.answered(13, None);
+        assert_eq!(resume.point, Some(signature(14)), "a product the upstream does not have is given up");
+        resume.save();
+        // A new process starts from the saved point; a new session keeps it until its backlog is done.
+        let mut again = Resume::load(path);
+        assert_eq!(again.session_started(), Some(signature(14)));
+        again.received(20, signature(20));
+        assert_eq!(again.point, Some(signature(14)));
+    }
 }
