@@ -20,24 +20,24 @@
 //! 4. Products FMTP reports missed (rejected after the sender's deadline, timed out, evicted, or
 //!    skipped by a jump of the product index) are asked for with REQUEST_PRODUCT; the answers
 //!    come in request order on the control connection and are inserted (`Inserted`).
-//! 5. Once its FMTP receiver is connected it asks for the backlog: from just after its resume
-//!    point — or `time_offset` back when it has none — up to the newest product the upstream
-//!    has (`Backlog`). The reference asks at the first product multicast in the session, with
-//!    that product as the end; but a feed that stays quiet after an outage would then never
-//!    bring what was missed, so we ask at once and give no end product (a zero signature, which
-//!    the upstream never finds: it stops at its newest product). A product both in the backlog
-//!    and multicast just after arrives twice; the queue keeps one.
+//! 5. At the first FMTP product of a session it asks for the backlog (§2.4): from just after its
+//!    resume point — or `time_offset` back when it has none — up to that product; if the first
+//!    thing FMTP reports is a missed product, or the feed stays quiet for `TAIL_QUIET` after the
+//!    connection, up to the upstream's newest product.
+//! 6. When the feed goes quiet, it asks for anything the upstream has after the newest product
+//!    FMTP brought ([`Session::ask_tail`]): FMTP learns of a product lost whole only from a newer
+//!    one, so the end of a burst would otherwise wait for the next product.
 //!
 //! The resume point ([`Resume`], kept in the state directory) is the newest product before
-//! which nothing is missing: the reference keeps the last product received by multicast, but
-//! then a product still being fetched through the backstop when the session dies (kill -9, the
-//! publisher restarting) would never arrive — its index is older than the last one received,
-//! so the next backlog starts after it. Ours stays below every product still asked for, and
-//! advances only once the session's own backlog is complete (END_BACKLOG).
+//! which nothing is missing. The reference keeps the last product received by multicast; then a
+//! product still being repaired, or fetched through the backstop, when the session dies (kill
+//! -9, the publisher restarting) would never arrive — its index is older than the last one
+//! received, so the next backlog starts after it. Ours is the end of the session's resolved
+//! prefix of FMTP indexes, and it moves only once the session's own backlog is complete.
 //!
 //! Duplicates (a product that came both ways) are dropped by the queue and counted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,9 +75,9 @@ const INDEX_GAP_REQUESTS_MAX: u32 = 100_000;
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// How long a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bound: products of a session remembered for moving the resume point (they are pruned as it
-/// moves; only a long backlog lets them accumulate).
-const RESUME_RECEIVED_MAX: usize = 1 << 20;
+/// Bound: resolved products remembered beyond the resume prefix (it holds when one product stays
+/// unresolved for long).
+const RESUME_RESOLVED_MAX: usize = 1 << 20;
 /// How long the FMTP receiver keeps trying to reach the repair server.
 const REPAIR_CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -256,7 +256,9 @@ impl Session<'_> {
         let mut receiver: Option<FmtpReceiver> = None;
         let mut inserter = Inserter::start(self.context.queue.clone(), self.name)?;
         let mut backlog_asked = false;
+        let mut connected_at: Option<ldm7_types::Instant> = None;
         let backlog_after = self.resume.session_started();
+        let mut tail = TailCheck::default();
         let mut last_save = Clock::now();
         let mut unsaved = false;
         let result = 'session: loop {
@@ -279,12 +281,12 @@ impl Session<'_> {
                     }
                     SubscriberEvent::Refused { status } => return Err(SessionEnd::Refused(status)),
                     SubscriberEvent::MissedProduct { index, product } => {
-                        self.resume.answered(index, Some(product.info.signature));
+                        self.resume.resolved(index, Some(product.info.signature));
                         unsaved = true;
                         inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
                     }
                     SubscriberEvent::NoSuchProduct { index } => {
-                        self.resume.answered(index, None);
+                        self.resume.resolved(index, None);
                         self.counters.no_such_product.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
                     }
@@ -294,11 +296,16 @@ impl Session<'_> {
                     SubscriberEvent::EndBacklog => {
                         self.resume.backlog_complete();
                         unsaved = true;
-                        tracing::info!(
-                            "All backlog data-products received: feed={}, server={}",
-                            self.receive.feedtype,
-                            self.receive.host
-                        );
+                        if std::mem::take(&mut tail.asked) {
+                            tracing::debug!("{}: the quiet feed's tail is complete", self.name);
+                        } else {
+                            tracing::info!(
+                                "All backlog data-products received: feed={}, server={}",
+                                self.receive.feedtype,
+                                self.receive.host
+                            );
+                        }
+                        tail.backlog_done = true;
                     }
                     SubscriberEvent::Unexpected { proc, index, expected } => {
                         tracing::warn!(
@@ -321,14 +328,32 @@ impl Session<'_> {
                 last_save = Clock::now();
                 unsaved = false;
             }
+            // Output is written as the socket takes it, in the same select as the reads: a
+            // subscriber that stopped reading while it waited to write could deadlock with an
+            // upstream doing the same (its missed products one way, our requests the other).
             session.take_output(&mut out);
-            if !out.is_empty() {
-                write.write_all(&out).await?;
-                out.clear();
-            }
             let timeout = session.poll_timeout().map(Clock::to_std).map(tokio::time::Instant::from_std);
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let tail_due = tail.due().map(Clock::to_std).map(tokio::time::Instant::from_std);
+            // No FMTP product since the connection: the feed is quiet; ask for the backlog now.
+            let initial_due = connected_at
+                .filter(|_| !backlog_asked)
+                .map(|at| Clock::to_std(at + TAIL_QUIET))
+                .map(tokio::time::Instant::from_std);
             tokio::select! {
+                () = tokio::time::sleep_until(initial_due.unwrap_or(far)), if initial_due.is_some() => {
+                    backlog_asked = true;
+                    self.ask_backlog(&mut session, backlog_after, None)?;
+                }
+                written = write.write(&out), if !out.is_empty() => {
+                    let count = written?;
+                    out.drain(..count);
+                }
+                () = tokio::time::sleep_until(tail_due.unwrap_or(far)), if tail_due.is_some() => {
+                    if let Some(after) = tail.ask() {
+                        self.ask_tail(&mut session, after)?;
+                    }
+                }
                 read_count = read.read(&mut buf) => {
                     match read_count? {
                         0 => session.handle_eof(),
@@ -338,11 +363,26 @@ impl Session<'_> {
                 notice = next_notice(&mut receiver) => {
                     match notice {
                         Some(notice) => {
-                            let connected = matches!(notice, ReceiverNotice::Connected(_));
+                            // The first FMTP product of the session asks for the backlog up to
+                            // it (§2.4); a first product FMTP missed, up to the newest.
+                            let first = match &notice {
+                                ReceiverNotice::Connected(_) => {
+                                    connected_at = Some(Clock::now());
+                                    None
+                                }
+                                ReceiverNotice::Delivered { delivery, .. } => {
+                                    Some(delivery.metadata.get(..16).and_then(|bytes| <[u8; 16]>::try_from(bytes).ok()).map(Signature))
+                                }
+                                ReceiverNotice::Event(ReceiverEvent::Missed { .. } | ReceiverEvent::IndexGap { .. }) => {
+                                    Some(None)
+                                }
+                                ReceiverNotice::Event(_) => None,
+                            };
+                            tail.activity();
                             self.on_notice(&mut session, &mut inserter, notice).await?;
-                            if connected && !backlog_asked {
+                            if let (Some(before), false) = (first, backlog_asked) {
                                 backlog_asked = true;
-                                self.ask_backlog(&mut session, backlog_after)?;
+                                self.ask_backlog(&mut session, backlog_after, before)?;
                             }
                         }
                         None => {
@@ -357,7 +397,8 @@ impl Session<'_> {
                 done = inserter.done.recv() => {
                     match done {
                         Some(done) => {
-                            if self.on_done(&mut session, done)? {
+                            if let Some(received) = self.on_done(&mut session, done)? {
+                                tail.received(received);
                                 unsaved = true;
                             }
                         }
@@ -453,6 +494,7 @@ impl Session<'_> {
                 Ok(())
             }
             ReceiverNotice::Delivered { delivery, product } => {
+                self.resume.seen(delivery.index.0);
                 let job = Job {
                     mode: DeliveryMode::Received,
                     index: Some(delivery.index.0),
@@ -463,10 +505,12 @@ impl Session<'_> {
                 inserter.submit(job).await
             }
             ReceiverNotice::Event(ReceiverEvent::Missed { index, reason }) => {
+                self.resume.seen(index.0);
                 tracing::info!("Missed product: prodIndex={} ({reason:?})", index.0);
                 self.request(session, index.0)
             }
             ReceiverNotice::Event(ReceiverEvent::IndexGap { first, last }) => {
+                self.resume.seen(first.0);
                 let count = last.0.wrapping_sub(first.0).wrapping_add(1);
                 tracing::warn!(
                     "{}: products {}..={} skipped by the product index; asking for them",
@@ -487,8 +531,9 @@ impl Session<'_> {
         }
     }
 
-    /// Accounts a product the inserter finished; returns whether the resume point may move.
-    fn on_done(&mut self, session: &mut Subscriber, done: Done) -> Result<bool, SessionEnd> {
+    /// Accounts a product the inserter finished; returns the signature of a product that
+    /// arrived by FMTP (the resume point may move).
+    fn on_done(&mut self, session: &mut Subscriber, done: Done) -> Result<Option<Signature>, SessionEnd> {
         let Done { job, result } = done;
         match result {
             Ok((info, outcome)) => {
@@ -497,10 +542,10 @@ impl Session<'_> {
                 let inserted = outcome.is_ok();
                 self.account(job.mode, job.index, job.retransmitted_blocks, info, outcome, latency_us(start));
                 if let (DeliveryMode::Received, Some(index), true) = (job.mode, job.index, inserted) {
-                    self.resume.received(index, signature);
-                    return Ok(true);
+                    self.resume.resolved(index, Some(signature));
+                    return Ok(Some(signature));
                 }
-                Ok(false)
+                Ok(None)
             }
             Err(error) => {
                 self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
@@ -513,38 +558,56 @@ impl Session<'_> {
                         tracing::error!("{}: {} product unusable ({error}); dropped", self.name, mode.keyword());
                     }
                 }
-                Ok(false)
+                Ok(None)
             }
         }
+    }
+
+    /// The feed went quiet: asks for whatever the upstream has after the newest product FMTP
+    /// brought, which catches products lost whole at the end of a burst (FMTP learns of a lost
+    /// product only from a newer one). If the upstream no longer has that product it falls back
+    /// to `TAIL_OFFSET` back.
+    fn ask_tail(&self, session: &mut Subscriber, after: Signature) -> Result<(), SessionEnd> {
+        let spec = BacklogSpec {
+            after,
+            after_is_set: true,
+            before: Signature([0; 16]),
+            time_offset_secs: u32::try_from(TAIL_OFFSET.as_secs()).unwrap_or(u32::MAX),
+        };
+        tracing::debug!("{}: feed quiet; asking for anything after {after}", self.name);
+        session.request_backlog(Clock::now(), spec)?;
+        Ok(())
     }
 
     fn request(&mut self, session: &mut Subscriber, index: u32) -> Result<(), SessionEnd> {
         self.counters.requested.fetch_add(1, Ordering::Relaxed);
-        if session.request_product(Clock::now(), index)? {
-            self.resume.requested(index);
-        }
+        session.request_product(Clock::now(), index)?;
         Ok(())
     }
 
-    /// REQUEST_BACKLOG once the FMTP receiver is connected (§2.4, and the module
-    /// documentation).
-    fn ask_backlog(&self, session: &mut Subscriber, previous: Option<Signature>) -> Result<(), SessionEnd> {
+    /// REQUEST_BACKLOG (§2.4, and the module documentation): from just after `previous` (or
+    /// `time_offset` back) up to the product `before` (not sent), or the newest.
+    fn ask_backlog(
+        &self,
+        session: &mut Subscriber,
+        previous: Option<Signature>,
+        before: Option<Signature>,
+    ) -> Result<(), SessionEnd> {
         let spec = BacklogSpec {
             after: previous.unwrap_or(Signature([0; 16])),
             after_is_set: previous.is_some(),
-            before: Signature([0; 16]),
+            before: before.unwrap_or(Signature([0; 16])),
             time_offset_secs: u32::try_from(self.settings.time_offset.as_secs()).unwrap_or(u32::MAX),
         };
-        match previous {
-            Some(after) => tracing::info!("{}: asking for the backlog after {after}", self.name),
-            None => {
-                tracing::info!(
-                    "{}: asking for the backlog of the last {} s",
-                    self.name,
-                    self.settings.time_offset.as_secs()
-                )
-            }
-        }
+        let from = match previous {
+            Some(after) => format!("after {after}"),
+            None => format!("of the last {} s", self.settings.time_offset.as_secs()),
+        };
+        let to = match before {
+            Some(before) => format!("up to {before}"),
+            None => "up to the newest product".to_owned(),
+        };
+        tracing::info!("{}: asking for the backlog {from} {to}", self.name);
         session.request_backlog(Clock::now(), spec)?;
         Ok(())
     }
@@ -595,6 +658,51 @@ impl Session<'_> {
                 tracing::error!("{}: cannot insert {info}: {error}", self.name);
             }
         }
+    }
+}
+
+/// How long the feed must be quiet (no FMTP notice) before the subscriber checks for products
+/// lost whole at its end.
+const TAIL_QUIET: Duration = Duration::from_secs(2);
+/// How far back such a check reaches if the upstream no longer has the newest product.
+const TAIL_OFFSET: Duration = Duration::from_secs(60);
+
+/// The quiet-feed check (see [`Session::ask_tail`]): asked once per newest product, only
+/// after the session's backlog is complete (a new REQUEST_BACKLOG replaces one being sent), and
+/// never while one is being answered (LDM-7 sends END_BACKLOG; an upstream that does not is
+/// never asked).
+#[derive(Debug, Default)]
+struct TailCheck {
+    backlog_done: bool,
+    asked: bool,
+    last_activity: Option<ldm7_types::Instant>,
+    newest: Option<Signature>,
+    checked: Option<Signature>,
+}
+
+impl TailCheck {
+    fn activity(&mut self) {
+        self.last_activity = Some(Clock::now());
+    }
+
+    fn received(&mut self, signature: Signature) {
+        self.newest = Some(signature);
+    }
+
+    /// When to check, if a check is wanted.
+    fn due(&self) -> Option<ldm7_types::Instant> {
+        if !self.backlog_done || self.asked || self.newest.is_none() || self.newest == self.checked {
+            return None;
+        }
+        self.last_activity.map(|at| at + TAIL_QUIET)
+    }
+
+    /// Marks the check asked; returns the product to ask after.
+    fn ask(&mut self) -> Option<Signature> {
+        let newest = self.newest?;
+        self.asked = true;
+        self.checked = Some(newest);
+        Some(newest)
     }
 }
 
@@ -803,20 +911,31 @@ fn vc_end(receive: &Receive) -> VcEndPoint {
     }
 }
 
-/// The resume point of a RECEIVE (see the module documentation): the newest product before
-/// which nothing is missing, kept in a small file.
+/// The resume point of a RECEIVE (see the module documentation), kept in a small file: the
+/// newest product before which nothing is missing.
+///
+/// Within a session, products are tracked by FMTP index from the first index the session saw:
+/// the prefix `first..next` is resolved (delivered by FMTP or the backstop, or given up when
+/// the upstream no longer has it) and the point may move to the newest product of that prefix —
+/// but only once the session's backlog is complete, since the backlog brings what came before
+/// `first`. A product still in FMTP's hands or asked for through the backstop holds the prefix
+/// (and so the point) below it.
 #[derive(Debug)]
 pub(crate) struct Resume {
     path: PathBuf,
     /// What the file holds: where the next session's backlog starts.
     point: Option<Signature>,
-    /// Whether this session's backlog is complete (only then may the point advance).
-    backlog_complete: bool,
-    /// Products of this session by index, pruned below the point.
-    received: BTreeMap<u32, Signature>,
-    /// Indexes asked for and not answered yet.
-    outstanding: BTreeSet<u32>,
     dirty: bool,
+    /// Whether this session's backlog is complete.
+    backlog_complete: bool,
+    /// The first FMTP index of this session.
+    first: Option<u32>,
+    /// Offset (from `first`) of the oldest unresolved index.
+    next: u32,
+    /// The newest product of the resolved prefix.
+    prefix_end: Option<Signature>,
+    /// Resolved indexes beyond the prefix, by offset (`None`: given up).
+    resolved: BTreeMap<u32, Option<Signature>>,
 }
 
 impl Resume {
@@ -827,38 +946,52 @@ impl Resume {
         Self {
             path,
             point,
-            backlog_complete: false,
-            received: BTreeMap::new(),
-            outstanding: BTreeSet::new(),
             dirty: false,
+            backlog_complete: false,
+            first: None,
+            next: 0,
+            prefix_end: None,
+            resolved: BTreeMap::new(),
         }
     }
 
     /// A session starts: returns where its backlog starts (the point so far).
     pub(crate) fn session_started(&mut self) -> Option<Signature> {
         self.backlog_complete = false;
-        self.received.clear();
-        self.outstanding.clear();
+        self.first = None;
+        self.next = 0;
+        self.prefix_end = None;
+        self.resolved.clear();
         self.point
     }
 
-    pub(crate) fn received(&mut self, index: u32, signature: Signature) {
-        self.received.insert(index, signature);
-        if self.received.len() > RESUME_RECEIVED_MAX {
-            // Only the newest entries can become the point; forgetting the oldest is safe.
-            self.received.pop_first();
+    /// FMTP reported index `index` (delivered, missed, or the start of a gap): the session's
+    /// first such index starts the prefix.
+    pub(crate) fn seen(&mut self, index: u32) {
+        if self.first.is_none() {
+            self.first = Some(index);
         }
-        self.advance();
     }
 
-    pub(crate) fn requested(&mut self, index: u32) {
-        self.outstanding.insert(index);
-    }
-
-    pub(crate) fn answered(&mut self, index: u32, signature: Option<Signature>) {
-        self.outstanding.remove(&index);
-        if let Some(signature) = signature {
-            self.received.insert(index, signature);
+    /// Index `index` is resolved: delivered (with its signature) or given up (`None`).
+    pub(crate) fn resolved(&mut self, index: u32, signature: Option<Signature>) {
+        self.seen(index);
+        let Some(first) = self.first else { return };
+        let offset = index.wrapping_sub(first);
+        // Before the session's first index (serial arithmetic): the backlog covers it.
+        if offset >= 1 << 31 || offset < self.next {
+            return;
+        }
+        if self.resolved.len() >= RESUME_RESOLVED_MAX {
+            // The prefix is stuck on one product: forget the newest; the point only lags more.
+            self.resolved.pop_last();
+        }
+        self.resolved.insert(offset, signature);
+        while let Some(signature) = self.resolved.remove(&self.next) {
+            if signature.is_some() {
+                self.prefix_end = signature;
+            }
+            self.next += 1;
         }
         self.advance();
     }
@@ -868,21 +1001,10 @@ impl Resume {
         self.advance();
     }
 
-    /// Moves the point to the newest product below every outstanding request.
     fn advance(&mut self) {
-        if !self.backlog_complete {
-            return;
-        }
-        let below = match self.outstanding.first() {
-            Some(&oldest) => self.received.range(..oldest).next_back(),
-            None => self.received.last_key_value(),
-        };
-        if let Some((&index, &signature)) = below {
-            if self.point != Some(signature) {
-                self.point = Some(signature);
-                self.dirty = true;
-            }
-            self.received = self.received.split_off(&index);
+        if self.backlog_complete && self.prefix_end.is_some() && self.point != self.prefix_end {
+            self.point = self.prefix_end;
+            self.dirty = true;
         }
     }
 
@@ -911,28 +1033,32 @@ mod tests {
     }
 
     #[test]
-    fn the_resume_point_stays_below_outstanding_requests_and_waits_for_the_backlog() {
+    fn the_resume_point_is_the_end_of_the_resolved_prefix_after_the_backlog() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("resume");
         let mut resume = Resume::load(path.clone());
         assert_eq!(resume.session_started(), None);
-        resume.received(10, signature(10));
-        resume.requested(11);
-        resume.received(12, signature(12));
+        resume.seen(10);
+        resume.resolved(12, Some(signature(12))); // 11 still in FMTP's hands
+        resume.resolved(10, Some(signature(10)));
         assert_eq!(resume.point, None, "not before the session's backlog is complete");
         resume.backlog_complete();
-        assert_eq!(resume.point, Some(signature(10)), "below the outstanding request for 11");
-        resume.answered(11, Some(signature(11)));
+        assert_eq!(resume.point, Some(signature(10)), "below 11, not yet resolved");
+        resume.resolved(9, Some(signature(9))); // before the first index: the backlog's
+        assert_eq!(resume.point, Some(signature(10)));
+        resume.resolved(11, Some(signature(11)));
         assert_eq!(resume.point, Some(signature(12)));
-        resume.requested(13);
-        resume.received(14, signature(14));
-        resume.answered(13, None);
-        assert_eq!(resume.point, Some(signature(14)), "a product the upstream does not have is given up");
+        resume.resolved(14, Some(signature(14)));
+        resume.resolved(13, None); // the upstream no longer has it: given up
+        assert_eq!(resume.point, Some(signature(14)));
         resume.save();
-        // A new process starts from the saved point; a new session keeps it until its backlog is done.
+        // A new process starts from the saved point; a new session keeps it until its backlog
+        // is done.
         let mut again = Resume::load(path);
         assert_eq!(again.session_started(), Some(signature(14)));
-        again.received(20, signature(20));
+        again.resolved(20, Some(signature(20)));
         assert_eq!(again.point, Some(signature(14)));
+        again.backlog_complete();
+        assert_eq!(again.point, Some(signature(20)));
     }
 }
