@@ -222,20 +222,8 @@ impl Settings {
         let raw: raw::File = toml::from_str(text)
             .map_err(|error| SettingsError::Syntax { path: origin.to_path_buf(), message: error.to_string() })?;
         let value = |key: String, message: String| SettingsError::Value { path: origin.to_path_buf(), key, message };
-        let multicast = raw.multicast.apply(&MulticastSettings::default(), "multicast", &value)?;
-        let mut multicast_feeds = BTreeMap::new();
-        for (feed, overrides) in raw.multicast.feeds {
-            let key = format!("multicast.feeds.{feed}");
-            check_feed(&feed).map_err(|message| value(key.clone(), message))?;
-            multicast_feeds.insert(feed.to_ascii_uppercase(), overrides.apply(&multicast, &key, &value)?);
-        }
-        let receive = raw.receive.apply(&ReceiveSettings::default(), "receive", &value)?;
-        let mut receive_feeds = BTreeMap::new();
-        for (feed, overrides) in raw.receive.feeds {
-            let key = format!("receive.feeds.{feed}");
-            check_feed(&feed).map_err(|message| value(key.clone(), message))?;
-            receive_feeds.insert(feed.to_ascii_uppercase(), overrides.apply(&receive, &key, &value)?);
-        }
+        let (multicast, multicast_feeds) = raw.multicast.typed("multicast", &value)?;
+        let (receive, receive_feeds) = raw.receive.typed("receive", &value)?;
         let path = raw.path.typed(&value)?;
         Ok(Self { multicast, multicast_feeds, path, receive, receive_feeds, source: Some(origin.to_path_buf()) })
     }
@@ -268,20 +256,44 @@ mod raw {
     #[serde(deny_unknown_fields)]
     pub(super) struct File {
         #[serde(default)]
-        pub multicast: MulticastFile,
+        pub multicast: Section<MulticastKeys>,
         #[serde(default)]
         pub path: PathFile,
         #[serde(default)]
-        pub receive: ReceiveFile,
+        pub receive: Section<ReceiveKeys>,
     }
 
+    /// `[multicast]` or `[receive]`: the defaults, and per-feed overrides under `feeds.FEED`.
     #[derive(Debug, Default, Deserialize)]
     #[serde(deny_unknown_fields)]
-    pub(super) struct MulticastFile {
+    pub(super) struct Section<K> {
         #[serde(flatten)]
-        pub keys: MulticastKeys,
-        #[serde(default)]
-        pub feeds: BTreeMap<String, MulticastKeys>,
+        keys: K,
+        #[serde(default = "BTreeMap::new")]
+        feeds: BTreeMap<String, K>,
+    }
+
+    /// The keys of a section, applied over the settings they override.
+    pub(super) trait Keys {
+        type Typed: Clone + Default;
+        fn apply(&self, base: &Self::Typed, key: &str, value: Value<'_>) -> Result<Self::Typed, SettingsError>;
+    }
+
+    /// A section's settings and each feed's (keyed by the upper-case feed name).
+    pub(super) type Typed<K> = (<K as Keys>::Typed, BTreeMap<String, <K as Keys>::Typed>);
+
+    impl<K: Keys> Section<K> {
+        /// The section's settings and each feed's.
+        pub(super) fn typed(&self, name: &str, value: Value<'_>) -> Result<Typed<K>, SettingsError> {
+            let defaults = self.keys.apply(&K::Typed::default(), name, value)?;
+            let mut feeds = BTreeMap::new();
+            for (feed, overrides) in &self.feeds {
+                let key = format!("{name}.feeds.{feed}");
+                check_feed(feed).map_err(|message| value(key.clone(), message))?;
+                feeds.insert(feed.to_ascii_uppercase(), overrides.apply(&defaults, &key, value)?);
+            }
+            Ok((defaults, feeds))
+        }
     }
 
     #[derive(Debug, Default, Deserialize)]
@@ -315,15 +327,6 @@ mod raw {
 
     #[derive(Debug, Default, Deserialize)]
     #[serde(deny_unknown_fields)]
-    pub(super) struct ReceiveFile {
-        #[serde(flatten)]
-        pub keys: ReceiveKeys,
-        #[serde(default)]
-        pub feeds: BTreeMap<String, ReceiveKeys>,
-    }
-
-    #[derive(Debug, Default, Deserialize)]
-    #[serde(deny_unknown_fields)]
     pub(super) struct ReceiveKeys {
         time_offset: Option<String>,
         retry_min: Option<String>,
@@ -348,19 +351,10 @@ mod raw {
             .transpose()
     }
 
-    impl MulticastFile {
-        pub(super) fn apply(
-            &self,
-            base: &MulticastSettings,
-            key: &str,
-            value: Value<'_>,
-        ) -> Result<MulticastSettings, SettingsError> {
-            self.keys.apply(base, key, value)
-        }
-    }
+    impl Keys for MulticastKeys {
+        type Typed = MulticastSettings;
 
-    impl MulticastKeys {
-        pub(super) fn apply(
+        fn apply(
             &self,
             base: &MulticastSettings,
             key: &str,
@@ -471,24 +465,10 @@ mod raw {
         }
     }
 
-    impl ReceiveFile {
-        pub(super) fn apply(
-            &self,
-            base: &ReceiveSettings,
-            key: &str,
-            value: Value<'_>,
-        ) -> Result<ReceiveSettings, SettingsError> {
-            self.keys.apply(base, key, value)
-        }
-    }
+    impl Keys for ReceiveKeys {
+        type Typed = ReceiveSettings;
 
-    impl ReceiveKeys {
-        pub(super) fn apply(
-            &self,
-            base: &ReceiveSettings,
-            key: &str,
-            value: Value<'_>,
-        ) -> Result<ReceiveSettings, SettingsError> {
+        fn apply(&self, base: &ReceiveSettings, key: &str, value: Value<'_>) -> Result<ReceiveSettings, SettingsError> {
             let mut settings = base.clone();
             if let Some(offset) = quantity(&self.time_offset, key, "time_offset", parse_duration, value)? {
                 settings.time_offset = offset;
