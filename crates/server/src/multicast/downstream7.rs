@@ -192,6 +192,7 @@ pub async fn run(
             port,
             resume: &mut resume,
             in_outage: &mut in_outage,
+            configured: None,
         };
         let end = session.run().await;
         match end {
@@ -226,6 +227,8 @@ struct Session<'a> {
     port: u16,
     resume: &'a mut Resume,
     in_outage: &'a mut bool,
+    /// The address this session configured on the RECEIVE interface.
+    configured: Option<(String, ldm7_net::hostcfg::Ipv4Cidr)>,
 }
 
 impl Session<'_> {
@@ -416,6 +419,13 @@ impl Session<'_> {
         if let Some(receiver) = receiver {
             let _ = receiver.finish().await;
         }
+        // The address goes back to the publisher's pool with the session: take it off the
+        // interface, so that no two hosts of the feed's subnet ever hold it at once.
+        if let Some((interface, cidr)) = self.configured.take() {
+            if let Err(error) = ldm7_net::hostcfg::remove_address(None, &interface, cidr) {
+                tracing::warn!("{}: cannot remove {cidr} from {interface}: {error}", self.name);
+            }
+        }
         // Products handed to the inserter are inserted and accounted before the session ends.
         for done in inserter.finish().await {
             let _ = self.on_done(&mut session, done);
@@ -428,7 +438,7 @@ impl Session<'_> {
     }
 
     /// Starts the FMTP receiver for a subscription.
-    fn start_receiver(&self, info: &McastSubInfo) -> Result<FmtpReceiver, SessionEnd> {
+    fn start_receiver(&mut self, info: &McastSubInfo) -> Result<FmtpReceiver, SessionEnd> {
         let reply = |why: String| SessionEnd::Reply(why);
         let group: SocketAddr = info
             .mcast_info
@@ -443,11 +453,22 @@ impl Session<'_> {
         let address = info.fmtp_addr.addr;
         if let Some(interface) = &self.receive.interface {
             let cidr = ldm7_net::hostcfg::Ipv4Cidr { address, prefix_len: info.fmtp_addr.prefix_len };
+            // Addresses of the same subnet left by a session that ended without cleaning up
+            // (kill -9) go first: the publisher may hand them to another host.
+            for stale in ldm7_net::hostcfg::addresses(None, interface).unwrap_or_default() {
+                if stale != cidr && stale.prefix_len == cidr.prefix_len && stale.network() == cidr.network() {
+                    match ldm7_net::hostcfg::remove_address(None, interface, stale) {
+                        Ok(_) => tracing::info!("{}: removed the stale address {stale} from {interface}", self.name),
+                        Err(error) => tracing::warn!("{}: cannot remove {stale} from {interface}: {error}", self.name),
+                    }
+                }
+            }
             ldm7_net::hostcfg::ensure_address(None, interface, cidr).map_err(|source| SessionEnd::Address {
                 address: cidr,
                 interface: interface.clone(),
                 source,
             })?;
+            self.configured = Some((interface.clone(), cidr));
         }
         let join = if address.is_loopback() { Ipv4Addr::LOCALHOST } else { address };
         let rate = self.settings.rate.bits_per_s();
