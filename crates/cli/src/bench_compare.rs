@@ -408,7 +408,7 @@ fn print_run(result: &RunResult) {
     );
     for s in &result.subscribers {
         println!(
-            "  {} (loss {}%): {} products (FMTP {}, backstop {}, backlog {}), throughput {:.2} Mbit/s, \
+            "  {} (loss {}%): {} products (FMTP {}, backstop {}, backlog {}), throughput {} Mbit/s, \
              latency p50 {:.1} ms p99 {:.1} ms",
             s.host,
             s.loss_percent,
@@ -416,11 +416,20 @@ fn print_run(result: &RunResult) {
             s.received,
             s.inserted,
             s.backlog,
-            s.throughput_bits_per_s / 1e6,
+            significant(s.throughput_bits_per_s / 1e6),
             s.p50_ms,
             s.p99_ms
         );
     }
+}
+
+/// A value with three significant digits (throughputs span 0.01 to hundreds of Mbit/s).
+fn significant(value: f64) -> String {
+    if !value.is_finite() || value == 0.0 {
+        return format!("{value}");
+    }
+    let decimals = (2 - value.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{value:.decimals$}")
 }
 
 fn run_csv(result: &RunResult) -> String {
@@ -496,10 +505,10 @@ fn summarize(plans: &[RunPlan], results: &[RunResult]) -> String {
         for k in 0..plan.losses.len() {
             let _ = writeln!(
                 text,
-                "  s{} (loss {}%): throughput {:.2} Mbit/s, p50 {:.1} ms, p99 {:.1} ms",
+                "  s{} (loss {}%): throughput {} Mbit/s, p50 {:.1} ms, p99 {:.1} ms",
                 k + 1,
                 plan.losses[k],
-                throughput[k],
+                significant(throughput[k]),
                 p50[k],
                 p99[k]
             );
@@ -593,7 +602,7 @@ fn plot_bars(path: &Path, title: &str, y_label: &str, series: &[(String, Vec<f64
         chart
             .draw_series(values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(k, v)| {
                 let left = k as f64 + 0.1 + width * index as f64;
-                Text::new(format!("{v:.2}"), (left, *v + top * 0.02), ("sans-serif", 12).into_font())
+                Text::new(significant(*v), (left, *v + top * 0.02), ("sans-serif", 12).into_font())
             }))
             .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     }
@@ -638,6 +647,10 @@ mod tests {
     #[test]
     fn medians_and_specs() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(
+            (significant(14.56), significant(0.01594), significant(915.2)),
+            ("14.6".into(), "0.0159".into(), "915".into())
+        );
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![f64::NAN]).is_nan());
         let args = BenchCompareArgs {
