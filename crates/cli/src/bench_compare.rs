@@ -145,8 +145,14 @@ struct RunResult {
 }
 
 impl RunResult {
+    /// Ethernet frames (what HTB counts) per product byte.
     fn egress_per_byte(&self) -> f64 {
         self.egress.htb_bytes as f64 / self.feed_bytes.max(1) as f64
+    }
+
+    /// IP datagrams (frames less their Ethernet headers) per product byte.
+    fn egress_ip_per_byte(&self) -> f64 {
+        self.egress.ip_bytes() as f64 / self.feed_bytes.max(1) as f64
     }
 }
 
@@ -395,7 +401,7 @@ fn subscriber_result(protocol: Protocol, host: &str, loss_percent: f64, records:
 fn print_run(result: &RunResult) {
     println!(
         "{} {} run {}: {} products, {:.1} MB replayed in {:.1} s; egress {:.3} bytes per product byte \
-         (tx {:.3}); publisher CPU {:.2} s",
+         (IP {:.3}, interface tx {:.3}); publisher CPU {:.2} s",
         result.protocol.name(),
         result.variant,
         result.run,
@@ -403,6 +409,7 @@ fn print_run(result: &RunResult) {
         result.feed_bytes as f64 / 1e6,
         result.replay_s,
         result.egress_per_byte(),
+        result.egress_ip_per_byte(),
         result.egress.tx_bytes as f64 / result.feed_bytes.max(1) as f64,
         result.publisher_cpu_s
     );
@@ -435,13 +442,13 @@ fn significant(value: f64) -> String {
 fn run_csv(result: &RunResult) -> String {
     let mut csv = String::from(
         "protocol,variant,run,subscriber,loss_percent,products,fmtp,backstop,backlog,throughput_mbit_s,\
-         p50_ms,p99_ms,feed_products,feed_bytes,egress_htb_bytes,egress_tx_bytes,egress_per_product_byte,\
-         publisher_cpu_s\n",
+         p50_ms,p99_ms,feed_products,feed_bytes,egress_htb_bytes,egress_htb_packets,egress_tx_bytes,\
+         egress_per_product_byte,egress_ip_per_product_byte,publisher_cpu_s\n",
     );
     for s in &result.subscribers {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{:.4},{:.3},{:.3},{},{},{},{},{:.4},{:.3}",
+            "{},{},{},{},{},{},{},{},{},{:.4},{:.3},{:.3},{},{},{},{},{},{:.4},{:.4},{:.3}",
             result.protocol.tag(),
             result.variant,
             result.run,
@@ -457,8 +464,10 @@ fn run_csv(result: &RunResult) -> String {
             result.feed_products,
             result.feed_bytes,
             result.egress.htb_bytes,
+            result.egress.htb_packets,
             result.egress.tx_bytes,
             result.egress_per_byte(),
+            result.egress_ip_per_byte(),
             result.publisher_cpu_s
         );
     }
@@ -496,10 +505,11 @@ fn summarize(plans: &[RunPlan], results: &[RunResult]) -> String {
         let p99 = subscriber_medians(plan, results, |s| s.p99_ms);
         let _ = writeln!(
             text,
-            "{} {}: egress {:.3} bytes per product byte, publisher CPU {:.2} s",
+            "{} {}: egress {:.3} bytes per product byte (IP {:.3}), publisher CPU {:.2} s",
             plan.protocol.name(),
             plan.variant,
             run_median(plan, results, RunResult::egress_per_byte),
+            run_median(plan, results, RunResult::egress_ip_per_byte),
             run_median(plan, results, |r| r.publisher_cpu_s)
         );
         for k in 0..plan.losses.len() {

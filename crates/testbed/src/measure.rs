@@ -16,6 +16,8 @@ use crate::{Result, TestbedError};
 pub struct Egress {
     /// Bytes the HTB path class sent (0 without the lab's tc tree).
     pub htb_bytes: u64,
+    /// Packets the HTB path class sent (a GSO packet counts as its segments).
+    pub htb_packets: u64,
     /// Bytes the interface transmitted (`/sys/class/net/DEV/statistics/tx_bytes`).
     pub tx_bytes: u64,
 }
@@ -24,24 +26,33 @@ impl Egress {
     /// Reads the counters of `dev` in namespace `netns` (`None`: the current one).
     pub fn read(netns: Option<&str>, dev: &str) -> Result<Egress> {
         let counters = tc::read_counters(netns, dev)?;
-        let htb_bytes = counters.path().map_or(0, |class| class.sent_bytes);
+        let (htb_bytes, htb_packets) = counters.path().map_or((0, 0), |class| (class.sent_bytes, class.sent_packets));
         // `ip netns exec` mounts the namespace's own sysfs, so this reads that namespace's device.
         let text = Cmd::new("cat").netns(netns).arg(format!("/sys/class/net/{dev}/statistics/tx_bytes")).run()?;
         let tx_bytes = text.trim().parse().map_err(|_| TestbedError::Io {
             what: format!("tx_bytes of {dev}"),
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not a number: {text:?}")),
         })?;
-        Ok(Egress { htb_bytes, tx_bytes })
+        Ok(Egress { htb_bytes, htb_packets, tx_bytes })
+    }
+
+    /// The HTB bytes less the 14-byte Ethernet header of every packet: IP datagrams.
+    pub fn ip_bytes(self) -> u64 {
+        self.htb_bytes.saturating_sub(ETHERNET_HEADER_BYTES * self.htb_packets)
     }
 
     /// What was sent between `earlier` and `self`.
     pub fn since(self, earlier: Egress) -> Egress {
         Egress {
             htb_bytes: self.htb_bytes.saturating_sub(earlier.htb_bytes),
+            htb_packets: self.htb_packets.saturating_sub(earlier.htb_packets),
             tx_bytes: self.tx_bytes.saturating_sub(earlier.tx_bytes),
         }
     }
 }
+
+/// Bytes of an Ethernet header (no VLAN tag, no FCS: what tc counts).
+const ETHERNET_HEADER_BYTES: u64 = 14;
 
 /// CPU time of process `pid` so far (utime + stime of `/proc/PID/stat`, seconds); `None` when
 /// it is gone or the file is unreadable.
