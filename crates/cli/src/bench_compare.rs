@@ -68,6 +68,10 @@ pub struct BenchCompareArgs {
     /// Measure one lossy subscriber's effect on the others' latency instead (LDM-7 only).
     #[arg(long)]
     pub lossy_neighbour: bool,
+    /// Share of the path rate HTB assures to FMTP repairs (the lab's `retx_share`; the
+    /// multicast class is assured the rest, and either may borrow up to the whole rate).
+    #[arg(long, default_value_t = 0.5)]
+    pub retx_share: f64,
     /// The lossy neighbour's loss, percent.
     #[arg(long, default_value_t = 20.0)]
     pub neighbour_loss: f64,
@@ -268,9 +272,10 @@ fn lab_spec(name: &str, args: &BenchCompareArgs, plan: &RunPlan) -> String {
     let _ = write!(
         spec,
         "[[feeds]]\nname = \"{FEED}\"\npublisher = \"pub\"\nsubscribers = [{}]\nrate = \"{}\"\nbuffer = \"600 MB\"\n\
-         multicast_port = 38800\nretx_port = 38801\nsubscriber_addresses = {}\n",
+         multicast_port = 38800\nretx_port = 38801\nretx_share = {:?}\nsubscriber_addresses = {}\n",
         subscribers.join(", "),
         args.rate,
+        args.retx_share,
         plan.protocol == Protocol::Ldm6
     );
     spec
@@ -672,6 +677,7 @@ mod tests {
             repeat: 1,
             modes: vec![Protocol::Ldm6, Protocol::Ldm7],
             lossy_neighbour: false,
+            retx_share: 0.5,
             neighbour_loss: 20.0,
             trace: None,
             out: PathBuf::from("out"),
