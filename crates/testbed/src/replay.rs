@@ -69,7 +69,9 @@ impl Replay {
 
     /// Waits for the replay to finish and returns its summary.
     pub fn wait(mut self) -> Result<ReplaySummary> {
-        let child = self.child.take().expect("a replay is waited for once");
+        let Some(child) = self.child.take() else {
+            return Err(TestbedError::Replay { queue: self.queue.clone(), message: "already waited for".into() });
+        };
         let output = child.wait_with_output().map_err(io_error("wait for ldm7 insert"))?;
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         let failure = |message: String| TestbedError::Replay { queue: self.queue.clone(), message };
