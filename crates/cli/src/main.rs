@@ -8,6 +8,7 @@
 //! installed before the subcommand runs.
 
 mod bench;
+mod bench_compare;
 mod bench_ldm6;
 mod cat;
 mod common;
@@ -82,6 +83,8 @@ enum BenchCommand {
     Queue(bench::BenchQueueArgs),
     /// LDM-6 fan-out on loopback: 1 and 4 downstream servers from a preloaded queue.
     Ldm6(bench_ldm6::BenchLdm6Args),
+    /// LDM-6 unicast vs LDM-7 multicast on one lab path (root): throughput, latency, egress, CPU.
+    Compare(bench_compare::BenchCompareArgs),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -153,6 +156,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
+        Command::Bench(BenchCommand::Compare(args)) => bench_compare::run(&args).map_err(runtime),
         Command::Lab(command) => lab_cmd::run(&command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
         Command::Serve(args) => serve::run(&args),

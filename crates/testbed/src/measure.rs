@@ -1,0 +1,91 @@
+//! Publisher-side measurements: what left the publisher's feed interface, and a process's CPU
+//! time.
+//!
+//! Egress is read two ways, both counting Ethernet frames (payload + UDP/TCP + IP + Ethernet
+//! headers): the HTB path class `1:1` of the lab's tc tree (`ldm7_net::tc`: everything the
+//! path carried, multicast, repairs and any unicast on the feed interface) and the interface's
+//! own `tx_bytes` (which also counts what HTB passed before any class was made).
+
+use ldm7_net::command::Cmd;
+use ldm7_net::tc;
+
+use crate::{Result, TestbedError};
+
+/// Bytes sent on a feed interface, at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Egress {
+    /// Bytes the HTB path class sent (0 without the lab's tc tree).
+    pub htb_bytes: u64,
+    /// Packets the HTB path class sent (a GSO packet counts as its segments).
+    pub htb_packets: u64,
+    /// Bytes the interface transmitted (`/sys/class/net/DEV/statistics/tx_bytes`).
+    pub tx_bytes: u64,
+}
+
+impl Egress {
+    /// Reads the counters of `dev` in namespace `netns` (`None`: the current one).
+    pub fn read(netns: Option<&str>, dev: &str) -> Result<Egress> {
+        let counters = tc::read_counters(netns, dev)?;
+        let (htb_bytes, htb_packets) = counters.path().map_or((0, 0), |class| (class.sent_bytes, class.sent_packets));
+        // `ip netns exec` mounts the namespace's own sysfs, so this reads that namespace's device.
+        let text = Cmd::new("cat").netns(netns).arg(format!("/sys/class/net/{dev}/statistics/tx_bytes")).run()?;
+        let tx_bytes = text.trim().parse().map_err(|_| TestbedError::Io {
+            what: format!("tx_bytes of {dev}"),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not a number: {text:?}")),
+        })?;
+        Ok(Egress { htb_bytes, htb_packets, tx_bytes })
+    }
+
+    /// The HTB bytes less the 14-byte Ethernet header of every packet: IP datagrams.
+    pub fn ip_bytes(self) -> u64 {
+        self.htb_bytes.saturating_sub(ETHERNET_HEADER_BYTES * self.htb_packets)
+    }
+
+    /// What was sent between `earlier` and `self`.
+    pub fn since(self, earlier: Egress) -> Egress {
+        Egress {
+            htb_bytes: self.htb_bytes.saturating_sub(earlier.htb_bytes),
+            htb_packets: self.htb_packets.saturating_sub(earlier.htb_packets),
+            tx_bytes: self.tx_bytes.saturating_sub(earlier.tx_bytes),
+        }
+    }
+}
+
+/// Bytes of an Ethernet header (no VLAN tag, no FCS: what tc counts).
+const ETHERNET_HEADER_BYTES: u64 = 14;
+
+/// CPU time of process `pid` so far (utime + stime of `/proc/PID/stat`, seconds); `None` when
+/// it is gone or the file is unreadable.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis,
+    // where utime and stime are the 12th and 13th (fields 14 and 15 of proc(5)).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / clock_ticks_per_second())
+}
+
+/// `sysconf(_SC_CLK_TCK)`: the unit of utime and stime (USER_HZ, 100 on Linux).
+fn clock_ticks_per_second() -> f64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => ticks as f64,
+        _ => 100.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time() {
+        let mut spin = 0u64;
+        for k in 0..20_000_000u64 {
+            spin = spin.wrapping_add(k * k);
+        }
+        assert!(spin > 0);
+        assert!(cpu_seconds(std::process::id()).is_some_and(|seconds| seconds >= 0.0));
+        assert_eq!(cpu_seconds(u32::MAX), None);
+    }
+}
