@@ -70,7 +70,7 @@ pub struct BenchCompareArgs {
     pub lossy_neighbour: bool,
     /// Share of the path rate HTB assures to FMTP repairs (the lab's `retx_share`; the
     /// multicast class is assured the rest, and either may borrow up to the whole rate).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = ldm7_net::tc::DEFAULT_RETX_SHARE)]
     pub retx_share: f64,
     /// The lossy neighbour's loss, percent.
     #[arg(long, default_value_t = 20.0)]
@@ -677,7 +677,7 @@ mod tests {
             repeat: 1,
             modes: vec![Protocol::Ldm6, Protocol::Ldm7],
             lossy_neighbour: false,
-            retx_share: 0.5,
+            retx_share: ldm7_net::tc::DEFAULT_RETX_SHARE,
             neighbour_loss: 20.0,
             trace: None,
             out: PathBuf::from("out"),

@@ -71,7 +71,9 @@
 //! Outputs, drained after every input in this order:
 //! 1. [`Receiver::poll_transmit`] until `None`: messages for the TCP connection (BOP_REQ,
 //!    RETX_REQ, EOP_REQ, RETX_END), to emit with [`Message::emit_to_vec`].
-//! 2. [`Receiver::poll_event`] until `None`: [`ReceiverEvent::Delivered`] (bytes, metadata,
+//! 2. [`Receiver::poll_event`] until `None`: [`ReceiverEvent::Started`] (once, at the first
+//!    multicast message: the first product the receiver answers for),
+//!    [`ReceiverEvent::Delivered`] (bytes, metadata,
 //!    retransmitted blocks, latency), [`ReceiverEvent::Missed`] (fetch it another way),
 //!    [`ReceiverEvent::IndexGap`], [`ReceiverEvent::BoundHit`].
 //! 3. [`Receiver::poll_timeout`].
@@ -98,6 +100,7 @@
 //! // The receiver reports completion with RETX_END on its TCP connection.
 //! let end = receiver.poll_transmit().unwrap();
 //! sender.handle_stream(now, ReceiverId(1), &end);
+//! assert_eq!(receiver.poll_event(), Some(ReceiverEvent::Started { index }));
 //! let Some(ReceiverEvent::Delivered(delivery)) = receiver.poll_event() else { panic!() };
 //! assert_eq!((delivery.index, delivery.data.len()), (index, 5000));
 //! ```

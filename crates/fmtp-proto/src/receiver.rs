@@ -140,6 +140,14 @@ impl Default for ReceiverConfig {
 /// Something the application should know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReceiverEvent {
+    /// The first multicast message arrived, for product `index`: every product from `index` on
+    /// will be [`ReceiverEvent::Delivered`] or [`ReceiverEvent::Missed`] (or part of an
+    /// [`ReceiverEvent::IndexGap`]); older ones are ignored (LDM-7 fetches them through the
+    /// backlog, which ends before this product).
+    Started {
+        /// The first product.
+        index: ProductIndex,
+    },
     /// A product arrived whole.
     Delivered(Delivery),
     /// A product will not arrive over FMTP: fetch it another way (LDM: REQUEST_PRODUCT).
@@ -522,6 +530,7 @@ impl Receiver {
     fn observe_multicast(&mut self, index: ProductIndex, is_bop: bool) -> Option<i64> {
         let Some((newest, newest_key)) = self.newest else {
             self.newest = Some((index, 0));
+            self.events.push_back(ReceiverEvent::Started { index });
             self.create(0, index, false, !is_bop);
             return Some(0);
         };

@@ -435,7 +435,12 @@ mod replay {
             .collect();
         assert_eq!(ends, vec![0, 3, 4]);
         let mut delivered = Vec::new();
+        let mut started = Vec::new();
         while let Some(event) = receiver.poll_event() {
+            if let ReceiverEvent::Started { index } = event {
+                started.push(index.0);
+                continue;
+            }
             let ReceiverEvent::Delivered(delivery) = event else { panic!("unexpected {event:?}") };
             let n = delivery.index.0 as usize;
             assert_eq!(delivery.data, product_bytes(n));
@@ -449,6 +454,7 @@ mod replay {
         }
         // Product 3's block arrived before its BOP and was kept: no data retransmission.
         assert_eq!(delivered, vec![(1, 0), (2, 0), (0, 1), (3, 0), (4, 1)]);
+        assert_eq!(started, vec![0], "the first multicast message was product 0's");
         let counters = receiver.counters();
         assert_eq!(counters.delivered, 5);
         assert_eq!(counters.missed, 0);

@@ -752,11 +752,27 @@ mod receiver_alone {
         Bop { start_time: WallTime { secs: 10, nanos: 0 }, product_size: size, metadata }
     }
 
+    /// Messages to send and events, less [`ReceiverEvent::Started`] (its own test below).
     fn drain(receiver: &mut Receiver) -> (Vec<Message<'static>>, Vec<ReceiverEvent>) {
         (
             std::iter::from_fn(|| receiver.poll_transmit()).collect(),
-            std::iter::from_fn(|| receiver.poll_event()).collect(),
+            std::iter::from_fn(|| receiver.poll_event())
+                .filter(|event| !matches!(event, ReceiverEvent::Started { .. }))
+                .collect(),
         )
+    }
+
+    #[test]
+    fn the_first_multicast_message_names_the_first_product_once() {
+        let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
+        receiver.handle_datagram(T, &datagram(7, Body::MemData { offset: 1448, data: &[0; 10] }));
+        receiver.handle_datagram(T, &datagram(6, Body::Bop(bop(10, b"m"))));
+        receiver.handle_datagram(T, &datagram(8, Body::Bop(bop(10, b"m"))));
+        let events: Vec<ReceiverEvent> = std::iter::from_fn(|| receiver.poll_event()).collect();
+        let started: Vec<&ReceiverEvent> =
+            events.iter().filter(|event| matches!(event, ReceiverEvent::Started { .. })).collect();
+        assert_eq!(started, vec![&ReceiverEvent::Started { index: ProductIndex(7) }], "{events:?}");
+        assert_eq!(events[0], ReceiverEvent::Started { index: ProductIndex(7) }, "before anything else");
     }
 
     #[test]

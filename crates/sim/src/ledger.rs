@@ -345,7 +345,7 @@ impl Ledger {
                 }
                 Ok(())
             }
-            ReceiverEvent::BoundHit { .. } => Ok(()),
+            ReceiverEvent::BoundHit { .. } | ReceiverEvent::Started { .. } => Ok(()),
         }
     }
 

@@ -618,7 +618,7 @@ impl RawFeed {
         if !multicast_group.is_multicast() {
             return Err(problem(FeedProblem::GroupNotMulticast { group: multicast_group }));
         }
-        let retx_share = self.retx_share.unwrap_or(0.5);
+        let retx_share = self.retx_share.unwrap_or(crate::tc::DEFAULT_RETX_SHARE);
         if !(0.01..=0.99).contains(&retx_share) {
             return Err(problem(FeedProblem::RetxShare { share: retx_share }));
         }

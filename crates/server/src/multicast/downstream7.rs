@@ -20,10 +20,14 @@
 //! 4. Products FMTP reports missed (rejected after the sender's deadline, timed out, evicted, or
 //!    skipped by a jump of the product index) are asked for with REQUEST_PRODUCT; the answers
 //!    come in request order on the control connection and are inserted (`Inserted`).
-//! 5. At the first FMTP product of a session it asks for the backlog (§2.4): from just after its
-//!    resume point — or `time_offset` back when it has none — up to that product; if the first
-//!    thing FMTP reports is a missed product, or the feed stays quiet for `TAIL_QUIET` after the
-//!    connection, up to the upstream's newest product.
+//! 5. When the session's first FMTP product (the receiver's first index) is resolved —
+//!    delivered by FMTP, or answered through the backstop — it asks for the backlog (§2.4): from
+//!    just after its resume point — or `time_offset` back when it has none — up to that product
+//!    ([`BacklogStart`]; the reference asks at the first product delivered, which for a lossy
+//!    subscriber is often a later one). Only when no FMTP datagram at all arrives for `TAIL_QUIET` after the
+//!    connection (a quiet feed), or nothing resolves for `BACKLOG_WAIT`, does it ask up to the
+//!    upstream's newest product: products the multicast is still carrying would otherwise come
+//!    twice (a lossy subscriber's first products can take seconds to repair).
 //! 6. When the feed goes quiet, it asks for anything the upstream has after the newest product
 //!    FMTP brought ([`Session::ask_tail`]): FMTP learns of a product lost whole only from a newer
 //!    one, so the end of a burst would otherwise wait for the next product.
@@ -258,8 +262,7 @@ impl Session<'_> {
         let mut out = Vec::new();
         let mut receiver: Option<FmtpReceiver> = None;
         let mut inserter = Inserter::start(self.context.queue.clone(), self.name)?;
-        let mut backlog_asked = false;
-        let mut connected_at: Option<ldm7_types::Instant> = None;
+        let mut backlog_start = BacklogStart::default();
         let backlog_after = self.resume.session_started();
         let mut tail = TailCheck::default();
         let mut last_save = Clock::now();
@@ -286,10 +289,14 @@ impl Session<'_> {
                     SubscriberEvent::MissedProduct { index, product } => {
                         self.resume.resolved(index, Some(product.info.signature));
                         unsaved = true;
+                        if let Some(before) = backlog_start.resolved(index, Some(product.info.signature)) {
+                            self.ask_backlog(&mut session, backlog_after, Some(before))?;
+                        }
                         inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
                     }
                     SubscriberEvent::NoSuchProduct { index } => {
                         self.resume.resolved(index, None);
+                        backlog_start.resolved(index, None);
                         self.counters.no_such_product.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
                     }
@@ -338,15 +345,15 @@ impl Session<'_> {
             let timeout = session.poll_timeout().map(Clock::to_std).map(tokio::time::Instant::from_std);
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             let tail_due = tail.due().map(Clock::to_std).map(tokio::time::Instant::from_std);
-            // No FMTP product since the connection: the feed is quiet; ask for the backlog now.
-            let initial_due = connected_at
-                .filter(|_| !backlog_asked)
-                .map(|at| Clock::to_std(at + TAIL_QUIET))
-                .map(tokio::time::Instant::from_std);
+            // A quiet feed, or nothing resolved for long: the backlog up to the newest product.
+            let traffic = receiver.as_ref().is_some_and(|receiver| receiver.counters().datagrams > 0);
+            let backlog_due = backlog_start.due(traffic).map(Clock::to_std).map(tokio::time::Instant::from_std);
             tokio::select! {
-                () = tokio::time::sleep_until(initial_due.unwrap_or(far)), if initial_due.is_some() => {
-                    backlog_asked = true;
-                    self.ask_backlog(&mut session, backlog_after, None)?;
+                () = tokio::time::sleep_until(backlog_due.unwrap_or(far)), if backlog_due.is_some() => {
+                    let traffic = receiver.as_ref().is_some_and(|receiver| receiver.counters().datagrams > 0);
+                    if backlog_start.expired(Clock::now(), traffic) {
+                        self.ask_backlog(&mut session, backlog_after, None)?;
+                    }
                 }
                 written = write.write(&out), if !out.is_empty() => {
                     let count = written?;
@@ -366,26 +373,22 @@ impl Session<'_> {
                 notice = next_notice(&mut receiver) => {
                     match notice {
                         Some(notice) => {
-                            // The first FMTP product of the session asks for the backlog up to
-                            // it (§2.4); a first product FMTP missed, up to the newest.
-                            let first = match &notice {
-                                ReceiverNotice::Connected(_) => {
-                                    connected_at = Some(Clock::now());
-                                    None
-                                }
+                            // The session's first product, once resolved, asks for the backlog up
+                            // to it (§2.4).
+                            let mut before = None;
+                            match &notice {
+                                ReceiverNotice::Connected(_) => backlog_start.connected(Clock::now()),
+                                ReceiverNotice::Event(ReceiverEvent::Started { index }) => backlog_start.started(index.0),
                                 ReceiverNotice::Delivered { delivery, .. } => {
-                                    Some(delivery.metadata.get(..16).and_then(|bytes| <[u8; 16]>::try_from(bytes).ok()).map(Signature))
+                                    let signature = delivery.metadata.get(..16).and_then(|bytes| <[u8; 16]>::try_from(bytes).ok()).map(Signature);
+                                    before = backlog_start.resolved(delivery.index.0, signature);
                                 }
-                                ReceiverNotice::Event(ReceiverEvent::Missed { .. } | ReceiverEvent::IndexGap { .. }) => {
-                                    Some(None)
-                                }
-                                ReceiverNotice::Event(_) => None,
-                            };
+                                ReceiverNotice::Event(_) => {}
+                            }
                             tail.activity();
                             self.on_notice(&mut session, &mut inserter, notice).await?;
-                            if let (Some(before), false) = (first, backlog_asked) {
-                                backlog_asked = true;
-                                self.ask_backlog(&mut session, backlog_after, before)?;
+                            if let Some(before) = before {
+                                self.ask_backlog(&mut session, backlog_after, Some(before))?;
                             }
                         }
                         None => {
@@ -548,6 +551,11 @@ impl Session<'_> {
                 tracing::debug!("{}: FMTP receiver bound {bound:?} hit ({index:?})", self.name);
                 Ok(())
             }
+            ReceiverNotice::Event(ReceiverEvent::Started { index }) => {
+                self.resume.seen(index.0);
+                tracing::debug!("{}: first FMTP product: index {}", self.name, index.0);
+                Ok(())
+            }
             ReceiverNotice::Event(ReceiverEvent::Delivered(_)) => Ok(()),
         }
     }
@@ -685,6 +693,9 @@ impl Session<'_> {
 /// How long the feed must be quiet (no FMTP notice) before the subscriber checks for products
 /// lost whole at its end.
 const TAIL_QUIET: Duration = Duration::from_secs(2);
+/// How long after the FMTP connection the subscriber waits for a first product with its
+/// signature before it asks for the backlog up to the newest product anyway.
+const BACKLOG_WAIT: Duration = Duration::from_secs(60);
 /// How far back such a check reaches if the upstream no longer has the newest product.
 const TAIL_OFFSET: Duration = Duration::from_secs(60);
 
@@ -724,6 +735,65 @@ impl TailCheck {
         self.asked = true;
         self.checked = Some(newest);
         Some(newest)
+    }
+}
+
+/// When a session asks for its backlog (see the module documentation, point 5): once, when the
+/// session's first FMTP product (the receiver's first index) is resolved — the backlog ends
+/// before it, by FMTP or through the backstop —, or, if that one is no longer to be had, at the
+/// next product resolved with its signature; up to the newest product when the feed is quiet
+/// (no FMTP datagram for [`TAIL_QUIET`] after the connection) or nothing has resolved after
+/// [`BACKLOG_WAIT`].
+#[derive(Debug, Default)]
+struct BacklogStart {
+    asked: bool,
+    connected_at: Option<ldm7_types::Instant>,
+    /// The receiver's first index.
+    first: Option<u32>,
+    /// Whether the product at `first` is resolved.
+    first_resolved: bool,
+}
+
+impl BacklogStart {
+    /// The FMTP repair connection is up: the waits start.
+    fn connected(&mut self, now: ldm7_types::Instant) {
+        self.connected_at.get_or_insert(now);
+    }
+
+    /// The receiver's first multicast message was for product `index`.
+    fn started(&mut self, index: u32) {
+        self.first.get_or_insert(index);
+    }
+
+    /// Product `index` is resolved (with its signature, unless the upstream no longer had it):
+    /// the product to end the backlog before, if the backlog is to be asked now.
+    fn resolved(&mut self, index: u32, signature: Option<Signature>) -> Option<Signature> {
+        if self.asked {
+            return None;
+        }
+        if self.first.is_none_or(|first| first == index) {
+            self.first_resolved = true;
+        }
+        let before = signature.filter(|_| self.first_resolved)?;
+        self.asked = true;
+        Some(before)
+    }
+
+    /// When to look again, given whether FMTP datagrams have arrived.
+    fn due(&self, traffic: bool) -> Option<ldm7_types::Instant> {
+        let connected_at = self.connected_at.filter(|_| !self.asked)?;
+        Some(connected_at + if traffic { BACKLOG_WAIT } else { TAIL_QUIET })
+    }
+
+    /// Whether to ask for the backlog up to the newest product at `now`.
+    fn expired(&mut self, now: ldm7_types::Instant, traffic: bool) -> bool {
+        match self.due(traffic) {
+            Some(due) if now >= due => {
+                self.asked = true;
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -1051,6 +1121,39 @@ mod tests {
 
     fn signature(n: u8) -> Signature {
         Signature([n; 16])
+    }
+
+    #[test]
+    fn the_backlog_ends_before_the_sessions_first_product_or_reaches_the_newest_when_the_feed_is_quiet() {
+        let start = ldm7_types::Instant::from_nanos(1_000_000_000);
+        let (a, b) = (Signature([1; 16]), Signature([2; 16]));
+        let mut lossy = BacklogStart::default();
+        assert_eq!(lossy.due(false), None, "nothing before the FMTP connection");
+        lossy.connected(start);
+        assert_eq!(lossy.due(false), Some(start + TAIL_QUIET));
+        assert_eq!(lossy.due(true), Some(start + BACKLOG_WAIT), "datagrams arrive: not quiet");
+        assert!(!lossy.expired(start + TAIL_QUIET, true), "the first product is still being repaired");
+        lossy.started(10);
+        assert_eq!(lossy.resolved(12, Some(a)), None, "a later product first: 10 is still on its way");
+        assert_eq!(lossy.resolved(10, Some(b)), Some(b), "the first product: the backlog ends before it");
+        assert_eq!(lossy.resolved(11, Some(a)), None, "once");
+        assert_eq!(lossy.due(false), None);
+
+        let mut gone = BacklogStart::default();
+        gone.started(10);
+        assert_eq!(gone.resolved(10, None), None, "the upstream no longer has it");
+        assert_eq!(gone.resolved(11, Some(a)), Some(a), "the next one with its signature");
+
+        let mut quiet = BacklogStart::default();
+        quiet.connected(start);
+        assert!(!quiet.expired(start, false));
+        assert!(quiet.expired(start + TAIL_QUIET, false), "no datagram at all: up to the newest");
+        assert_eq!(quiet.resolved(10, Some(a)), None, "already asked");
+
+        let mut stuck = BacklogStart::default();
+        stuck.connected(start);
+        stuck.started(10);
+        assert!(stuck.expired(start + BACKLOG_WAIT, true), "nothing resolved for long: up to the newest");
     }
 
     #[test]
