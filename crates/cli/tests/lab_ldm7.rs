@@ -233,8 +233,14 @@ fn ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts() {
     );
     assert!(
         lossy_records.iter().all(|r| matches!(r.mode, Some(DeliveryMode::Received | DeliveryMode::Inserted))),
-        "s5: by FMTP and the backstop only: {}",
-        modes(&lossy_records)
+        "s5: by FMTP and the backstop only: {}; its backlog requests:\n{}",
+        modes(&lossy_records),
+        lossy
+            .log()
+            .lines()
+            .filter(|line| line.contains("backlog") || line.contains("feed quiet"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 
     for server in subscribers.iter_mut().chain([&mut lossy, &mut publisher]) {

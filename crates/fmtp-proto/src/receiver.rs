@@ -280,6 +280,9 @@ pub struct ReceiverCounters {
     pub retx_blocks: u64,
     /// RETX_REJ received for a product being received.
     pub rejects: u64,
+    /// Products started on (each ends as one `delivered` or one `missed`: the difference is
+    /// the products in flight).
+    pub started: u64,
     /// Products delivered.
     pub delivered: u64,
     /// Products missed (all reasons).
@@ -578,6 +581,7 @@ impl Receiver {
             self.abandon(oldest, MissReason::Evicted);
         }
         let abandon_at = self.now + self.config.incomplete_timeout;
+        self.counters.started += 1;
         self.timers.insert((abandon_at, key, TimerKind::Abandon));
         self.products.insert(key, Incoming::new(index, self.now, abandon_at, ended));
         if request_bop {

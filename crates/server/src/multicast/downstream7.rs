@@ -24,11 +24,13 @@
 //!    delivered by FMTP, or answered through the backstop — it asks for the backlog (§2.4): from
 //!    just after its resume point — or `time_offset` back when it has none — up to that product
 //!    ([`BacklogStart`]; the reference asks at the first product delivered, which for a lossy
-//!    subscriber is often a later one). Only when no FMTP datagram at all arrives for `TAIL_QUIET` after the
-//!    connection (a quiet feed), or nothing resolves for `BACKLOG_WAIT`, does it ask up to the
-//!    upstream's newest product: products the multicast is still carrying would otherwise come
-//!    twice (a lossy subscriber's first products can take seconds to repair).
-//! 6. When the feed goes quiet, it asks for anything the upstream has after the newest product
+//!    subscriber is often a later one). Only when no FMTP datagram at all arrives for
+//!    `TAIL_QUIET` after the connection (a quiet feed), or nothing resolves for `BACKLOG_WAIT`,
+//!    does it ask up to the upstream's newest product: products the multicast is still carrying
+//!    would otherwise come twice (a lossy subscriber's first products can take seconds to
+//!    repair).
+//! 6. When the feed goes quiet (no FMTP message, multicast or repair, for `TAIL_QUIET`, and no
+//!    product in FMTP's hands), it asks for anything the upstream has after the newest product
 //!    FMTP brought ([`Session::ask_tail`]): FMTP learns of a product lost whole only from a newer
 //!    one, so the end of a burst would otherwise wait for the next product.
 //!
@@ -360,7 +362,12 @@ impl Session<'_> {
                     out.drain(..count);
                 }
                 () = tokio::time::sleep_until(tail_due.unwrap_or(far)), if tail_due.is_some() => {
-                    if let Some(after) = tail.ask() {
+                    let look = receiver.as_ref().map(|receiver| {
+                        let counters = receiver.counters();
+                        let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
+                        (counters.datagrams + counters.stream_messages, in_flight)
+                    });
+                    if let Some(after) = tail.ask(look) {
                         self.ask_tail(&mut session, after)?;
                     }
                 }
@@ -603,7 +610,7 @@ impl Session<'_> {
             before: Signature([0; 16]),
             time_offset_secs: u32::try_from(TAIL_OFFSET.as_secs()).unwrap_or(u32::MAX),
         };
-        tracing::debug!("{}: feed quiet; asking for anything after {after}", self.name);
+        tracing::info!("{}: feed quiet; asking for anything after {after}", self.name);
         session.request_backlog(Clock::now(), spec)?;
         Ok(())
     }
@@ -693,11 +700,13 @@ impl Session<'_> {
 /// How long the feed must be quiet (no FMTP notice) before the subscriber checks for products
 /// lost whole at its end.
 const TAIL_QUIET: Duration = Duration::from_secs(2);
-/// How long after the FMTP connection the subscriber waits for a first product with its
-/// signature before it asks for the backlog up to the newest product anyway.
-const BACKLOG_WAIT: Duration = Duration::from_secs(60);
 /// How far back such a check reaches if the upstream no longer has the newest product.
 const TAIL_OFFSET: Duration = Duration::from_secs(60);
+/// How long after the FMTP connection the subscriber waits for a first product with its
+/// signature before it asks for the backlog up to the newest product anyway: the default
+/// retransmission deadline, by which every product FMTP started on has been delivered or
+/// reported missed (and fetched through the backstop).
+const BACKLOG_WAIT: Duration = Duration::from_secs(300);
 
 /// The quiet-feed check (see [`Session::ask_tail`]): asked once per newest product, only
 /// after the session's backlog is complete (a new REQUEST_BACKLOG replaces one being sent), and
@@ -710,6 +719,8 @@ struct TailCheck {
     last_activity: Option<ldm7_types::Instant>,
     newest: Option<Signature>,
     checked: Option<Signature>,
+    /// FMTP messages received at the last look.
+    traffic: Option<u64>,
 }
 
 impl TailCheck {
@@ -729,8 +740,19 @@ impl TailCheck {
         self.last_activity.map(|at| at + TAIL_QUIET)
     }
 
-    /// Marks the check asked; returns the product to ask after.
-    fn ask(&mut self) -> Option<Signature> {
+    /// At the due time, with the FMTP messages received so far (multicast and repairs) and the
+    /// products FMTP has in flight: marks the check asked and returns the product to ask after
+    /// — unless messages arrived since the last look or products are in flight (they are still
+    /// coming, or being repaired over a stalled connection, and FMTP resolves them itself: not
+    /// quiet; look again later).
+    fn ask(&mut self, look: Option<(u64, u64)>) -> Option<Signature> {
+        let traffic = look.map(|(messages, _)| messages);
+        let in_flight = look.is_some_and(|(_, in_flight)| in_flight > 0);
+        if traffic != self.traffic || in_flight {
+            self.traffic = traffic;
+            self.activity();
+            return None;
+        }
         let newest = self.newest?;
         self.asked = true;
         self.checked = Some(newest);
@@ -1121,6 +1143,20 @@ mod tests {
 
     fn signature(n: u8) -> Signature {
         Signature([n; 16])
+    }
+
+    #[test]
+    fn the_tail_is_checked_only_when_no_fmtp_message_came_since_the_last_look() {
+        let mut tail = TailCheck { backlog_done: true, ..TailCheck::default() };
+        tail.activity();
+        assert_eq!(tail.due(), None, "nothing received yet");
+        tail.received(signature(3));
+        assert!(tail.due().is_some());
+        assert_eq!(tail.ask(Some((100, 0))), None, "messages since the last look: repairs still coming");
+        assert_eq!(tail.ask(Some((140, 0))), None);
+        assert_eq!(tail.ask(Some((140, 2))), None, "no message, but two products in flight: FMTP resolves them");
+        assert_eq!(tail.ask(Some((140, 0))), Some(signature(3)), "quiet: anything after the newest");
+        assert_eq!(tail.due(), None, "once per newest product");
     }
 
     #[test]
