@@ -23,7 +23,7 @@ use ldm7_types::units::{ByteSize, Rate};
 
 /// Default share of the path rate assured to retransmissions: small, so that one lossy
 /// receiver's repairs cannot take the multicast's rate during bursts (measured: with ½, one
-/// subscriber at 20% loss raised the others' p99 latency by 44%; with 0.02, by 0.1%; see
+/// subscriber at 20% loss raised the others' p99 latency by 44%; with 0.02, by under 0.5%; see
 /// docs/benchmarks.md). Repairs still borrow whatever the multicast leaves.
 pub const DEFAULT_RETX_SHARE: f64 = 0.02;
 
