@@ -157,9 +157,9 @@ fn measure_size(args: &BenchQueueArgs, scratch: &Path, size: usize) -> anyhow::R
     }
     let md5_bytes_per_s = (md5_rounds * size) as f64 / md5_started.elapsed().as_secs_f64();
     Ok(SizeResult {
-        inserts_per_s: median(&mut inserts),
-        reads_per_s: median(&mut reads),
-        file_bytes_per_s: median(&mut file_writes),
+        inserts_per_s: ldm7_testbed::median(inserts),
+        reads_per_s: ldm7_testbed::median(reads),
+        file_bytes_per_s: ldm7_testbed::median(file_writes),
         md5_bytes_per_s,
     })
 }
@@ -310,8 +310,4 @@ fn summarize(values: &mut [f64]) -> Latencies {
     values.sort_by(f64::total_cmp);
     let at = |quantile: f64| values[((values.len() - 1) as f64 * quantile).round() as usize];
     Latencies { median: at(0.5), p99: at(0.99), max: at(1.0) }
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    summarize(values).median
 }

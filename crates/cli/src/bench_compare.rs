@@ -36,7 +36,7 @@ use anyhow::{Context, bail};
 use ldm7_pq::Capacity;
 use ldm7_testbed::{
     Comparison, DeliveryMode, Egress, Lab, ProductRecord, Replay, ReplayOptions, Server, ServerConfig,
-    latency_quantile_us,
+    latency_quantile_us, median,
 };
 use ldm7_types::Rate;
 
@@ -477,16 +477,6 @@ fn run_csv(result: &RunResult) -> String {
         );
     }
     csv
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| !v.is_nan());
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
 }
 
 /// Per plan and subscriber, the median over runs of `pick`.

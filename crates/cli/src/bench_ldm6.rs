@@ -63,11 +63,7 @@ fn stop(mut child: Child) {
 }
 
 fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    // Fields after the ")" of the command name: utime is the 12th, stime the 13th.
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
-    let ticks: f64 = [11, 12].iter().filter_map(|&k| fields.get(k)?.parse::<f64>().ok()).sum();
-    ticks / 100.0
+    ldm7_testbed::cpu_seconds(pid).unwrap_or(0.0)
 }
 
 fn queue_dir(root: &Path, name: &str, config: &str, capacity: Capacity) -> anyhow::Result<PathBuf> {
@@ -126,11 +122,7 @@ pub fn run(args: &BenchLdm6Args) -> anyhow::Result<()> {
         for run in 0..args.repeat {
             runs.push(measure(&exe, scratch.path(), upstream.id(), up_port, count, run, capacity, args.products)?);
         }
-        let median = |pick: fn(&Run) -> f64| {
-            let mut values: Vec<f64> = runs.iter().map(pick).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
+        let median = |pick: fn(&Run) -> f64| ldm7_testbed::median(runs.iter().map(pick).collect());
         let (transfer, wall, cpu) = (median(|r| r.transfer), median(|r| r.wall), median(|r| r.upstream_cpu));
         let downstream_cpu = median(|r| r.downstream_cpu);
         let total = (count * args.products) as f64;

@@ -51,6 +51,18 @@ impl Egress {
     }
 }
 
+/// The median of `values`, NaNs left out (NaN when none is left): the middle value, or the
+/// mean of the two middle ones.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| !v.is_nan());
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+}
+
 /// Bytes of an Ethernet header (no VLAN tag, no FCS: what tc counts).
 const ETHERNET_HEADER_BYTES: u64 = 14;
 

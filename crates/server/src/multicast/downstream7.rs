@@ -348,12 +348,10 @@ impl Session<'_> {
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             let tail_due = tail.due().map(Clock::to_std).map(tokio::time::Instant::from_std);
             // A quiet feed, or nothing resolved for long: the backlog up to the newest product.
-            let traffic = receiver.as_ref().is_some_and(|receiver| receiver.counters().datagrams > 0);
-            let backlog_due = backlog_start.due(traffic).map(Clock::to_std).map(tokio::time::Instant::from_std);
+            let backlog_due = backlog_start.due().map(Clock::to_std).map(tokio::time::Instant::from_std);
             tokio::select! {
                 () = tokio::time::sleep_until(backlog_due.unwrap_or(far)), if backlog_due.is_some() => {
-                    let traffic = receiver.as_ref().is_some_and(|receiver| receiver.counters().datagrams > 0);
-                    if backlog_start.expired(Clock::now(), traffic) {
+                    if backlog_start.expired(Clock::now()) {
                         self.ask_backlog(&mut session, backlog_after, None)?;
                     }
                 }
@@ -770,7 +768,7 @@ impl TailCheck {
 struct BacklogStart {
     asked: bool,
     connected_at: Option<ldm7_types::Instant>,
-    /// The receiver's first index.
+    /// The receiver's first index (known once a multicast message has arrived).
     first: Option<u32>,
     /// Whether the product at `first` is resolved.
     first_resolved: bool,
@@ -801,15 +799,16 @@ impl BacklogStart {
         Some(before)
     }
 
-    /// When to look again, given whether FMTP datagrams have arrived.
-    fn due(&self, traffic: bool) -> Option<ldm7_types::Instant> {
+    /// When to ask up to the newest product: [`TAIL_QUIET`] after the connection while no
+    /// multicast message has come, [`BACKLOG_WAIT`] after it once one has.
+    fn due(&self) -> Option<ldm7_types::Instant> {
         let connected_at = self.connected_at.filter(|_| !self.asked)?;
-        Some(connected_at + if traffic { BACKLOG_WAIT } else { TAIL_QUIET })
+        Some(connected_at + if self.first.is_some() { BACKLOG_WAIT } else { TAIL_QUIET })
     }
 
     /// Whether to ask for the backlog up to the newest product at `now`.
-    fn expired(&mut self, now: ldm7_types::Instant, traffic: bool) -> bool {
-        match self.due(traffic) {
+    fn expired(&mut self, now: ldm7_types::Instant) -> bool {
+        match self.due() {
             Some(due) if now >= due => {
                 self.asked = true;
                 true
@@ -1164,16 +1163,16 @@ mod tests {
         let start = ldm7_types::Instant::from_nanos(1_000_000_000);
         let (a, b) = (Signature([1; 16]), Signature([2; 16]));
         let mut lossy = BacklogStart::default();
-        assert_eq!(lossy.due(false), None, "nothing before the FMTP connection");
+        assert_eq!(lossy.due(), None, "nothing before the FMTP connection");
         lossy.connected(start);
-        assert_eq!(lossy.due(false), Some(start + TAIL_QUIET));
-        assert_eq!(lossy.due(true), Some(start + BACKLOG_WAIT), "datagrams arrive: not quiet");
-        assert!(!lossy.expired(start + TAIL_QUIET, true), "the first product is still being repaired");
+        assert_eq!(lossy.due(), Some(start + TAIL_QUIET));
         lossy.started(10);
+        assert_eq!(lossy.due(), Some(start + BACKLOG_WAIT), "datagrams arrive: not quiet");
+        assert!(!lossy.expired(start + TAIL_QUIET), "the first product is still being repaired");
         assert_eq!(lossy.resolved(12, Some(a)), None, "a later product first: 10 is still on its way");
         assert_eq!(lossy.resolved(10, Some(b)), Some(b), "the first product: the backlog ends before it");
         assert_eq!(lossy.resolved(11, Some(a)), None, "once");
-        assert_eq!(lossy.due(false), None);
+        assert_eq!(lossy.due(), None);
 
         let mut gone = BacklogStart::default();
         gone.started(10);
@@ -1182,14 +1181,14 @@ mod tests {
 
         let mut quiet = BacklogStart::default();
         quiet.connected(start);
-        assert!(!quiet.expired(start, false));
-        assert!(quiet.expired(start + TAIL_QUIET, false), "no datagram at all: up to the newest");
+        assert!(!quiet.expired(start));
+        assert!(quiet.expired(start + TAIL_QUIET), "no datagram at all: up to the newest");
         assert_eq!(quiet.resolved(10, Some(a)), None, "already asked");
 
         let mut stuck = BacklogStart::default();
         stuck.connected(start);
         stuck.started(10);
-        assert!(stuck.expired(start + BACKLOG_WAIT, true), "nothing resolved for long: up to the newest");
+        assert!(stuck.expired(start + BACKLOG_WAIT), "nothing resolved for long: up to the newest");
     }
 
     #[test]
