@@ -128,7 +128,7 @@ pub fn run(args: &DemoArgs) -> CmdResult {
         let products = products.clone();
         let speed = args.speed;
         std::thread::spawn(move || {
-            replay_into(&publisher_queue, &trace, &products, FeedType::NGRID, true, speed, 1, false)
+            replay_into(&publisher_queue, &trace, &products, FeedType::NGRID, true, speed, 1, None)
         })
     };
     let replay_started = Instant::now();

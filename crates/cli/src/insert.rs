@@ -1,7 +1,7 @@
 //! `ldm7 insert` (pqinsert): files or standard input into the queue, and `--replay` of a trace.
 //! Everything is validated before anything is inserted, so a bad batch leaves the queue as it was.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,7 @@ pub struct InsertArgs {
 /// `with_signature` (`-x`).
 pub fn run(args: &InsertArgs, with_signature: bool) -> CmdResult {
     if let Some(trace) = &args.replay {
-        return replay(args, trace);
+        return replay(args, trace, with_signature);
     }
     if args.files.is_empty() {
         return Err(bad_input("no files to insert: name one or more files, or `-` for standard input"));
@@ -67,69 +67,71 @@ pub fn run(args: &InsertArgs, with_signature: bool) -> CmdResult {
     let queue_path = queue_path(args.queue.as_deref());
     let queue = open_queue(&queue_path)?;
     let origin = origin();
-    // Read and check everything first: nothing is inserted unless every product is acceptable.
-    let mut products = Vec::with_capacity(args.files.len());
+    // Check every input first (it exists, can be read, and fits the queue), so that a bad
+    // argument leaves the queue as it was; the data is read afterwards, one product at a time.
+    let mut inputs = Vec::with_capacity(args.files.len());
     for file in &args.files {
-        let data = read_input(file)?;
         let ident = match &args.ident {
             Some(ident) => ident.clone(),
             None if file.as_os_str() == "-" => "stdin".to_owned(),
             None => file.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default(),
         };
-        let size = u32::try_from(data.len()).map_err(|_| {
-            bad_input(format!("{}: {} bytes is more than a product may hold (4 GiB)", file.display(), data.len()))
+        let size = input_size(file)?;
+        let size = u32::try_from(size).map_err(|_| {
+            bad_input(format!("{}: {size} bytes is more than a product may hold (4 GiB)", file.display()))
         })?;
-        let signature =
-            if args.signature_from_ident { Signature::md5_of(ident.as_bytes()) } else { Signature::md5_of(&data) };
         let info = ProdInfo {
-            arrival: now(),
-            signature,
+            arrival: Timestamp::ZERO,
+            signature: Signature::default(),
             origin: origin.clone(),
             feedtype: feed,
             seqno: args.seqno,
             ident,
             size,
         };
-        queue.check_fits(&info).map_err(|error| insert_failure(file, error))?;
-        products.push((file, info, data));
+        queue.check_fits(&info).map_err(|error| insert_failure(file, error, 0))?;
+        inputs.push(Input { path: file.clone(), info });
     }
-    let mut inserted = 0;
-    for (file, mut info, data) in products {
-        info.arrival = now();
-        match queue.insert(&info, &data).map_err(|error| insert_failure(file, error))? {
-            InsertOutcome::Inserted { .. } => {
-                inserted += 1;
-                tracing::info!(target: PRODUCT, "{}", info.line(with_signature));
-            }
-            InsertOutcome::Duplicate { existing } => {
-                tracing::info!(
-                    "{}: duplicate, not inserted (same signature {} inserted at {existing})",
-                    file.display(),
-                    info.signature
-                );
-            }
-        }
-    }
+    queue.set_release_pages(true);
+    let inserted = crate::insert_files::insert_all(&queue, inputs, args.signature_from_ident, with_signature)?;
     tracing::info!(target: PRODUCT, "inserted {inserted} of {} product(s) into {}", args.files.len(), queue_path.display());
     Ok(())
 }
 
-fn read_input(file: &Path) -> CmdResult<Vec<u8>> {
-    let mut data = Vec::new();
-    let result = if file.as_os_str() == "-" {
-        std::io::stdin().read_to_end(&mut data).map(|_| ())
-    } else {
-        std::fs::File::open(file).and_then(|mut handle| handle.read_to_end(&mut data)).map(|_| ())
-    };
-    result.map_err(|error| bad_input(format!("cannot read {}: {error}: nothing was inserted", file.display())))?;
-    Ok(data)
+/// A file to insert, checked, with its metadata (signature and arrival still to be set).
+pub(crate) struct Input {
+    pub(crate) path: PathBuf,
+    pub(crate) info: ProdInfo,
 }
 
-fn insert_failure(file: &Path, error: InsertError) -> Failure {
+/// The size of a file to insert, after checking that it is a readable file (`-` = standard
+/// input, whose size is known only once read: 0 here).
+fn input_size(file: &Path) -> CmdResult<u64> {
+    if file.as_os_str() == "-" {
+        return Ok(0);
+    }
+    let cannot = |why: String| bad_input(format!("cannot read {}: {why}: nothing was inserted", file.display()));
+    let metadata = std::fs::metadata(file).map_err(|error| cannot(error.to_string()))?;
+    if metadata.is_dir() {
+        return Err(cannot("it is a directory".into()));
+    }
+    nix::unistd::access(file, nix::unistd::AccessFlags::R_OK).map_err(|error| cannot(error.desc().to_lowercase()))?;
+    Ok(metadata.len())
+}
+
+/// The failure of inserting `file`, after `inserted` products went in.
+pub(crate) fn insert_failure(file: &Path, error: InsertError, inserted: u64) -> Failure {
     let message = format!("{}: {error}", file.display());
+    let done = if inserted == 0 {
+        "nothing was inserted".to_owned()
+    } else {
+        format!("the {inserted} product(s) before it were inserted, none after")
+    };
     match error {
-        InsertError::Invalid(_) | InsertError::TooBig { .. } => bad_input(format!("{message}; nothing was inserted")),
-        InsertError::MapFull | InsertError::Storage(_) | InsertError::Source(_) => runtime(anyhow::anyhow!(message)),
+        InsertError::Invalid(_) | InsertError::TooBig { .. } => bad_input(format!("{message}; {done}")),
+        InsertError::MapFull | InsertError::Storage(_) | InsertError::Source(_) => {
+            runtime(anyhow::anyhow!("{message}; {done}"))
+        }
     }
 }
 
@@ -148,7 +150,7 @@ pub struct ReplaySummary {
     pub elapsed: Duration,
 }
 
-fn replay(args: &InsertArgs, trace: &Path) -> CmdResult {
+fn replay(args: &InsertArgs, trace: &Path, with_signature: bool) -> CmdResult {
     let feed = match &args.feed {
         Some(feed) => Some(parse_feed(feed)?),
         None => None,
@@ -162,7 +164,16 @@ fn replay(args: &InsertArgs, trace: &Path) -> CmdResult {
     }
     let queue = open_queue(&queue_path(args.queue.as_deref()))?;
     let default_feed = feed.or_else(|| feed_from_name(trace)).unwrap_or(FeedType::EXP);
-    let summary = replay_into(&queue, trace, &products, default_feed, feed.is_some(), args.speed, args.seed, true)?;
+    let summary = replay_into(
+        &queue,
+        trace,
+        &products,
+        default_feed,
+        feed.is_some(),
+        args.speed,
+        args.seed,
+        Some(with_signature),
+    )?;
     let secs = summary.elapsed.as_secs_f64().max(1e-9);
     println!(
         "replayed {} products ({:.1} MB) in {:.2} s: {:.0} products/s, {:.1} MB/s; {} duplicates, {} evicted",
@@ -179,7 +190,9 @@ fn replay(args: &InsertArgs, trace: &Path) -> CmdResult {
 
 /// Inserts synthetic products shaped like `products` into `queue`, paced at `speed` (0 = no
 /// pacing). Each product's data is pseudo-random (seeded) and unique; its signature is the MD5
-/// of the data. The ident is `<FEED>/<trace name>/<line> <creation time>`.
+/// of the data. The ident is `<FEED>/<trace name>/<line> <creation time>`. With
+/// `log_products = Some(with_signature)` each inserted product is logged (shown with `-v`) and a
+/// progress bar is drawn on a terminal; `None` is silent.
 #[allow(clippy::too_many_arguments)]
 pub fn replay_into(
     queue: &Queue,
@@ -189,7 +202,7 @@ pub fn replay_into(
     force_feed: bool,
     speed: f64,
     seed: u64,
-    show_progress: bool,
+    log_products: Option<bool>,
 ) -> CmdResult<ReplaySummary> {
     let trace_name = trace.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
     let largest = products.iter().map(|product| product.size as usize).max().unwrap_or(0);
@@ -202,7 +215,7 @@ pub fn replay_into(
     let mut pool = vec![0u8; largest + (1 << 20)];
     rng.fill_bytes(&mut pool);
     let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
-    let progress = if show_progress && std::io::stderr().is_terminal() {
+    let progress = if log_products.is_some() && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(total_bytes);
         bar.set_style(
             ProgressStyle::with_template(
@@ -240,6 +253,9 @@ pub fn replay_into(
         info.origin.clone_from(&origin);
         match queue.insert(&info, &data) {
             Ok(InsertOutcome::Inserted { evicted, .. }) => {
+                if let Some(with_signature) = log_products {
+                    progress.suspend(|| tracing::info!(target: PRODUCT, "{}", info.line(with_signature)));
+                }
                 summary.inserted += 1;
                 summary.bytes += u64::from(product.size);
                 summary.evicted += u64::from(evicted);

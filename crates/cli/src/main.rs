@@ -16,6 +16,7 @@ mod demo;
 mod exit;
 mod fmtp_cmd;
 mod insert;
+mod insert_files;
 mod lab_cmd;
 mod logging;
 mod queue_cmd;

@@ -112,6 +112,76 @@ fn duplicates_are_reported_not_errors() {
     assert_eq!(product_count(&queue), 2);
 }
 
+/// Many files, one larger than the reader's in-flight bound, and standard input: every product
+/// goes in intact and in argument order, and the inserter's peak memory stays within
+/// 64 MB plus the largest product (the queue's map pages are not held).
+#[test]
+fn many_files_go_in_in_order_with_bounded_memory() {
+    let scratch = Scratch::new();
+    let queue = scratch.path("q.pq").display().to_string();
+    ok(&["queue", "create", "--path", &queue, "--size", "300M", "--slots", "5000"]);
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for index in 0..1500u32 {
+        let size = 1 + (index as usize * 7919) % 60_000;
+        let data: Vec<u8> = (0..size).map(|byte| (byte as u32 ^ index.wrapping_mul(2654435761)) as u8).collect();
+        files.push(scratch.file(&format!("f{index:04}"), &data));
+        expected.push((format!("f{index:04}"), data));
+        if index == 700 {
+            let large: Vec<u8> = (0..40_000_000u32).map(|byte| (byte % 253) as u8).collect();
+            files.push(scratch.file("large", &large));
+            expected.push(("large".to_owned(), large));
+        }
+    }
+    let mut args = vec!["insert", "-q", queue.as_str(), "-f", "EXP"];
+    args.extend(files.iter().map(String::as_str));
+    args.push("-");
+    let mut child = Command::new(LDM7)
+        .args(&args)
+        .env_remove("LDM7_QUEUE")
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ldm7 insert");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"from standard input").expect("write stdin");
+    }
+    expected.push(("stdin".to_owned(), b"from standard input".to_vec()));
+    let (status, peak_rss_bytes) = wait_with_peak_rss(&mut child);
+    let mut stderr = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr");
+    assert!(status.success(), "{stderr}");
+    assert!(
+        peak_rss_bytes <= (64 << 20) + 40_000_000,
+        "peak RSS {peak_rss_bytes} bytes is more than 64 MB plus the largest product"
+    );
+
+    let listing = ok(&["cat", "-q", &queue, "--info"]);
+    let idents: Vec<&str> = listing.lines().map(|line| line.rsplit("  ").next().expect("ident")).collect();
+    let wanted: Vec<&str> = expected.iter().map(|(ident, _)| ident.as_str()).collect();
+    assert_eq!(idents, wanted, "products in argument order");
+    let output = ldm7(&["cat", "-q", &queue]);
+    let all: Vec<u8> = expected.iter().flat_map(|(_, data)| data.iter().copied()).collect();
+    assert!(output.stdout == all, "product bytes differ from the files");
+    assert!(ok(&["queue", "check", "--path", &queue]).contains("queue is sound"));
+}
+
+/// Waits for a child and returns its exit status and peak resident memory (bytes).
+fn wait_with_peak_rss(child: &mut std::process::Child) -> (std::process::ExitStatus, u64) {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = 0;
+    // SAFETY: rusage is plain data that wait4 fills in; the pid is our own unreaped child.
+    #[allow(unsafe_code)]
+    let (pid, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        (libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage), usage)
+    };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    (std::process::ExitStatus::from_raw(status), usage.ru_maxrss as u64 * 1024)
+}
+
 #[test]
 fn classic_name_pqinsert_works() {
     let scratch = Scratch::new();

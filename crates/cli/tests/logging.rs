@@ -265,3 +265,23 @@ fn a_failure_is_also_logged_to_the_log_file() {
     assert_eq!(level, "ERROR");
     assert!(stderr.contains(&message), "{message} / {stderr}");
 }
+
+#[test]
+fn replay_prints_one_line_per_product_with_v() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue();
+    let trace = scratch.dir.path().join("tiny_trace.txt");
+    std::fs::write(
+        &trace,
+        "100 20150615000000.000 NGRID\n200 20150615000000.500 NGRID\n300 20150615000001.000 NGRID\n",
+    )
+    .unwrap();
+    let trace = trace.display().to_string();
+    let output = ldm7(&["insert", "-q", &queue, "--replay", &trace, "--speed", "0", "-v"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let lines = stderr_lines(&output);
+    let products: Vec<&String> = lines.iter().filter(|line| line.contains(" NGRID ")).collect();
+    assert_eq!(products.len(), 3, "{lines:?}");
+    let quiet = ldm7(&["insert", "-q", &queue, "--replay", &trace, "--speed", "0", "--seed", "2"]);
+    assert!(stderr_lines(&quiet).is_empty(), "without -v a replay logs nothing");
+}

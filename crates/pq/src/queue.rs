@@ -14,6 +14,7 @@
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use heed::byteorder::BigEndian;
@@ -156,12 +157,24 @@ pub enum InsertError {
     Source(#[source] io::Error),
 }
 
+/// Per-attempt state of an insert transaction.
+struct PutScratch {
+    /// Bytes evicted beyond what the new products need (grows on each map-full retry).
+    reserve_bytes: u64,
+    /// The failure of a streamed product's source, if it failed.
+    source_error: Option<io::Error>,
+    /// Address and length of each record written straight into the map.
+    written: Vec<(usize, usize)>,
+}
+
 /// Where an inserted product's bytes come from.
 enum Data<'a> {
     /// A slice in memory.
     Slice(&'a [u8]),
     /// A writer callback that writes exactly `info.size` bytes (see [`Queue::insert_streamed`]).
     Streamed(&'a mut dyn FnMut(&mut dyn Write) -> io::Result<()>),
+    /// A callback that fills the data's slice of the reserved space (see [`Queue::insert_filled`]).
+    Filled(&'a mut dyn FnMut(&mut [u8]) -> io::Result<()>),
 }
 
 /// A failure of the storage layer (LMDB, the filesystem) or a damaged record.
@@ -193,6 +206,9 @@ pub struct Queue {
     capacity: Capacity,
     notifier: Notifier,
     path: PathBuf,
+    /// Give back the map pages of inserted products after each commit (see
+    /// [`Queue::set_release_pages`]).
+    release_pages: AtomicBool,
 }
 
 impl Queue {
@@ -231,7 +247,16 @@ impl Queue {
         allocate_file(&path.join(DATA_FILE), used_bytes, info.map_size as u64)
             .map_err(|error| storage(error.into()))?;
         let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
-        Ok(Self { env, products, signatures, meta, capacity, notifier, path: path.to_owned() })
+        Ok(Self {
+            env,
+            products,
+            signatures,
+            meta,
+            capacity,
+            notifier,
+            path: path.to_owned(),
+            release_pages: AtomicBool::new(false),
+        })
     }
 
     /// Opens an existing queue for reading and inserting.
@@ -272,7 +297,16 @@ impl Queue {
         // Readers killed while reading leave stale LMDB reader slots; clear them.
         env.clear_stale_readers().map_err(|error| storage(error.into()))?;
         let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
-        Ok(Self { env, products, signatures, meta, capacity, notifier, path: path.to_owned() })
+        Ok(Self {
+            env,
+            products,
+            signatures,
+            meta,
+            capacity,
+            notifier,
+            path: path.to_owned(),
+            release_pages: AtomicBool::new(false),
+        })
     }
 
     /// The queue's directory.
@@ -283,6 +317,14 @@ impl Queue {
     /// The queue's capacities.
     pub fn capacity(&self) -> Capacity {
         self.capacity
+    }
+
+    /// With `true`, after each insert this process drops its mapping of the pages the new
+    /// products were written to: the bytes stay in the page cache and reach the file as usual,
+    /// but they no longer count in this process's resident memory. A tool inserting gigabytes
+    /// then stays small; reading those products again from this process costs a page fault.
+    pub fn set_release_pages(&self, release: bool) {
+        self.release_pages.store(release, Ordering::Relaxed);
     }
 
     /// Inserts a product, evicting the oldest products first if it does not fit. `info.size`
@@ -325,57 +367,126 @@ impl Queue {
         self.insert_data(Timestamp::from_system_time(SystemTime::now()), info, Data::Streamed(&mut fill))
     }
 
+    /// Inserts several products in one transaction: one commit and one wake-up for the batch,
+    /// which is what makes many small products cheap. Products are stored in slice order with
+    /// increasing insertion times, exactly as the same products inserted one by one (a later
+    /// product of the batch may evict an earlier one, and a repeated signature is a
+    /// [`InsertOutcome::Duplicate`]). Every product is checked first: if one is invalid or too
+    /// big, nothing is inserted. Returns one outcome per product, in order.
+    pub fn insert_batch(&self, products: &[(&ProdInfo, &[u8])]) -> Result<Vec<InsertOutcome>, InsertError> {
+        let mut record_lens = Vec::with_capacity(products.len());
+        for (info, data) in products {
+            if usize::try_from(info.size).ok() != Some(data.len()) {
+                return Err(InvalidProduct::SizeMismatch { declared: info.size, actual: data.len() }.into());
+            }
+            record_lens.push(self.check_fits(info)?);
+        }
+        let now = Timestamp::from_system_time(SystemTime::now());
+        let outcomes = self.with_map_full_retries(|queue, scratch| {
+            let mut txn = queue.env.write_txn()?;
+            let mut state = queue.state(&txn)?;
+            let mut outcomes = Vec::with_capacity(products.len());
+            for ((info, data), &record_len) in products.iter().zip(&record_lens) {
+                let mut data = Data::Slice(data);
+                outcomes.push(queue.put_product(&mut txn, &mut state, now, info, &mut data, record_len, scratch)?);
+            }
+            queue.meta.put(&mut txn, "state", &state.encode())?;
+            txn.commit()?;
+            queue.release_written(&scratch.written);
+            Ok(outcomes)
+        })?;
+        if outcomes.iter().any(|outcome| matches!(outcome, InsertOutcome::Inserted { .. })) {
+            self.notifier.notify();
+        }
+        Ok(outcomes)
+    }
+
+    /// Inserts a product whose `info.size` bytes `fill` writes into the queue's reserved space,
+    /// handed to it as one slice (e.g. `read_exact` from a file: the kernel's copy into the
+    /// queue is the only one). `fill` may be called more than once (the insert is retried when
+    /// LMDB's file is full) and must fill the whole slice each time; if it fails, nothing is
+    /// inserted ([`InsertError::Source`]). A duplicate is detected before `fill` is called.
+    pub fn insert_filled(
+        &self,
+        info: &ProdInfo,
+        mut fill: impl FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<InsertOutcome, InsertError> {
+        self.insert_data(Timestamp::from_system_time(SystemTime::now()), info, Data::Filled(&mut fill))
+    }
+
     fn insert_data(&self, now: Timestamp, info: &ProdInfo, mut data: Data<'_>) -> Result<InsertOutcome, InsertError> {
         let record_len = self.check_fits(info)?;
+        let outcome = self.with_map_full_retries(|queue, scratch| {
+            let mut txn = queue.env.write_txn()?;
+            let mut state = queue.state(&txn)?;
+            let outcome = queue.put_product(&mut txn, &mut state, now, info, &mut data, record_len, scratch)?;
+            if matches!(outcome, InsertOutcome::Inserted { .. }) {
+                queue.meta.put(&mut txn, "state", &state.encode())?;
+                txn.commit()?;
+                queue.release_written(&scratch.written);
+            }
+            Ok(outcome)
+        })?;
+        if matches!(outcome, InsertOutcome::Inserted { .. }) {
+            self.notifier.notify();
+        }
+        Ok(outcome)
+    }
+
+    /// Runs one write transaction, retrying when LMDB reports its file full: pages still
+    /// visible to old snapshots cannot be reused yet, so stale readers are cleared and each
+    /// retry evicts more than strictly needed (`reserve_bytes`) to free whole pages. A failure
+    /// of a streamed product's source ends the insert at once.
+    fn with_map_full_retries<T>(
+        &self,
+        mut transaction: impl FnMut(&Self, &mut PutScratch) -> Result<T, StorageError>,
+    ) -> Result<T, InsertError> {
         let mut reserve_bytes = 0u64;
         for attempt in 0..=MAP_FULL_RETRIES_MAX {
-            let mut source_error = None;
-            let result = self.try_insert(now, info, &mut data, record_len, reserve_bytes, &mut source_error);
-            if let Some(error) = source_error {
+            let mut scratch = PutScratch { reserve_bytes, source_error: None, written: Vec::new() };
+            let result = transaction(self, &mut scratch);
+            if let Some(error) = scratch.source_error {
                 return Err(InsertError::Source(error));
             }
             match result {
                 Err(StorageError::Lmdb(heed::Error::Mdb(heed::MdbError::MapFull)))
                     if attempt < MAP_FULL_RETRIES_MAX =>
                 {
-                    // Pages still visible to old snapshots cannot be reused yet; clear readers
-                    // that died and evict more than strictly needed to free whole pages.
                     self.env.clear_stale_readers().map_err(StorageError::from)?;
                     reserve_bytes = (reserve_bytes * 2).max(self.capacity.bytes / 8);
                 }
                 Err(StorageError::Lmdb(heed::Error::Mdb(heed::MdbError::MapFull))) => return Err(InsertError::MapFull),
                 Err(error) => return Err(error.into()),
-                Ok(outcome) => {
-                    if matches!(outcome, InsertOutcome::Inserted { .. }) {
-                        self.notifier.notify();
-                    }
-                    return Ok(outcome);
-                }
+                Ok(value) => return Ok(value),
             }
         }
         Err(InsertError::MapFull)
     }
 
-    fn try_insert(
+    /// Puts one product into an open write transaction, evicting the oldest products first
+    /// while it does not fit; updates `state` (the caller stores it and commits).
+    #[allow(clippy::too_many_arguments)]
+    fn put_product(
         &self,
+        txn: &mut heed::RwTxn<'_>,
+        state: &mut State,
         now: Timestamp,
         info: &ProdInfo,
         data: &mut Data<'_>,
         record_len: usize,
-        reserve_bytes: u64,
-        source_error: &mut Option<io::Error>,
+        scratch: &mut PutScratch,
     ) -> Result<InsertOutcome, StorageError> {
-        let mut txn = self.env.write_txn()?;
-        if let Some(existing) = self.signatures.get(&txn, info.signature.as_bytes())? {
+        let PutScratch { reserve_bytes, source_error, written } = scratch;
+        let reserve_bytes = *reserve_bytes;
+        if let Some(existing) = self.signatures.get(txn, info.signature.as_bytes())? {
             return Ok(InsertOutcome::Duplicate { existing: Timestamp::from_unix_micros(existing as i64) });
         }
-        let mut state = self.state(&txn)?;
         let mut evicted = 0u32;
         let bytes_limit = self.capacity.bytes.saturating_sub(reserve_bytes).max(record_len as u64);
         while state.product_count > 0
             && (state.product_count + 1 > self.capacity.slots || state.used_bytes + record_len as u64 > bytes_limit)
         {
-            self.evict_oldest(&mut txn, &mut state, now)?;
+            self.evict_oldest(txn, state, now)?;
             evicted += 1;
         }
         let now_micros = u64::try_from(now.as_unix_micros()).unwrap_or(0);
@@ -386,16 +497,18 @@ impl Queue {
         match data {
             Data::Slice(data) if record_len <= APPEND_COPY_LEN_MAX => {
                 header.extend_from_slice(data);
-                self.products.put_with_flags(&mut txn, PutFlags::APPEND, &key, &header)?;
+                self.products.put_with_flags(txn, PutFlags::APPEND, &key, &header)?;
             }
             Data::Slice(data) => {
-                self.products.put_reserved(&mut txn, &key, record_len, |space| {
+                self.products.put_reserved(txn, &key, record_len, |space| {
+                    written.push((space.as_uninit_mut().as_ptr() as usize, record_len));
                     space.write_all(&header)?;
                     space.write_all(data)
                 })?;
             }
             Data::Streamed(fill) => {
-                let written = self.products.put_reserved(&mut txn, &key, record_len, |space| {
+                let result = self.products.put_reserved(txn, &key, record_len, |space| {
+                    written.push((space.as_uninit_mut().as_ptr() as usize, record_len));
                     space.write_all(&header)?;
                     let mut counted = Counted { inner: space, count: 0 };
                     let result = fill(&mut counted).and_then(|()| {
@@ -415,21 +528,82 @@ impl Queue {
                     Ok(())
                 });
                 if source_error.is_some() {
-                    // Dropping the transaction discards the reserved record.
+                    // The caller drops the transaction, which discards the reserved record.
                     return Err(StorageError::Meta("product source failed".into()));
                 }
-                written?;
+                result?;
+            }
+            Data::Filled(fill) => {
+                let result = self.products.put_reserved(txn, &key, record_len, |space| {
+                    written.push((space.as_uninit_mut().as_ptr() as usize, record_len));
+                    space.write_all(&header)?;
+                    let tail = &mut space.as_uninit_mut()[header.len()..];
+                    // SAFETY: the reserved space lies in LMDB's shared file mapping (the
+                    // environment is always opened with WRITE_MAP), whose bytes are always
+                    // initialized (file contents or zeroes), so viewing them as `u8` is sound;
+                    // the slice is exclusively ours for the duration of this callback.
+                    #[allow(unsafe_code)]
+                    let tail = unsafe { std::slice::from_raw_parts_mut(tail.as_mut_ptr().cast::<u8>(), tail.len()) };
+                    if let Err(error) = fill(tail) {
+                        *source_error = Some(error);
+                        return Err(io::Error::other("product source failed"));
+                    }
+                    // SAFETY: the header and then the whole tail were written above.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        space.assume_written(record_len);
+                    }
+                    Ok(())
+                });
+                if source_error.is_some() {
+                    return Err(StorageError::Meta("product source failed".into()));
+                }
+                result?;
             }
         }
-        self.signatures.put(&mut txn, info.signature.as_bytes(), &key)?;
+        self.signatures.put(txn, info.signature.as_bytes(), &key)?;
         state.used_bytes += record_len as u64;
         state.product_count += 1;
         state.next_queue_seq += 1;
         state.last_key = key;
         state.inserted_count += 1;
-        self.meta.put(&mut txn, "state", &state.encode())?;
-        txn.commit()?;
         Ok(InsertOutcome::Inserted { insertion: Timestamp::from_unix_micros(key as i64), queue_seq, evicted })
+    }
+
+    /// Drops this process's mapping of committed records' pages when asked to
+    /// ([`Queue::set_release_pages`]). A record larger than half a page lives in its own run of
+    /// LMDB overflow pages, so the whole pages around it are its own; adjacent runs are released
+    /// together.
+    fn release_written(&self, written: &[(usize, usize)]) {
+        if !self.release_pages.load(Ordering::Relaxed) {
+            return;
+        }
+        let page = PAGE_BYTES as usize;
+        let mut runs: Vec<(usize, usize)> = written
+            .iter()
+            .filter(|&&(_, len)| len > page / 2)
+            .map(|&(start, len)| (start / page * page, (start + len).div_ceil(page) * page))
+            .collect();
+        runs.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
+        for (start, end) in runs {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        for (start, end) in merged {
+            // SAFETY: the range lies inside LMDB's shared file mapping, which stays mapped while
+            // the environment is open (it is always opened with WRITE_MAP, so reserved space is
+            // in the map, never in heap memory). MADV_DONTNEED on a shared file mapping only
+            // drops page-table entries: dirty pages stay in the page cache and reach the file;
+            // the next access maps them again. No Rust reference into the range is alive (the
+            // transaction that wrote it has committed).
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+            }
+        }
     }
 
     fn evict_oldest(&self, txn: &mut heed::RwTxn<'_>, state: &mut State, now: Timestamp) -> Result<(), StorageError> {

@@ -282,3 +282,106 @@ proptest! {
         prop_assert!(queue.check().unwrap().is_ok());
     }
 }
+
+#[test]
+fn a_batch_with_one_bad_product_inserts_nothing() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1000, slots: 10 }, false).unwrap();
+    let small = vec![1u8; 10];
+    let big = vec![2u8; 2000];
+    let (small_info, big_info) = (product("small", &small), product("big", &big));
+    let result = queue.insert_batch(&[(&small_info, &small), (&big_info, &big)]);
+    assert!(matches!(result, Err(InsertError::TooBig { .. })), "{result:?}");
+    assert_eq!(queue.stats().unwrap().product_count, 0);
+    assert!(queue.insert_batch(&[]).unwrap().is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// Inserting in batches stores exactly what inserting one by one stores, with the same
+    /// outcomes (evictions inside a batch and duplicates within it included).
+    #[test]
+    fn batches_match_single_inserts(steps in steps(), cuts in prop::collection::vec(1usize..12, 1..40), slots in 1u64..40) {
+        let bytes = 60_000u64;
+        let directory = tempfile::tempdir().unwrap();
+        let single = Queue::create(&directory.path().join("single"), Capacity { bytes, slots }, false).unwrap();
+        let batched = Queue::create(&directory.path().join("batched"), Capacity { bytes, slots }, false).unwrap();
+        let products: Vec<(ProdInfo, Vec<u8>)> = steps
+            .into_iter()
+            .map(|Step::Insert { size, content }| {
+                let data = vec![content; size];
+                let mut info = product("batch", &data);
+                info.signature = Signature::md5_of(&[content, (size % 251) as u8]);
+                (info, data)
+            })
+            .filter(|(_, data)| stored_len("batch", data.len()) <= bytes)
+            .collect();
+        let expected: Vec<InsertOutcome> =
+            products.iter().map(|(info, data)| single.insert(info, data).unwrap()).collect();
+        let mut outcomes = Vec::new();
+        let mut rest = &products[..];
+        for cut in cuts.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (batch, after) = rest.split_at((*cut).min(rest.len()));
+            let pairs: Vec<(&ProdInfo, &[u8])> = batch.iter().map(|(info, data)| (info, &data[..])).collect();
+            outcomes.extend(batched.insert_batch(&pairs).unwrap());
+            rest = after;
+        }
+        prop_assert_eq!(outcomes.len(), expected.len());
+        for (got, want) in outcomes.iter().zip(&expected) {
+            let same = match (got, want) {
+                (InsertOutcome::Inserted { evicted: a, queue_seq: x, .. }, InsertOutcome::Inserted { evicted: b, queue_seq: y, .. }) => a == b && x == y,
+                (InsertOutcome::Duplicate { .. }, InsertOutcome::Duplicate { .. }) => true,
+                _ => false,
+            };
+            prop_assert!(same, "{:?} vs {:?}", got, want);
+        }
+        let contents = |queue: &Queue| -> Vec<(Signature, Vec<u8>)> {
+            let snapshot = queue.snapshot().unwrap();
+            snapshot.products_from(Timestamp::ZERO).unwrap().map(|product| {
+                let product = product.unwrap();
+                (product.info.signature, product.data.to_vec())
+            }).collect()
+        };
+        prop_assert_eq!(contents(&batched), contents(&single));
+        prop_assert_eq!(batched.stats().unwrap().used_bytes, single.stats().unwrap().used_bytes);
+        prop_assert!(batched.check().unwrap().is_ok());
+    }
+}
+
+#[test]
+fn filled_inserts_write_the_reserved_slice_and_insert_nothing_on_failure() {
+    let directory = tempfile::tempdir().unwrap();
+    let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1 << 20, slots: 100 }, false).unwrap();
+    let data: Vec<u8> = (0..50_000u32).map(|n| (n % 241) as u8).collect();
+    let info = product("filled", &data);
+    let failing = queue.insert_filled(&info, |_| Err(std::io::Error::other("file changed")));
+    assert!(matches!(failing, Err(InsertError::Source(error)) if error.to_string() == "file changed"));
+    assert_eq!(queue.stats().unwrap().product_count, 0, "nothing inserted by the failure");
+    let outcome = queue
+        .insert_filled(&info, |slice| {
+            assert_eq!(slice.len(), data.len());
+            slice.copy_from_slice(&data);
+            Ok(())
+        })
+        .unwrap();
+    assert!(matches!(outcome, InsertOutcome::Inserted { .. }), "{outcome:?}");
+    queue.set_release_pages(true);
+    let small = b"small product".to_vec();
+    let small_info = product("small", &small);
+    queue
+        .insert_filled(&small_info, |slice| {
+            slice.copy_from_slice(&small);
+            Ok(())
+        })
+        .unwrap();
+    let snapshot = queue.snapshot().unwrap();
+    assert_eq!(snapshot.product_by_signature(&info.signature).unwrap().unwrap().data, &data[..]);
+    assert_eq!(snapshot.product_by_signature(&small_info.signature).unwrap().unwrap().data, &small[..]);
+    drop(snapshot);
+    assert!(matches!(queue.insert_filled(&info, |_| unreachable!()).unwrap(), InsertOutcome::Duplicate { .. }));
+    assert!(queue.check().unwrap().is_ok());
+}
