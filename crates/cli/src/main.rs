@@ -10,6 +10,7 @@
 mod bench;
 mod bench_compare;
 mod bench_ldm6;
+mod bench_ref;
 mod cat;
 mod common;
 mod demo;
@@ -82,6 +83,8 @@ enum Command {
 enum BenchCommand {
     /// Queue insert and read rates, and cross-process wake-up latency.
     Queue(bench::BenchQueueArgs),
+    /// Inserting files: `ldm7 insert` (side by side with `pqinsert` when LDM_REF_BIN is set).
+    Insert(bench_ref::BenchInsertArgs),
     /// LDM-6 fan-out on loopback: 1 and 4 downstream servers from a preloaded queue.
     Ldm6(bench_ldm6::BenchLdm6Args),
     /// LDM-6 unicast vs LDM-7 multicast on one lab path (root): throughput, latency, egress, CPU.
@@ -156,6 +159,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Watch(args) => watch::run(&args, with_signature),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
+        Command::Bench(BenchCommand::Insert(args)) => bench_ref::run_insert(&args).map_err(runtime),
         Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Compare(args)) => bench_compare::run(&args).map_err(runtime),
         Command::Lab(command) => lab_cmd::run(&command),

@@ -149,7 +149,7 @@ fn many_files_go_in_in_order_with_bounded_memory() {
         stdin.write_all(b"from standard input").expect("write stdin");
     }
     expected.push(("stdin".to_owned(), b"from standard input".to_vec()));
-    let (status, peak_rss_bytes) = wait_with_peak_rss(&mut child);
+    let (status, peak_rss_bytes) = ldm7_testbed::wait_with_peak_rss(&mut child).expect("wait for ldm7 insert");
     let mut stderr = String::new();
     child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr");
     assert!(status.success(), "{stderr}");
@@ -166,20 +166,6 @@ fn many_files_go_in_in_order_with_bounded_memory() {
     let all: Vec<u8> = expected.iter().flat_map(|(_, data)| data.iter().copied()).collect();
     assert!(output.stdout == all, "product bytes differ from the files");
     assert!(ok(&["queue", "check", "--path", &queue]).contains("queue is sound"));
-}
-
-/// Waits for a child and returns its exit status and peak resident memory (bytes).
-fn wait_with_peak_rss(child: &mut std::process::Child) -> (std::process::ExitStatus, u64) {
-    use std::os::unix::process::ExitStatusExt;
-    let mut status = 0;
-    // SAFETY: rusage is plain data that wait4 fills in; the pid is our own unreaped child.
-    #[allow(unsafe_code)]
-    let (pid, usage) = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        (libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage), usage)
-    };
-    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
-    (std::process::ExitStatus::from_raw(status), usage.ru_maxrss as u64 * 1024)
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! | session | who | sequence |
 //! |---|---|---|
 //! | [`Inbound`] | the server side of any accepted connection, LDM-6 or LDM-7 | starts as an [`Upstream`]; a first call of version 7 hands the connection over to a [`Publisher`]; events are [`InboundEvent::Ldm6`] / [`InboundEvent::Ldm7`], answered through [`Inbound::upstream`] / [`Inbound::publisher`] |
-//! | [`Upstream`] | the server side of an LDM-6 connection | first call decides: FEEDME → reply → 1 s → turn-around, HEREIS (primary) or COMINGSOON + BLKDATA (alternate), NULLPROC flush and 30 s keep-alive; NOTIFYME → NOTIFICATIONs; HIYA → receives pushed products; IS_ALIVE; NULLPROC. Alone, it answers version-7 calls PROG_MISMATCH 6..6 |
+//! | [`Upstream`] | the server side of an LDM-6 connection | first call decides: FEEDME → reply → turn-around (a NULLPROC probe answered, or 1 s as the reference), HEREIS (primary) or COMINGSOON + BLKDATA (alternate), NULLPROC flush and 30 s keep-alive; NOTIFYME → NOTIFICATIONs; HIYA → receives pushed products; IS_ALIVE; NULLPROC. Alone, it answers version-7 calls PROG_MISMATCH 6..6 |
 //! | [`Downstream`] | a REQUEST | FEEDME (from, SIG= resume spec, primary/alternate), RECLASS loop, then receives HEREIS / COMINGSOON + BLKDATA, answers NULLPROC; silence limit |
 //! | [`NotifyClient`] | `ldm7 notify` | NOTIFYME, then NOTIFICATIONs |
 //! | [`PushClient`] | `ldm7 send` | HIYA, then HEREIS (`sz ≤ max_hereis`) or COMINGSOON + BLKDATA, NULLPROC flush |

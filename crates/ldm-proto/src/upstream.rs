@@ -3,8 +3,14 @@
 //!
 //! * FEEDME / NOTIFYME → [`UpstreamEvent::FeedRequest`] / [`UpstreamEvent::NotifyRequest`];
 //!   the driver checks access and answers with [`Upstream::answer_request`]. After an OK the
-//!   session waits 1 s, turns the connection around ([`UpstreamEvent::FeedStarted`]) and
-//!   becomes the RPC client: [`Upstream::send_product`] sends HEREIS (primary),
+//!   session turns the connection around ([`UpstreamEvent::FeedStarted`]) and becomes the RPC
+//!   client. The reference waits 1 s there (§6.1), so that the downstream has read the reply
+//!   and become an RPC server before any call arrives (a call read together with the reply is
+//!   lost in the downstream's client buffer). This session instead probes:
+//!   [`TURN_AROUND_PROBE_DELAY`] after the OK it calls NULLPROC, and the reply proves the
+//!   downstream serves; if the probe was lost that way (or is unanswered), feeding starts
+//!   after [`TURN_AROUND_DELAY`] as the reference's does, and a late answer is a stray reply.
+//!   Nothing but a NULLPROC — which loses nothing — can be swallowed. Then [`Upstream::send_product`] sends HEREIS (primary),
 //!   COMINGSOON then BLKDATA (alternate) or NOTIFICATION (notify) while [`Upstream::ready`];
 //!   [`Upstream::flush`] sends the NULLPROC that follows a batch; a NULLPROC keep-alive goes out
 //!   after [`crate::INTERVAL`] without sending.
@@ -33,8 +39,12 @@ use crate::{INTERVAL, SessionError, compile_class, wire_class};
 
 /// How long a fresh connection may stay without a call.
 pub const FIRST_CALL_LIMIT: Duration = Duration::from_secs(120);
-/// The pause between a FEEDME/NOTIFYME reply and the first data (§6.1).
+/// The longest pause between a FEEDME/NOTIFYME reply and the first data: the reference's
+/// fixed pause (§6.1).
 pub const TURN_AROUND_DELAY: Duration = Duration::from_secs(1);
+/// When the turn-around probe (a NULLPROC call) follows the FEEDME/NOTIFYME reply: long
+/// enough for a downstream to have read its reply first, in the common case.
+pub const TURN_AROUND_PROBE_DELAY: Duration = Duration::from_millis(10);
 
 /// Primary or alternate transfer, from the FEEDME's `max_hereis`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,10 +142,23 @@ pub enum HiyaAnswer {
 
 #[derive(Debug)]
 enum State {
-    AwaitCall { deadline: Instant },
-    Deciding { xid: u32, what: Deciding },
-    TurnAround { until: Instant, kind: FeedKind },
-    Feeding { kind: FeedKind },
+    AwaitCall {
+        deadline: Instant,
+    },
+    Deciding {
+        xid: u32,
+        what: Deciding,
+    },
+    /// After an OK: the probe goes out at `probe_at` (`None` once sent); feeding starts at its
+    /// answer, or at `until`.
+    TurnAround {
+        until: Instant,
+        probe_at: Option<Instant>,
+        kind: FeedKind,
+    },
+    Feeding {
+        kind: FeedKind,
+    },
     Receiving,
     Closed,
 }
@@ -278,9 +301,15 @@ impl Upstream {
     }
 
     fn on_reply(&mut self, now: Instant, body: ReplyBody) -> Result<(), SessionError> {
-        // Only the feeding upstream makes calls: NULLPROC and COMINGSOON.
+        // Only the feeding upstream makes calls: NULLPROC (the turn-around probe, flushes,
+        // keep-alives) and COMINGSOON.
         match body {
-            ReplyBody::Void => Ok(()),
+            ReplyBody::Void => {
+                if let State::TurnAround { kind, .. } = self.state {
+                    self.start_feeding(now, kind);
+                }
+                Ok(())
+            }
             ReplyBody::ComingSoon(code) => {
                 let Some((signature, data)) = self.announced.take() else {
                     return Err(SessionError::Protocol("COMINGSOON reply without an announced product".into()));
@@ -316,7 +345,11 @@ impl Upstream {
         match answer {
             RequestAnswer::Ok { id } => {
                 self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::Ok(id)));
-                self.state = State::TurnAround { until: now + TURN_AROUND_DELAY, kind };
+                self.state = State::TurnAround {
+                    until: now + TURN_AROUND_DELAY,
+                    probe_at: Some(now + TURN_AROUND_PROBE_DELAY),
+                    kind,
+                };
             }
             RequestAnswer::Reclass(class) => {
                 self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::Reclass(wire_class(&class))));
@@ -432,7 +465,7 @@ impl Upstream {
         let call = self.peer.outstanding.map(|call| call.deadline);
         let state = match self.state {
             State::AwaitCall { deadline } => Some(deadline),
-            State::TurnAround { until, .. } => Some(until),
+            State::TurnAround { until, probe_at, .. } => Some(probe_at.map_or(until, |at| at.min(until))),
             State::Feeding { .. } if self.peer.outstanding.is_none() => Some(self.peer.last_send + INTERVAL),
             _ => None,
         };
@@ -452,10 +485,14 @@ impl Upstream {
             State::AwaitCall { deadline } if now >= deadline => {
                 self.close(Err(SessionError::Silence(FIRST_CALL_LIMIT.as_secs())));
             }
-            State::TurnAround { until, kind } if now >= until => {
-                self.state = State::Feeding { kind };
-                self.peer.last_send = now;
-                self.events.push_back(UpstreamEvent::FeedStarted);
+            State::TurnAround { until, kind, .. } if now >= until => {
+                // An unanswered probe is forgotten: a late answer is a stray reply.
+                self.peer.outstanding = None;
+                self.start_feeding(now, kind);
+            }
+            State::TurnAround { until, probe_at: Some(at), kind } if now >= at => {
+                self.peer.call(now, &LdmCall::Nullproc);
+                self.state = State::TurnAround { until, probe_at: None, kind };
             }
             State::Feeding { .. } if self.peer.outstanding.is_none() && now >= self.peer.last_send + INTERVAL => {
                 self.peer.call(now, &LdmCall::Nullproc);
@@ -463,6 +500,12 @@ impl Upstream {
             }
             _ => {}
         }
+    }
+
+    fn start_feeding(&mut self, now: Instant, kind: FeedKind) {
+        self.state = State::Feeding { kind };
+        self.peer.last_send = now;
+        self.events.push_back(UpstreamEvent::FeedStarted);
     }
 
     /// The peer closed the connection (or it failed).

@@ -59,14 +59,48 @@ fn feed_started(now: Instant, mode: FeedMode) -> (Upstream, Downstream, Instant)
     up.answer_request(now, RequestAnswer::Ok { id: 42 }).unwrap();
     pump(now, &mut up, &mut down);
     assert!(matches!(down.poll_event(), Some(DownstreamEvent::Accepted { id: 42, .. })));
-    // The 1 s turn-around.
+    // The turn-around: a NULLPROC probe 10 ms after the reply; its answer starts the feed.
     assert!(!up.ready());
-    assert_eq!(up.poll_timeout(), Some(now + Duration::from_secs(1)));
-    let later = now + Duration::from_secs(1);
+    assert_eq!(up.poll_timeout(), Some(now + Duration::from_millis(10)));
+    let later = now + Duration::from_millis(10);
     up.handle_timeout(later);
+    assert!(!up.ready(), "the probe awaits its answer");
+    pump(later, &mut up, &mut down);
     assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedStarted)));
     assert!(up.ready());
+    assert!(down.poll_event().is_none(), "a probe is no product");
     (up, down, later)
+}
+
+/// A probe that the downstream never answers (the reference downstream loses a call read
+/// together with the FEEDME reply) delays the feed to the reference's 1 s, no longer; its late
+/// answer is a stray reply.
+#[test]
+fn turn_around_without_an_answer_feeds_after_one_second() {
+    let now = Instant::from_nanos(1_000_000_000);
+    let mut up = Upstream::new(now);
+    let mut down = Downstream::new(now, DownstreamConfig::new(exp_class()));
+    pump(now, &mut up, &mut down);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedRequest { .. })));
+    up.answer_request(now, RequestAnswer::Ok { id: 7 }).unwrap();
+    pump(now, &mut up, &mut down);
+    up.handle_timeout(now + Duration::from_millis(10));
+    let mut probe = Vec::new();
+    up.take_output(&mut probe);
+    assert!(!probe.is_empty(), "the probe went out");
+    // The probe is lost; nothing happens until the reference's pause has passed.
+    assert_eq!(up.poll_timeout(), Some(now + Duration::from_secs(1)));
+    up.handle_timeout(now + Duration::from_millis(999));
+    assert!(!up.ready());
+    up.handle_timeout(now + Duration::from_secs(1));
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedStarted)));
+    assert!(up.ready());
+    // The probe's answer arrives after all: skipped as stray, the feed goes on.
+    down.handle_input(now + Duration::from_secs(1), &probe);
+    pump(now + Duration::from_secs(1), &mut up, &mut down);
+    assert_eq!(up.stray_replies(), 1);
+    assert!(up.ready());
+    assert!(!up.is_closed());
 }
 
 #[test]
@@ -261,7 +295,7 @@ fn idle_connection_and_silent_upstream_time_out() {
     let (_up, mut down, then) = feed_started(now, FeedMode::Primary);
     let _ = down.poll_event();
     let limit = down.poll_timeout().unwrap();
-    assert_eq!(limit, now + Duration::from_secs(300));
+    assert_eq!(limit, then + Duration::from_secs(300), "silence counts from the last call received (the probe)");
     down.handle_timeout(then + Duration::from_secs(300));
     assert!(matches!(down.poll_event(), Some(DownstreamEvent::Closed(Err(_)))));
 }

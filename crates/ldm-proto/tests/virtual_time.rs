@@ -6,7 +6,7 @@
 //! - FEEDME (primary and alternate), NOTIFYME and HIYA push: every product offered is received
 //!   exactly once, in order, byte-exact (declined ones are reported to the sender instead), and
 //!   no session closes (ldm6-protocol.md §6.1–§6.3).
-//! - The timers of ldm6-protocol.md §7 fire at their times, never before: the 1 s turn-around,
+//! - The timers of ldm6-protocol.md §7 fire at their times, never before: the turn-around probe (10 ms),
 //!   the NULLPROC keep-alive 30 s after the last send and the flush right after catching up, the
 //!   60 s call timeout, the 120 s first-call limit, the downstream's 300 s silence limit.
 //! - No session panics on arbitrary bytes (raw, framed, or mutated valid records), in any
@@ -28,6 +28,7 @@ use proptest::prelude::*;
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The pause between a FEEDME/NOTIFYME reply and the first data (§6.1, §7).
 const TURN_AROUND: Duration = Duration::from_secs(1);
+const TURN_AROUND_PROBE: Duration = Duration::from_millis(10);
 /// How long a fresh connection may make no call (§7).
 const FIRST_CALL_LIMIT: Duration = Duration::from_secs(120);
 /// The downstream's silence limit (§7).
@@ -118,7 +119,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// The upstream's turn-around (1 s), its keep-alive 30 s after the last send, its flush
+    /// The upstream's turn-around (a NULLPROC probe after 10 ms), its keep-alive 30 s after the last send, its flush
     /// right after catching up, and the downstream's 300 s silence limit, for arbitrary gaps
     /// between products.
     #[test]
@@ -133,14 +134,21 @@ proptest! {
         up.answer_request(start, RequestAnswer::Ok { id: 1 }).unwrap();
         exchange(start, &mut up, &mut down);
         prop_assert!(matches!(down.poll_event(), Some(DownstreamEvent::Accepted { .. })), "unexpected event");
-        // Turn-around: not a nanosecond early.
-        let fed_at = start + TURN_AROUND;
-        prop_assert_eq!(up.poll_timeout(), Some(fed_at));
-        up.handle_timeout(before(fed_at));
-        prop_assert!(up.poll_event().is_none() && !up.ready());
-        up.handle_timeout(fed_at);
+        // Turn-around: the NULLPROC probe not a nanosecond early; its answer starts the feed
+        // (without an answer the feed would start at the reference's 1 s).
+        let probe_at = start + TURN_AROUND_PROBE;
+        prop_assert_eq!(up.poll_timeout(), Some(probe_at));
+        up.handle_timeout(before(probe_at));
+        prop_assert!(up.poll_event().is_none() && !up.ready() && !up.has_output());
+        up.handle_timeout(probe_at);
+        let probe = output_of(&mut up);
+        prop_assert_eq!(calls_in(&probe), vec![Proc::Nullproc]);
+        prop_assert_eq!(up.poll_timeout(), Some(start + TURN_AROUND));
+        down.handle_input(probe_at, &probe);
+        up.handle_input(probe_at, &output_of(&mut down));
         prop_assert!(matches!(up.poll_event(), Some(UpstreamEvent::FeedStarted)), "unexpected event");
-        let (mut now, mut last_send, mut last_down_receive) = (fed_at, fed_at, start);
+        let fed_at = probe_at;
+        let (mut now, mut last_send, mut last_down_receive) = (fed_at, fed_at, probe_at);
         for (k, (gap_ms, send)) in gaps.into_iter().enumerate() {
             prop_assert!(up.ready());
             let keepalive_at = last_send + INTERVAL;

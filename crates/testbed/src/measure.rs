@@ -78,6 +78,23 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) as f64 / clock_ticks_per_second())
 }
 
+/// Waits for a child process and returns its exit status and peak resident memory in bytes
+/// (`ru_maxrss` of `wait4`). The child is reaped here.
+pub fn wait_with_peak_rss(child: &mut std::process::Child) -> std::io::Result<(std::process::ExitStatus, u64)> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data that wait4 fills in; the pid is our own unreaped child.
+    #[allow(unsafe_code)]
+    let (pid, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        (libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage), usage)
+    };
+    if pid != child.id() as libc::pid_t {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((std::process::ExitStatus::from_raw(status), usage.ru_maxrss as u64 * 1024))
+}
+
 /// `sysconf(_SC_CLK_TCK)`: the unit of utime and stime (USER_HZ, 100 on Linux).
 fn clock_ticks_per_second() -> f64 {
     match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
