@@ -27,7 +27,7 @@ pub mod stream;
 pub mod udp;
 
 pub use receiver::{
-    FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters, ReceiverNotice,
+    ConnectionState, FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters, ReceiverNotice,
     ReceiverOptions, ReceiverReport,
 };
 pub use sender::{
