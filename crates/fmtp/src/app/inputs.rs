@@ -19,7 +19,8 @@
 //! * a pipe or device (`/dev/stdin`, `<(…)`) cannot be read twice: its bytes are held from
 //!   its turn until the sender releases the product;
 //! * hashing reads through one buffer of [`READ_CHUNK_BYTES`] per product being prepared (one
-//!   at a time).
+//!   at a time), and reading back blocks in order goes through one read-ahead window of the
+//!   same size.
 //!
 //! Read-ahead is bounded by the sender's product queues (`app::PRODUCT_INPUTS_MAX` +
 //! `app::QUEUED_PRODUCTS_MAX` products prepared and not yet multicast).
@@ -154,15 +155,27 @@ pub(super) fn prepare(input: &PlannedInput, key: u64, files: &Arc<OpenFiles>) ->
 }
 
 /// The input files open for reading back blocks: at most [`OPEN_FILES_MAX`], least recently
-/// read closed first.
+/// read closed first; and one read-ahead window of [`READ_CHUNK_BYTES`], so that the multicast,
+/// which reads a product's blocks in order, costs one `pread` per window rather than per block.
 #[derive(Debug, Default)]
 pub(super) struct OpenFiles {
-    /// Least recently read first.
-    open: Mutex<VecDeque<(u64, File)>>,
+    state: Mutex<OpenState>,
     /// A file was closed to stay within the bound (an episode: until no file is closed).
     full: BoundHits,
     /// Files opened again after being closed for the bound.
     reopened: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct OpenState {
+    /// Least recently read first.
+    files: VecDeque<(u64, File)>,
+    /// Bytes `[window_start, window_start + window.len())` of product `window_key`'s file.
+    window: Vec<u8>,
+    window_key: Option<u64>,
+    window_start: u64,
+    /// Where a read that continues the last one starts: (product, offset).
+    next_read: Option<(u64, u64)>,
 }
 
 impl OpenFiles {
@@ -171,24 +184,24 @@ impl OpenFiles {
         self.reopened.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(u64, File)>> {
-        // A panic while holding the lock leaves the list consistent (whole entries only).
-        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, OpenState> {
+        // A panic while holding the lock leaves the state consistent (whole entries only).
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn insert(&self, key: u64, file: File) {
-        let mut open = self.lock();
-        open.push_back((key, file));
-        self.trim(&mut open);
+        let mut state = self.lock();
+        state.files.push_back((key, file));
+        self.trim(&mut state.files);
     }
 
-    fn trim(&self, open: &mut VecDeque<(u64, File)>) {
-        if open.len() <= OPEN_FILES_MAX {
+    fn trim(&self, files: &mut VecDeque<(u64, File)>) {
+        if files.len() <= OPEN_FILES_MAX {
             self.full.relieved();
             return;
         }
-        while open.len() > OPEN_FILES_MAX {
-            open.pop_front();
+        while files.len() > OPEN_FILES_MAX {
+            files.pop_front();
         }
         if self.full.hit() {
             tracing::info!(
@@ -199,22 +212,56 @@ impl OpenFiles {
     }
 
     fn remove(&self, key: u64) {
-        let mut open = self.lock();
-        if let Some(position) = open.iter().position(|(open_key, _)| *open_key == key) {
-            open.remove(position);
+        let mut state = self.lock();
+        if let Some(position) = state.files.iter().position(|(open_key, _)| *open_key == key) {
+            state.files.remove(position);
+        }
+        if state.window_key == Some(key) {
+            state.window_key = None;
         }
     }
 
-    /// Reads `out.len()` bytes at `offset` of the product's file, opening it again if it was
-    /// closed (and checking that it did not change since it was hashed).
+    /// Reads `out.len()` bytes at `offset` of the product's file: from the window, or through
+    /// a new window when the read continues the previous one, or directly. The file is opened
+    /// again if it was closed (checking that it did not change since it was hashed).
     fn read_at(&self, data: &FileData, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
-        let mut open = self.lock();
-        let at_back = open.back().is_some_and(|(key, _)| *key == data.key);
-        if !at_back {
-            match open.iter().position(|(key, _)| *key == data.key) {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let end = offset + out.len() as u64;
+        let sequential = state.next_read == Some((data.key, offset));
+        state.next_read = Some((data.key, end));
+        if state.window_key == Some(data.key)
+            && offset >= state.window_start
+            && end <= state.window_start + state.window.len() as u64
+        {
+            let start = (offset - state.window_start) as usize;
+            out.copy_from_slice(&state.window[start..start + out.len()]);
+            return Ok(());
+        }
+        let file = self.file(&mut state.files, data)?;
+        if sequential && out.len() < READ_CHUNK_BYTES {
+            let window_len = (data.len - offset).min(READ_CHUNK_BYTES as u64) as usize;
+            state.window_key = None;
+            state.window.resize(window_len, 0);
+            file.read_exact_at(&mut state.window, offset).map_err(|_| DataUnavailable)?;
+            (state.window_key, state.window_start) = (Some(data.key), offset);
+            out.copy_from_slice(&state.window[..out.len()]);
+            return Ok(());
+        }
+        file.read_exact_at(out, offset).map_err(|_| DataUnavailable)
+    }
+
+    /// The product's open file, now the most recently read.
+    fn file<'a>(
+        &self,
+        files: &'a mut VecDeque<(u64, File)>,
+        data: &FileData,
+    ) -> Result<&'a File, DataUnavailable> {
+        if files.back().is_none_or(|(key, _)| *key != data.key) {
+            match files.iter().position(|(key, _)| *key == data.key) {
                 Some(position) => {
-                    let entry = open.remove(position).ok_or(DataUnavailable)?;
-                    open.push_back(entry);
+                    let entry = files.remove(position).ok_or(DataUnavailable)?;
+                    files.push_back(entry);
                 }
                 None => {
                     let file = File::open(&data.path).map_err(|_| DataUnavailable)?;
@@ -223,13 +270,12 @@ impl OpenFiles {
                         return Err(DataUnavailable);
                     }
                     self.reopened.fetch_add(1, Ordering::Relaxed);
-                    open.push_back((data.key, file));
-                    self.trim(&mut open);
+                    files.push_back((data.key, file));
+                    self.trim(files);
                 }
             }
         }
-        let (_, file) = open.back().ok_or(DataUnavailable)?;
-        file.read_exact_at(out, offset).map_err(|_| DataUnavailable)
+        files.back().map(|(_, file)| file).ok_or(DataUnavailable)
     }
 }
 
@@ -414,18 +460,34 @@ mod tests {
             assert_eq!((data.len, digest.as_slice()), (5000, Md5::digest(&bytes).as_slice()));
             inputs.push((data, bytes));
         }
-        assert_eq!(files.lock().len(), OPEN_FILES_MAX, "the bound holds");
+        assert_eq!(files.lock().files.len(), OPEN_FILES_MAX, "the bound holds");
         let mut out = vec![0u8; 1448];
         // The first files were closed for the bound: reading them opens them again.
         for (data, bytes) in &inputs {
             data.read_at(1448, &mut out).expect("read back");
             assert_eq!(out, bytes[1448..2896]);
             assert_eq!(data.read_at(4000, &mut out), Err(DataUnavailable), "past the end");
-            assert!(files.lock().len() <= OPEN_FILES_MAX);
+            assert!(files.lock().files.len() <= OPEN_FILES_MAX);
         }
         assert!(files.reopened() >= 3, "{}", files.reopened());
+        // Blocks in order (through the read-ahead window), with repairs of others in between.
+        let (data, bytes) = &inputs[5];
+        let mut block = 0;
+        while block * 1448 < bytes.len() {
+            let start = block * 1448;
+            let mut out = vec![0u8; 1448.min(bytes.len() - start)];
+            data.read_at(start as u64, &mut out).expect("block");
+            assert_eq!(out, bytes[start..start + out.len()], "block {block}");
+            if block % 2 == 1 {
+                let (other, other_bytes) = &inputs[block];
+                let mut repair = vec![0u8; 100];
+                other.read_at(77, &mut repair).expect("repair");
+                assert_eq!(repair, other_bytes[77..177]);
+            }
+            block += 1;
+        }
         drop(inputs);
-        assert!(files.lock().is_empty(), "released products close their files");
+        assert!(files.lock().files.is_empty(), "released products close their files");
     }
 
     #[test]
