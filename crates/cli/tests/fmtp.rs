@@ -10,8 +10,8 @@
 //! address; the sender's peak memory stays far below the size of its inputs (streamed).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::FileExt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -136,11 +136,8 @@ fn a_file_sent_arrives_under_its_md5_in_the_output_directory() {
 #[test]
 fn a_receiver_started_before_its_sender_waits_says_so_and_gets_everything() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let files: Vec<PathBuf> = [1usize, 1448, 300_000]
-        .iter()
-        .enumerate()
-        .map(|(index, &len)| write_product(dir.path(), index, len))
-        .collect();
+    let files: Vec<PathBuf> =
+        [1usize, 1448, 300_000].iter().enumerate().map(|(index, &len)| write_product(dir.path(), index, len)).collect();
     let out = dir.path().join("out");
     let (group, retx) = addresses(3);
     let mut receiver = Running::start(
@@ -207,7 +204,10 @@ fn a_receiver_is_served_while_the_sender_still_reads_its_inputs() {
     };
     let (summary, log) = receiver.finish();
     writer.join().expect("writer thread").expect("write the FIFO");
-    assert!(summary.contains(&format!("delivered {total}, missed 0")) && summary.contains("corrupt 0"), "{summary}{log}");
+    assert!(
+        summary.contains(&format!("delivered {total}, missed 0")) && summary.contains("corrupt 0"),
+        "{summary}{log}"
+    );
     let (sender_out, sender_log) = sender.finish();
     assert!(sender_out.contains(&format!("{total} products")), "{sender_out}{sender_log}");
     for bytes in [fifo_bytes, vec![0u8; 24 << 20]] {
@@ -247,9 +247,12 @@ fn the_sender_streams_its_inputs_in_bounded_memory() {
         .collect();
     let (group, retx) = addresses(6);
     let receiver = Running::start(
-        Command::new(LDM7)
-            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--rate", "1G"])
-            .args(["--count", "4", "--timeout", "60"]),
+        Command::new(LDM7).args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--rate", "1G"]).args([
+            "--count",
+            "4",
+            "--timeout",
+            "60",
+        ]),
     );
     let sender = Command::new(LDM7)
         .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--rate", "1G", "--linger", "60s"])

@@ -36,8 +36,8 @@ use ldm7_io::Clock;
 use ldm7_types::{Instant, Rate, Signature};
 use tokio::sync::oneshot;
 
-pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
 use self::inputs::OpenFiles;
+pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
 use crate::receiver::{ConnectionState, FmtpReceiver, ReceiveError, ReceiverNotice, ReceiverOptions, ReceiverReport};
 use crate::sender::{FmtpSender, ProductSender, SenderDriverCounters, SenderNotice, SenderOptions};
 use crate::stream::ConnectError;

@@ -2,7 +2,9 @@
 //! multicast group, opens the TCP retransmission connection to the sender — retrying with
 //! back-off until [`ReceiverOptions::connect_deadline`] (§3.1: the reference retries every 5 s
 //! for up to 120 s; we start at 20 ms and double to 2 s) — and follows the protocol's polling
-//! order (transmit, events, timeout). The driver decides nothing about the protocol.
+//! order (transmit, events, timeout). The driver decides nothing about the protocol. The
+//! connection's state ([`FmtpReceiver::connection`]: connecting, retrying, connected) lets an
+//! application say that it waits for a sender that does not listen yet.
 //!
 //! Products are assembled in memory (`Assembly::Memory`, the default), or, with
 //! [`ReceiverOptions::spool`], written into spool files ([`SpoolSink`]) so that no product is

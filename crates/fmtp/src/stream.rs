@@ -210,7 +210,8 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2))
             .with_deadline(Clock::now() + Duration::from_secs(10));
-        let (client, accepted) = tokio::join!(connect_with_backoff(addr, None, backoff, || {}, |_| {}), listener.accept());
+        let (client, accepted) =
+            tokio::join!(connect_with_backoff(addr, None, backoff, || {}, |_| {}), listener.accept());
         let client = client.expect("connect");
         let (server, _) = accepted.expect("accept");
         let (mut client_read, mut client_write) = client.into_split();

@@ -132,8 +132,7 @@ pub(super) fn prepare(input: &PlannedInput, key: u64, files: &Arc<OpenFiles>) ->
             let unreadable = |error: io::Error| AppError::Input(format!("cannot read {}: {error}", path.display()));
             let mut file = File::open(path).map_err(unreadable)?;
             let mut bytes = Vec::new();
-            let (digest, len) =
-                md5_of_reader(&mut file, |chunk| bytes.extend_from_slice(chunk)).map_err(unreadable)?;
+            let (digest, len) = md5_of_reader(&mut file, |chunk| bytes.extend_from_slice(chunk)).map_err(unreadable)?;
             (Product::new(bytes, digest.to_vec()), len)
         }
         InputKind::Synthetic { position, len } => {
@@ -252,11 +251,7 @@ impl OpenFiles {
     }
 
     /// The product's open file, now the most recently read.
-    fn file<'a>(
-        &self,
-        files: &'a mut VecDeque<(u64, File)>,
-        data: &FileData,
-    ) -> Result<&'a File, DataUnavailable> {
+    fn file<'a>(&self, files: &'a mut VecDeque<(u64, File)>, data: &FileData) -> Result<&'a File, DataUnavailable> {
         if files.back().is_none_or(|(key, _)| *key != data.key) {
             match files.iter().position(|(key, _)| *key == data.key) {
                 Some(position) => {
