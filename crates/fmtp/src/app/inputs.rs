@@ -88,8 +88,8 @@ pub(super) struct Prepared {
     pub due: Option<Duration>,
 }
 
-/// Checks the inputs without reading their contents: every file exists and is a file, a pipe
-/// or a device; the trace parses and holds products.
+/// Checks the inputs without reading their contents: every file exists and is a regular file
+/// that opens, a pipe or a device; the trace parses and holds products.
 pub(super) fn plan(source: &ProductSource) -> Result<Plan, AppError> {
     let inputs = match source {
         ProductSource::Replay { trace, limit, speed } => replay_plan(trace, *limit, *speed)?,
@@ -102,6 +102,9 @@ pub(super) fn plan(source: &ProductSource) -> Result<Plan, AppError> {
                 let metadata = std::fs::metadata(file)
                     .map_err(|error| AppError::Input(format!("cannot read {}: {error}", file.display())))?;
                 let kind = if metadata.is_file() {
+                    // Opening a regular file reads nothing (a pipe's open would wait for a writer).
+                    File::open(file)
+                        .map_err(|error| AppError::Input(format!("cannot read {}: {error}", file.display())))?;
                     InputKind::File(Arc::from(file.as_path()))
                 } else if metadata.is_dir() {
                     return Err(AppError::Input(format!(
