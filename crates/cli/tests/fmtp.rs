@@ -272,7 +272,7 @@ fn the_sender_streams_its_inputs_in_bounded_memory() {
     assert!(
         peak_mib < PEAK_MIB_MAX,
         "the sender held {peak_mib} MiB at its peak for {} MiB of inputs: {sender_out}",
-        4 * INPUT_BYTES >> 20
+        (4 * INPUT_BYTES) >> 20
     );
 }
 
