@@ -1,6 +1,8 @@
 //! `ldm7 fmtp send | recv`: the FMTP transport alone, for tests, benchmarks and operators
 //! (issue #3). The flags parse into the typed options of [`ldm7_fmtp::app`], which does the
-//! work; this module only defines the flags and prints.
+//! work; this module only defines the flags and prints: the start line and the summary on
+//! standard output, progress (waiting for receivers or for the sender, connections) as NOTE
+//! log lines on standard error.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -59,7 +61,8 @@ pub struct SendArgs {
     /// With --replay: pace by the trace's times divided by SPEED (0 = as fast as the rate allows).
     #[arg(long, default_value = "0", allow_hyphen_values = true)]
     pub speed: Speedup,
-    /// Files to send.
+    /// Files to send, one product each, read in turn as they are sent (a pipe is held in memory
+    /// until its product is released).
     pub files: Vec<PathBuf>,
 }
 
@@ -91,12 +94,14 @@ pub struct RecvArgs {
     /// Exit after this many products were delivered or missed.
     #[arg(long, allow_hyphen_values = true)]
     pub count: Option<u64>,
-    /// Exit after this long without a product: seconds, or with a unit.
+    /// Exit after this long without a product: seconds, or with a unit. A sender that does not
+    /// listen yet is waited for this long (retrying), then the command fails.
     #[arg(long, value_name = "DURATION", default_value = "120", value_parser = parse_duration, allow_hyphen_values = true)]
     pub timeout: Duration,
-    /// Keep trying to connect to the sender this long: seconds, or with a unit.
-    #[arg(long, value_name = "DURATION", default_value = "120", value_parser = parse_duration, allow_hyphen_values = true)]
-    pub connect_timeout: Duration,
+    /// Keep trying to connect to the sender this long instead: seconds, or with a unit
+    /// [default: --timeout].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub connect_timeout: Option<Duration>,
     /// Expected rate, e.g. 100M (sizes the socket buffer).
     #[arg(long, default_value = "100M", allow_hyphen_values = true)]
     pub rate: Rate,
@@ -132,15 +137,23 @@ async fn send(args: &SendArgs) -> CmdResult {
         SendProgress::Started { source, retx } => {
             println!("fmtp send: group {} from {source}, retransmission server {retx}", args.group);
         }
-        SendProgress::ReceiverJoined { peer, joined, wanted } => {
-            eprintln!("fmtp send: receiver {peer} connected ({joined}/{wanted})");
+        SendProgress::Waiting { wanted, retx } => {
+            let plural = if wanted == 1 { "" } else { "s" };
+            tracing::info!("fmtp send: waiting for {wanted} receiver{plural} at {retx} (nothing is sent before)");
+        }
+        SendProgress::ReceiverJoined { peer, joined, wanted } if joined <= wanted => {
+            tracing::info!("fmtp send: {joined} of {wanted} receivers connected ({peer})");
+        }
+        SendProgress::ReceiverJoined { peer, joined, .. } => {
+            tracing::info!("fmtp send: receiver {peer} connected ({joined} in all)");
         }
         SendProgress::Refused(reason) => eprintln!("fmtp send: product refused: {reason}"),
     })
     .await
     .map_err(failure)?;
+    let peak_memory = peak_resident_bytes().map_or(String::new(), |bytes| format!("; peak memory {} MiB", bytes >> 20));
     println!(
-        "fmtp send: {} products, {} bytes; multicast {} in {:.3} s ({:.1} Mbit/s goodput); released {}, refused {}; retransmitted blocks {}, rejections {}",
+        "fmtp send: {} products, {} bytes; multicast {} in {:.3} s ({:.1} Mbit/s goodput); released {}, refused {}; retransmitted blocks {}, rejections {}{peak_memory}",
         summary.products,
         summary.bytes,
         summary.sent,
@@ -166,10 +179,14 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         count: args.count,
         idle_timeout: args.timeout,
         rate: args.rate,
-        connect_deadline: args.connect_timeout,
+        connect_deadline: args.connect_timeout.unwrap_or(args.timeout),
     };
     let summary = app::recv(&options, |progress| match progress {
-        RecvProgress::Connected(sender) => eprintln!("fmtp recv: connected to {sender}"),
+        RecvProgress::Waiting { sender, deadline, last_error } => tracing::info!(
+            "fmtp recv: waiting for the sender at {sender} ({last_error}); retrying for up to {:.1} s",
+            deadline.as_secs_f64()
+        ),
+        RecvProgress::Connected(sender) => tracing::info!("fmtp recv: connected to {sender}"),
         RecvProgress::Missed { index, reason } => eprintln!("fmtp recv: missed product {index:?} ({reason:?})"),
     })
     .await
@@ -186,6 +203,15 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         return Err(runtime(AppError::Corrupt(summary.corrupt)));
     }
     Ok(())
+}
+
+/// The process's peak resident memory (Linux: `VmHWM` of `/proc/self/status`), to show that
+/// the inputs are streamed.
+fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kibibytes: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kibibytes << 10)
 }
 
 /// Input errors exit 1, the others 2.

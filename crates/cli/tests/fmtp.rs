@@ -2,9 +2,20 @@
 //! message saying what is expected and exit code 1 (never a panic), and a file sent on loopback
 //! multicast arrives intact in `recv --out DIR` under its MD5, the receiver started first (it
 //! retries its connection until the sender listens).
+//!
+//! Start-up: a receiver started before its sender says it waits and gets everything once the
+//! sender starts; a receiver is served while the sender has not read its inputs yet (a FIFO
+//! that gets its bytes only after the receiver connected, then a large file and many small
+//! ones); a receiver with no sender gives up at its `--timeout` with a message naming the
+//! address; the sender's peak memory stays far below the size of its inputs (streamed).
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Command, Output, Stdio};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
@@ -120,6 +131,251 @@ fn a_file_sent_arrives_under_its_md5_in_the_output_directory() {
         .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, vec![digest], "only the product: the spool is gone");
+}
+
+#[test]
+fn a_receiver_started_before_its_sender_waits_says_so_and_gets_everything() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files: Vec<PathBuf> =
+        [1usize, 1448, 300_000].iter().enumerate().map(|(index, &len)| write_product(dir.path(), index, len)).collect();
+    let out = dir.path().join("out");
+    let (group, retx) = addresses(3);
+    let mut receiver = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "3", "--timeout", "60"])
+            .args(["--out", &out.display().to_string()]),
+    );
+    let waiting = receiver.stderr.wait_for("the receiver to say it waits for its sender", |line| {
+        line.contains(&format!("waiting for the sender at {retx}"))
+    });
+    assert!(waiting.contains("NOTE") && waiting.contains("retrying for up to 60.0 s"), "{waiting}");
+    let sender = Command::new(LDM7)
+        .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "30s"])
+        .args(&files)
+        .output()
+        .expect("run sender");
+    let (sender_out, sender_log) = (text(&sender.stdout), text(&sender.stderr));
+    assert!(sender.status.success(), "sender: {sender_out}{sender_log}");
+    assert!(sender_log.contains("waiting for 1 receiver at"), "{sender_log}");
+    assert!(sender_log.contains("1 of 1 receivers connected"), "{sender_log}");
+    let (summary, log) = receiver.finish();
+    assert!(summary.contains("delivered 3, missed 0, retransmitted blocks 0, corrupt 0"), "{summary}{log}");
+    assert_eq!(log.matches("waiting for the sender").count(), 1, "said once: {log}");
+    for file in &files {
+        let bytes = std::fs::read(file).expect("read input");
+        assert_eq!(std::fs::read(out.join(md5_hex(&bytes))).expect("received"), bytes);
+    }
+}
+
+#[test]
+fn a_receiver_is_served_while_the_sender_still_reads_its_inputs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // First a FIFO that gets its bytes only once the receiver is connected: the sender cannot
+    // have read its inputs before it served the receiver. Then a large file and many small ones.
+    let fifo = dir.path().join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("run mkfifo");
+    assert!(made.success(), "mkfifo");
+    let large = dir.path().join("large");
+    std::fs::File::create(&large).and_then(|file| file.set_len(24 << 20)).expect("large file");
+    let small: Vec<PathBuf> = (0..300).map(|index| write_product(dir.path(), index, 1000 + index * 7)).collect();
+    let (group, retx) = addresses(4);
+    let total = 2 + small.len();
+    let mut sender = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--rate", "1G", "--receivers", "1"])
+            .args(["--linger", "60s"])
+            .arg(&fifo)
+            .arg(&large)
+            .args(&small),
+    );
+    sender.stderr.wait_for("the sender to wait for its receiver", |line| line.contains("waiting for 1 receiver at"));
+    let out = dir.path().join("out");
+    let mut receiver = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--rate", "1G", "--timeout", "60"])
+            .args(["--count", &total.to_string(), "--out", &out.display().to_string()]),
+    );
+    receiver.stderr.wait_for("the receiver to connect", |line| line.contains(&format!("connected to {retx}")));
+    sender.stderr.wait_for("the sender to count its receiver", |line| line.contains("1 of 1 receivers connected"));
+    let fifo_bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let writer = {
+        let (fifo, bytes) = (fifo.clone(), fifo_bytes.clone());
+        std::thread::spawn(move || std::fs::OpenOptions::new().write(true).open(fifo)?.write_all(&bytes))
+    };
+    let (summary, log) = receiver.finish();
+    writer.join().expect("writer thread").expect("write the FIFO");
+    assert!(
+        summary.contains(&format!("delivered {total}, missed 0")) && summary.contains("corrupt 0"),
+        "{summary}{log}"
+    );
+    let (sender_out, sender_log) = sender.finish();
+    assert!(sender_out.contains(&format!("{total} products")), "{sender_out}{sender_log}");
+    for bytes in [fifo_bytes, vec![0u8; 24 << 20]] {
+        assert!(out.join(md5_hex(&bytes)).is_file(), "the FIFO's and the large file's products arrived");
+    }
+    for file in small {
+        let bytes = std::fs::read(&file).expect("read input");
+        assert_eq!(std::fs::read(out.join(md5_hex(&bytes))).expect("received"), bytes);
+    }
+}
+
+#[test]
+fn a_receiver_without_a_sender_gives_up_at_its_timeout() {
+    let (group, retx) = addresses(5);
+    let output = ldm7(&["fmtp", "recv", "--group", &group, "--sender", &retx, "--timeout", "1"]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "a runtime failure: {}{stderr}", text(&output.stdout));
+    assert!(stderr.contains(&format!("waiting for the sender at {retx}")), "{stderr}");
+    assert!(stderr.contains(&format!("no FMTP sender answered at {retx} within")), "{stderr}");
+    assert!(stderr.contains("start `ldm7 fmtp send --retx-listen"), "says what to do: {stderr}");
+}
+
+#[test]
+fn the_sender_streams_its_inputs_in_bounded_memory() {
+    const INPUT_BYTES: u64 = 64 << 20;
+    const PEAK_MIB_MAX: u64 = 100;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Sparse files: 256 MiB of input without writing it.
+    let files: Vec<PathBuf> = (0..4)
+        .map(|index| {
+            let path = dir.path().join(format!("input{index}"));
+            let file = std::fs::File::create(&path).expect("create input");
+            file.set_len(INPUT_BYTES).expect("size input");
+            file.write_all_at(&[index as u8 + 1], INPUT_BYTES / 2).expect("distinct content");
+            path
+        })
+        .collect();
+    let (group, retx) = addresses(6);
+    let receiver = Running::start(
+        Command::new(LDM7).args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--rate", "1G"]).args([
+            "--count",
+            "4",
+            "--timeout",
+            "60",
+        ]),
+    );
+    let sender = Command::new(LDM7)
+        .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--rate", "1G", "--linger", "60s"])
+        .args(&files)
+        .output()
+        .expect("run sender");
+    let (sender_out, sender_log) = (text(&sender.stdout), text(&sender.stderr));
+    assert!(sender.status.success(), "sender: {sender_out}{sender_log}");
+    let (summary, log) = receiver.finish();
+    assert!(summary.contains("delivered 4, missed 0") && summary.contains("corrupt 0"), "{summary}{log}");
+    let peak_mib: u64 = sender_out
+        .split("peak memory ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory in the summary: {sender_out}"));
+    assert!(
+        peak_mib < PEAK_MIB_MAX,
+        "the sender held {peak_mib} MiB at its peak for {} MiB of inputs: {sender_out}",
+        (4 * INPUT_BYTES) >> 20
+    );
+}
+
+/// A product file of `len` bytes whose content depends on `index`.
+fn write_product(dir: &Path, index: usize, len: usize) -> PathBuf {
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 13 + index * 7 + i / 251) as u8).chain(index.to_be_bytes()).collect();
+    let path = dir.join(format!("product{index}"));
+    std::fs::write(&path, bytes).expect("write product");
+    path
+}
+
+/// A multicast group and a free loopback retransmission address, as flag values.
+fn addresses(group_octet: u8) -> (String, String) {
+    let group = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 90, group_octet)), free_port());
+    let retx = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
+    (group.to_string(), retx.to_string())
+}
+
+/// A child process whose standard error is read line by line as it comes (so that a test can
+/// wait for a line, with a deadline); killed if the test ends before it.
+struct Running {
+    child: Option<Child>,
+    stdout: Option<std::process::ChildStdout>,
+    stderr: Lines,
+}
+
+impl Running {
+    fn start(command: &mut Command) -> Self {
+        let mut child =
+            command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start ldm7");
+        let stdout = child.stdout.take();
+        let stderr = Lines::read(child.stderr.take().expect("stderr"));
+        Self { child: Some(child), stdout, stderr }
+    }
+
+    /// Waits for the process to end successfully; returns its standard output and error.
+    fn finish(mut self) -> (String, String) {
+        let mut stdout = String::new();
+        if let Some(mut out) = self.stdout.take() {
+            out.read_to_string(&mut stdout).expect("read stdout");
+        }
+        let status = self.child.take().expect("child").wait().expect("wait");
+        let stderr = self.stderr.rest();
+        assert!(status.success(), "ldm7 failed ({status}): {stdout}{stderr}");
+        (stdout, stderr)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Lines of a stream, read by a thread of their own.
+struct Lines {
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    /// How long a test waits for a line it expects.
+    const WAIT: Duration = Duration::from_secs(60);
+
+    fn read(stream: impl Read + Send + 'static) -> Self {
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { return };
+                if send.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { lines, seen: Vec::new() }
+    }
+
+    /// The first line (from now on) that matches; panics with everything read when the stream
+    /// ends or [`Self::WAIT`] passes first.
+    fn wait_for(&mut self, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Self::WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if matches(&line) {
+                        return line;
+                    }
+                }
+                Err(error) => panic!("waiting for {what}: {error:?}; read so far:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    /// Everything read, to the end of the stream.
+    fn rest(&mut self) -> String {
+        self.seen.extend(self.lines.iter());
+        self.seen.join("\n")
+    }
 }
 
 fn free_port() -> u16 {

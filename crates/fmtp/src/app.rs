@@ -2,31 +2,45 @@
 //! operators, without LDM's queue or sessions. The command line only parses flags into these
 //! typed options and prints; everything else is here.
 //!
-//! * [`send`]: loads products from files, or synthesizes them from a trace (sizes and, with a
-//!   [`Speedup`], times), waits for the wanted number of receivers (LDM sends nothing without
-//!   one), multicasts them — BOP metadata = the 16-byte MD5 of the data, as LDM-7 uses it —
-//!   serving repairs, then lingers until every product was released.
-//! * [`recv`]: joins, connects (retrying until the connect deadline), repairs, checks each
-//!   product's MD5 against its metadata and, with an output directory, stores it there as
+//! * [`send`]: checks its inputs (files, or a trace whose sizes and, with a [`Speedup`], times
+//!   it replays with synthetic content) without reading them, opens its sockets — the
+//!   retransmission server listens from here on — says how many receivers it waits for (LDM
+//!   sends nothing without one) and, while they arrive, reads the first input. Then it streams
+//!   the inputs: each is read when its turn comes (its MD5 is the BOP metadata, as LDM-7 uses
+//!   it) and its bytes are read back block by block for the multicast and for repairs, never
+//!   held (the memory bound is in the `inputs` module: no product bytes for regular files and
+//!   replays, whatever their size and number). It serves repairs, then lingers until every
+//!   product was released.
+//! * [`recv`]: joins, connects — a sender that does not listen yet is waited for, retrying
+//!   until the connect deadline (the idle timeout starts once connected) and reported
+//!   ([`RecvProgress::Waiting`]; no sender in time: [`AppError::NoSender`]) — repairs, checks
+//!   each product's MD5 against its metadata and, with an output directory, stores it there as
 //!   `<md5>`: through the spool (`SpoolSink`), so that no product is held whole in memory, the
 //!   spool file being renamed into place.
 //!
 //! Progress is reported through a callback, so that the caller decides what to print.
 
+mod inputs;
+
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ldm7_fmtp_proto::{
-    DeadlinePolicy, EnqueueRefusal, MissReason, Product, ProductIndex, SenderConfig, SenderCounters, SenderEvent,
+    DeadlinePolicy, EnqueueRefusal, MissReason, ProductIndex, SenderConfig, SenderCounters, SenderEvent,
 };
 use ldm7_io::Clock;
-use ldm7_types::{Rate, Signature};
+use ldm7_types::{Instant, Rate, Signature};
+use tokio::sync::oneshot;
 
-use crate::receiver::{FmtpReceiver, ReceiveError, ReceiverNotice, ReceiverOptions, ReceiverReport};
-use crate::sender::{FmtpSender, SenderDriverCounters, SenderNotice, SenderOptions};
+use self::inputs::OpenFiles;
+pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
+use crate::receiver::{ConnectionState, FmtpReceiver, ReceiveError, ReceiverNotice, ReceiverOptions, ReceiverReport};
+use crate::sender::{FmtpSender, ProductSender, SenderDriverCounters, SenderNotice, SenderOptions};
+use crate::stream::ConnectError;
 use crate::udp::{MulticastConfig, buffer_bytes_for_rate};
 
 /// On-the-wire overhead paced per message, as tc HTB counts it: Ethernet (14), IPv4 (20) and
@@ -35,6 +49,15 @@ const WIRE_OVERHEAD_BYTES: u64 = 42;
 
 /// Extra time after the linger for the last notices to arrive.
 const LINGER_GRACE: Duration = Duration::from_secs(1);
+
+/// Products read and handed to the sender task but not yet taken by it (the driver's
+/// `SenderBounds::product_inputs_max` for this tool). With [`QUEUED_PRODUCTS_MAX`] it bounds
+/// how far reading the inputs runs ahead of the multicast.
+pub const PRODUCT_INPUTS_MAX: usize = 2;
+
+/// Products the protocol holds waiting for their multicast (`SenderConfig::queued_products_max`
+/// for this tool).
+pub const QUEUED_PRODUCTS_MAX: usize = 8;
 
 /// What [`send`] sends.
 #[derive(Clone, Debug, PartialEq)]
@@ -121,7 +144,7 @@ pub struct SendOptions {
     pub receivers: usize,
     /// Retransmission deadline per product.
     pub retx_timeout: Duration,
-    /// After handing every product over, how long to wait for them all to be released.
+    /// After the last product was multicast, how long to wait for them all to be released.
     pub linger: Duration,
     /// The products.
     pub source: ProductSource,
@@ -137,11 +160,19 @@ pub enum SendProgress {
         /// The retransmission server (give it to receivers).
         retx: SocketAddr,
     },
+    /// Nothing is sent until this many receivers connected (announced once, before any
+    /// [`SendProgress::ReceiverJoined`]).
+    Waiting {
+        /// Receivers waited for.
+        wanted: usize,
+        /// The retransmission server they connect to.
+        retx: SocketAddr,
+    },
     /// A receiver connected.
     ReceiverJoined {
         /// Its address.
         peer: SocketAddr,
-        /// Receivers so far.
+        /// Receivers so far (it may exceed `wanted`: later receivers are served too).
         joined: usize,
         /// Receivers waited for.
         wanted: usize,
@@ -153,7 +184,7 @@ pub enum SendProgress {
 /// What [`send`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendSummary {
-    /// Products loaded.
+    /// Products sent (one per input file or trace entry).
     pub products: usize,
     /// Their bytes.
     pub bytes: u64,
@@ -165,6 +196,9 @@ pub struct SendSummary {
     pub refused: usize,
     /// From the first product handed over to the last release.
     pub elapsed: Duration,
+    /// Input files opened again to read back blocks after being closed to stay within
+    /// [`OPEN_FILES_MAX`].
+    pub inputs_reopened: u64,
     /// The protocol's counters.
     pub protocol: SenderCounters,
     /// The driver's counters.
@@ -208,6 +242,16 @@ pub struct RecvOptions {
 /// What [`recv`] reports as it goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecvProgress {
+    /// The sender is not reachable yet (not started, or not listening yet): retrying until the
+    /// connect deadline. Reported once, at the first failed attempt.
+    Waiting {
+        /// The sender's retransmission server.
+        sender: SocketAddr,
+        /// How long the receiver keeps trying.
+        deadline: Duration,
+        /// Why the first attempt failed.
+        last_error: String,
+    },
     /// Connected to the sender's retransmission server.
     Connected(SocketAddr),
     /// A product will not arrive over FMTP.
@@ -254,6 +298,22 @@ pub enum AppError {
         /// The linger time.
         linger: Duration,
     },
+    /// No sender answered at the retransmission address before the connect deadline.
+    #[error(
+        "no FMTP sender answered at {addr} within {:.1} s ({attempts} attempts; the last: {last}): \
+         start `ldm7 fmtp send --retx-listen {addr} …`, check --sender, or wait longer with --timeout",
+        .waited.as_secs_f64()
+    )]
+    NoSender {
+        /// The sender's retransmission server.
+        addr: SocketAddr,
+        /// Attempts made.
+        attempts: u32,
+        /// How long they took.
+        waited: Duration,
+        /// The last attempt's error.
+        last: io::Error,
+    },
     /// The receiver failed.
     #[error(transparent)]
     Receive(ReceiveError),
@@ -279,49 +339,61 @@ impl AppError {
 
 /// Multicasts the products, serving repairs, and waits for their release. See the module doc.
 pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress)) -> Result<SendSummary, AppError> {
-    let products = load_products(&options.source)?;
+    let plan = inputs::plan(&options.source)?;
     let multicast = multicast_config(options.group, options.interface, options.ttl, options.rate)?;
+    let total = plan.inputs.len();
     let mut proto = SenderConfig::with_rate(options.rate.bits_per_s());
     for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
         pacing.overhead_bytes_per_message = WIRE_OVERHEAD_BYTES;
     }
     proto.deadline = DeadlinePolicy::Constant(options.retx_timeout);
-    proto.retained_products_max = proto.retained_products_max.max(products.len() + 1);
+    proto.queued_products_max = QUEUED_PRODUCTS_MAX;
+    // Retained products hold no bytes of a file (read back by offset): keep them all.
+    proto.retained_products_max = proto.retained_products_max.max(total + 1);
     let retx_listen = options.retx_listen.unwrap_or(SocketAddr::new(options.interface, 0));
-    let mut sender =
-        FmtpSender::start(SenderOptions::new(multicast, retx_listen, proto)).await.map_err(AppError::Start)?;
-    progress(SendProgress::Started { source: sender.source_addr(), retx: sender.retx_addr() });
+    let mut sender_options = SenderOptions::new(multicast, retx_listen, proto);
+    sender_options.bounds.product_inputs_max = PRODUCT_INPUTS_MAX;
+    let mut sender = FmtpSender::start(sender_options).await.map_err(AppError::Start)?;
+    let retx = sender.retx_addr();
+    progress(SendProgress::Started { source: sender.source_addr(), retx });
+    // The inputs are read from now on, by a task of their own (the sender takes no product
+    // while notices go unread, and this task reads them): the first product is ready when the
+    // last receiver arrives, and none is handed over before.
+    let files = Arc::new(OpenFiles::default());
+    let (go, go_signal) = oneshot::channel();
+    let mut feeding = AbortOnDrop(tokio::spawn(feed(plan, sender.product_sender(), files.clone(), go_signal)));
+    if options.receivers > 0 {
+        progress(SendProgress::Waiting { wanted: options.receivers, retx });
+    }
     let mut joined = 0;
     while joined < options.receivers {
-        match sender.next_notice().await {
-            Some(SenderNotice::ReceiverJoined(_, peer)) => {
-                joined += 1;
-                progress(SendProgress::ReceiverJoined { peer, joined, wanted: options.receivers });
+        tokio::select! {
+            notice = sender.next_notice() => match notice {
+                Some(SenderNotice::ReceiverJoined(_, peer)) => {
+                    joined += 1;
+                    progress(SendProgress::ReceiverJoined { peer, joined, wanted: options.receivers });
+                }
+                Some(_) => {}
+                None => return Err(AppError::SenderStopped),
+            },
+            // Before the go the feeder ends only when an input cannot be read.
+            fed = &mut feeding.0 => {
+                fed_bytes(fed)?;
+                return Err(AppError::SenderStopped);
             }
-            Some(_) => {}
-            None => return Err(AppError::SenderStopped),
         }
     }
-    let total = products.len();
-    let bytes: u64 = products.iter().map(|product| product.data.len() as u64).sum();
     let started = Clock::now();
-    // Products go in from a task of their own while this one reads the notices (the sender
-    // takes no product while notices go unread).
-    let feeder = sender.product_sender();
-    let mut feeding = tokio::spawn(async move {
-        for outgoing in products {
-            if let Some(due) = outgoing.due {
-                tokio::time::sleep_until(tokio::time::Instant::from_std(Clock::to_std(started + due))).await;
-            }
-            if feeder.send(Product::new(outgoing.data, outgoing.signature.to_vec())).await.is_err() {
-                return;
-            }
-        }
-    });
+    let _ = go.send(started);
     let (mut sent, mut released, mut refused) = (0usize, 0usize, 0usize);
+    let mut bytes = None;
     let mut linger_until = None;
     let mut last_release = started;
     while released + refused < total {
+        // The linger starts once every product was handed over and multicast.
+        if linger_until.is_none() && bytes.is_some() && sent + refused >= total {
+            linger_until = Some(tokio::time::Instant::now() + options.linger + LINGER_GRACE);
+        }
         let linger = async {
             match linger_until {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -339,22 +411,25 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
                     refused += 1;
                     progress(SendProgress::Refused(error.reason));
                 }
+                Some(SenderNotice::ReceiverJoined(_, peer)) => {
+                    joined += 1;
+                    progress(SendProgress::ReceiverJoined { peer, joined, wanted: options.receivers });
+                }
                 Some(_) => {}
                 None => return Err(AppError::SenderStopped),
             },
-            _ = &mut feeding, if linger_until.is_none() => {
-                linger_until = Some(tokio::time::Instant::now() + options.linger + LINGER_GRACE);
-            }
+            fed = &mut feeding.0, if bytes.is_none() => bytes = Some(fed_bytes(fed)?),
             () = linger => break,
         }
     }
     let summary = SendSummary {
         products: total,
-        bytes,
+        bytes: bytes.unwrap_or_default(),
         sent,
         released,
         refused,
         elapsed: last_release.saturating_duration_since(started),
+        inputs_reopened: files.reopened(),
         protocol: sender.counters(),
         driver: sender.driver_counters(),
     };
@@ -365,8 +440,9 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
 }
 
 /// Receives products until the count or the idle timeout, checking (and storing) each; the
-/// summary counts the corrupt ones ([`AppError::Corrupt`] is the caller's to raise). See the
-/// module doc.
+/// summary counts the corrupt ones ([`AppError::Corrupt`] is the caller's to raise). Until the
+/// sender is reached, the connect deadline applies instead of the idle timeout, and the first
+/// failed attempt is reported ([`RecvProgress::Waiting`]). See the module doc.
 pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress)) -> Result<RecvSummary, AppError> {
     let multicast = multicast_config(options.group, options.interface, 1, options.rate)?;
     if let Some(out) = &options.out {
@@ -380,14 +456,45 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
     receiver_options.seed = options.seed;
     receiver_options.connect_deadline = options.connect_deadline;
     let mut receiver = FmtpReceiver::start(receiver_options).map_err(AppError::Receive)?;
+    let mut connection = receiver.connection();
+    let (mut connected, mut said_waiting) = (false, false);
     let mut summary = RecvSummary::default();
     while options.count.is_none_or(|count| summary.delivered + summary.missed < count) {
-        let notice = match tokio::time::timeout(options.idle_timeout, receiver.next_notice()).await {
-            Ok(Some(notice)) => notice,
-            Ok(None) | Err(_) => break,
+        let notice = if connected {
+            match tokio::time::timeout(options.idle_timeout, receiver.next_notice()).await {
+                Ok(Some(notice)) => notice,
+                Ok(None) | Err(_) => break,
+            }
+        } else {
+            tokio::select! {
+                notice = receiver.next_notice() => match notice {
+                    Some(notice) => notice,
+                    None => break,
+                },
+                changed = connection.changed(), if !said_waiting => {
+                    let retrying = match &*connection.borrow_and_update() {
+                        ConnectionState::Retrying { last_error, .. } => Some(last_error.clone()),
+                        _ => None,
+                    };
+                    if changed.is_err() {
+                        said_waiting = true; // The receiver ended: its notices say why.
+                    } else if let Some(last_error) = retrying {
+                        said_waiting = true;
+                        progress(RecvProgress::Waiting {
+                            sender: options.sender,
+                            deadline: options.connect_deadline,
+                            last_error,
+                        });
+                    }
+                    continue;
+                }
+            }
         };
         match notice {
-            ReceiverNotice::Connected(addr) => progress(RecvProgress::Connected(addr)),
+            ReceiverNotice::Connected(addr) => {
+                connected = true;
+                progress(RecvProgress::Connected(addr));
+            }
             ReceiverNotice::Delivered { delivery, product } => {
                 summary.delivered += 1;
                 summary.retransmitted_blocks += u64::from(delivery.retransmitted_blocks);
@@ -409,75 +516,61 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
             ReceiverNotice::Event(_) => {}
         }
     }
-    summary.report = receiver.finish().await.map_err(AppError::Receive)?;
+    summary.report = receiver.finish().await.map_err(|error| match error {
+        ReceiveError::Connect(ConnectError { addr, attempts, waited, last }) => {
+            AppError::NoSender { addr, attempts, waited, last }
+        }
+        error => AppError::Receive(error),
+    })?;
     Ok(summary)
 }
 
-/// A product to send, with its due time after the start (replay pacing).
-struct Outgoing {
-    data: Vec<u8>,
-    signature: [u8; 16],
-    due: Option<Duration>,
-}
-
-fn load_products(source: &ProductSource) -> Result<Vec<Outgoing>, AppError> {
-    match source {
-        ProductSource::Replay { trace, limit, speed } => replay_products(trace, *limit, *speed),
-        ProductSource::Files(files) if files.is_empty() => {
-            Err(AppError::Input("nothing to send: name files or give --replay TRACE".into()))
+/// Reads the inputs one after the other and hands them to the sender: the first is prepared
+/// at once, handed over after the go (which gives the start time, for replay pacing). Returns
+/// the bytes handed over.
+async fn feed(
+    plan: inputs::Plan,
+    products: ProductSender,
+    files: Arc<OpenFiles>,
+    mut go: oneshot::Receiver<Instant>,
+) -> Result<u64, AppError> {
+    let mut started = None;
+    let mut bytes = 0;
+    for (key, input) in plan.inputs.into_iter().enumerate() {
+        let files = files.clone();
+        let prepared = tokio::task::spawn_blocking(move || inputs::prepare(&input, key as u64, &files))
+            .await
+            .map_err(|_| AppError::SenderStopped)??;
+        let started = match started {
+            Some(at) => at,
+            None => match (&mut go).await {
+                Ok(at) => *started.insert(at),
+                Err(_) => return Ok(bytes), // send() gave up.
+            },
+        };
+        if let Some(due) = prepared.due {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(Clock::to_std(started + due))).await;
         }
-        ProductSource::Files(files) => files
-            .iter()
-            .map(|file| {
-                let data = std::fs::read(file)
-                    .map_err(|error| AppError::Input(format!("cannot read {}: {error}", file.display())))?;
-                Ok(Outgoing { signature: Signature::md5_of(&data).0, data, due: None })
-            })
-            .collect(),
+        if products.send(prepared.product).await.is_err() {
+            return Ok(bytes); // The sender stopped: send() says so.
+        }
+        bytes += prepared.len;
     }
+    Ok(bytes)
 }
 
-fn replay_products(trace: &Path, limit: Option<usize>, speed: Speedup) -> Result<Vec<Outgoing>, AppError> {
-    let text = std::fs::read_to_string(trace)
-        .map_err(|error| AppError::Input(format!("cannot read trace {}: {error}: check the path", trace.display())))?;
-    let mut entries = ldm7_types::trace::parse_trace(&text)
-        .map_err(|error| AppError::Input(format!("{}:{error}", trace.display())))?;
-    if entries.is_empty() {
-        return Err(AppError::Input(format!("trace {} holds no products", trace.display())));
-    }
-    if let Some(limit) = limit {
-        entries.truncate(limit);
-    }
-    let first = entries.first().map_or(0, |entry| entry.created.as_unix_micros());
-    Ok(entries
-        .iter()
-        .enumerate()
-        .map(|(position, entry)| {
-            let data = synthetic_bytes(position as u64, entry.size as usize);
-            let due = (speed.factor() > 0.0).then(|| {
-                let micros = (entry.created.as_unix_micros() - first).max(0) as f64;
-                Duration::try_from_secs_f64(micros / 1e6 / speed.factor()).unwrap_or(Duration::MAX)
-            });
-            Outgoing { signature: Signature::md5_of(&data).0, data, due }
-        })
-        .collect())
+/// The feeder's outcome: the bytes it handed over, or why it stopped.
+fn fed_bytes(fed: Result<Result<u64, AppError>, tokio::task::JoinError>) -> Result<u64, AppError> {
+    fed.map_err(|_| AppError::SenderStopped)?
 }
 
-/// Deterministic pseudo-random content for the product at `position` (SplitMix64), starting
-/// with the position itself so that equal sizes never give equal products.
-fn synthetic_bytes(position: u64, len: usize) -> Vec<u8> {
-    let mut state = position.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed;
-    let mut data = Vec::with_capacity(len + 8);
-    data.extend_from_slice(&position.to_be_bytes());
-    while data.len() < len {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        data.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+/// A task aborted when its handle is dropped (an early return of [`send`]).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-    data.truncate(len);
-    data
 }
 
 fn multicast_config(group: SocketAddr, interface: IpAddr, ttl: u32, rate: Rate) -> Result<MulticastConfig, AppError> {
@@ -510,16 +603,6 @@ mod tests {
             let error = bad.parse::<DropProbability>().expect_err(bad);
             assert!(error.contains("expected a fraction"), "{error}");
         }
-    }
-
-    #[test]
-    fn synthetic_products_differ_and_have_their_size() {
-        let a = synthetic_bytes(0, 100);
-        let b = synthetic_bytes(1, 100);
-        assert_eq!((a.len(), b.len()), (100, 100));
-        assert_ne!(a, b);
-        assert_eq!(synthetic_bytes(3, 5), 3u64.to_be_bytes()[..5]);
-        assert_eq!(synthetic_bytes(0, 100), a, "deterministic");
     }
 
     #[test]

@@ -10,9 +10,10 @@
 //!   flight).
 //! * [`stream`] — the TCP connection's key exchange, connect with back-off, RTT (`TCP_INFO`).
 //! * [`udp`] — multicast sockets (GSO/GRO, `recvmmsg`).
-//! * [`app`] — the FMTP transport as a tool (`ldm7 fmtp send | recv`): products from files or a
-//!   trace, waiting for receivers, lingering for releases, receiving into a directory with MD5
-//!   checks, summaries.
+//! * [`app`] — the FMTP transport as a tool (`ldm7 fmtp send | recv`): products streamed from
+//!   files or a trace (read back by offset, never held), waiting for receivers, lingering for
+//!   releases, receiving into a directory with MD5 checks (waiting for a sender not yet up),
+//!   summaries.
 //!
 //! Every queue between the tasks has a named bound ([`SenderBounds`], [`ReceiverBounds`]) and a
 //! counter ([`SenderDriverCounters`], [`ReceiverDriverCounters`], next to the protocol's
@@ -27,8 +28,8 @@ pub mod stream;
 pub mod udp;
 
 pub use receiver::{
-    FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters, ReceiverNotice,
-    ReceiverOptions, ReceiverReport,
+    ConnectionState, FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters,
+    ReceiverNotice, ReceiverOptions, ReceiverReport,
 };
 pub use sender::{
     Authorizer, FmtpSender, ProductSender, SendError, SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions,

@@ -2,7 +2,9 @@
 //! multicast group, opens the TCP retransmission connection to the sender — retrying with
 //! back-off until [`ReceiverOptions::connect_deadline`] (§3.1: the reference retries every 5 s
 //! for up to 120 s; we start at 20 ms and double to 2 s) — and follows the protocol's polling
-//! order (transmit, events, timeout). The driver decides nothing about the protocol.
+//! order (transmit, events, timeout). The driver decides nothing about the protocol. The
+//! connection's state ([`FmtpReceiver::connection`]: connecting, retrying, connected) lets an
+//! application say that it waits for a sender that does not listen yet.
 //!
 //! Products are assembled in memory (`Assembly::Memory`, the default), or, with
 //! [`ReceiverOptions::spool`], written into spool files ([`SpoolSink`]) so that no product is
@@ -132,6 +134,24 @@ pub enum ReceiverNotice {
     Event(ReceiverEvent),
 }
 
+/// Where the retransmission connection stands (see [`FmtpReceiver::connection`]): so that an
+/// application can say it waits for a sender that does not listen yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// The first attempt to connect is under way.
+    #[default]
+    Connecting,
+    /// Attempts failed; the receiver retries until [`ReceiverOptions::connect_deadline`].
+    Retrying {
+        /// Attempts made so far.
+        attempts: u64,
+        /// Why the last one failed.
+        last_error: String,
+    },
+    /// The connection is up (the key exchange done).
+    Connected,
+}
+
 /// A delivered product's bytes.
 #[derive(Debug)]
 pub enum ReceivedProduct {
@@ -256,6 +276,7 @@ pub struct FmtpReceiver {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<ReceiverCounters, ReceiveError>>,
     counters: watch::Receiver<ReceiverCounters>,
+    connection: watch::Receiver<ConnectionState>,
     shared: Arc<Shared>,
 }
 
@@ -281,8 +302,10 @@ impl FmtpReceiver {
         let (notice_tx, notices) = mpsc::channel(options.bounds.notices_max.max(1));
         let (stop, stop_rx) = watch::channel(false);
         let (counters_tx, counters) = watch::channel(ReceiverCounters::default());
+        let (connection_tx, connection) = watch::channel(ConnectionState::Connecting);
         let task = ReceiverTask {
             options,
+            connection: connection_tx,
             receiver,
             spool,
             notices: Notices { notices: notice_tx, shared: shared.clone() },
@@ -292,7 +315,13 @@ impl FmtpReceiver {
             bound_log: Throttle::new(BOUND_LOG_INTERVAL),
         };
         let task = tokio::spawn(task.run(udp, stop_rx));
-        Ok(Self { notices, stop, task, counters, shared })
+        Ok(Self { notices, stop, task, counters, connection, shared })
+    }
+
+    /// The retransmission connection's state, as it changes (a failed connection ends the
+    /// receiver: [`finish`](Self::finish) says why).
+    pub fn connection(&self) -> watch::Receiver<ConnectionState> {
+        self.connection.clone()
     }
 
     /// The next notice; `None` once the receiver ended (then [`finish`](Self::finish) says
@@ -359,6 +388,7 @@ struct RequestQueue {
 
 struct ReceiverTask {
     options: ReceiverOptions,
+    connection: watch::Sender<ConnectionState>,
     receiver: Receiver,
     spool: Option<SpoolSink>,
     notices: Notices,
@@ -391,9 +421,15 @@ impl ReceiverTask {
         let backoff = Backoff::new(CONNECT_RETRY_MIN, CONNECT_RETRY_MAX)
             .with_deadline(Clock::now() + self.options.connect_deadline);
         let shared = self.shared.clone();
-        let connecting = connect_with_backoff(addr, self.options.local_addr, backoff, move || {
+        let (retry_shared, connection_state) = (self.shared.clone(), self.connection.clone());
+        let on_attempt = move || {
             shared.connect_attempts.fetch_add(1, Ordering::Relaxed);
-        });
+        };
+        let on_retry = move |error: &io::Error| {
+            let attempts = retry_shared.connect_attempts.load(Ordering::Relaxed);
+            connection_state.send_replace(ConnectionState::Retrying { attempts, last_error: error.to_string() });
+        };
+        let connecting = connect_with_backoff(addr, self.options.local_addr, backoff, on_attempt, on_retry);
         let stream = tokio::select! {
             stream = connecting => stream?,
             () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
@@ -405,6 +441,7 @@ impl ReceiverTask {
             () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
         };
         tracing::info!(sender = %addr, "FMTP receiver connected");
+        self.connection.send_replace(ConnectionState::Connected);
         let (anchor, wall) = Clock::wall_anchor();
         self.receiver.set_wall_clock(anchor, wall);
         if self.notices.send(ReceiverNotice::Connected(addr)).await.is_err() {

@@ -213,11 +213,18 @@ impl ProductSender {
             Ok(()) => Ok(()),
             Err(TrySendError::Stopped(product)) => Err(SendError(product)),
             Err(TrySendError::Full(product)) => {
+                // The normal state of a feeder faster than the rate: said once (at NOTE), then
+                // counted ([`SenderDriverCounters::product_inputs_full`]).
+                let bound = self.products.max_capacity();
                 if self.shared.product_inputs.hit() {
-                    tracing::info!(
-                        bound = self.products.max_capacity(),
-                        "FMTP sender: product input full; sending waits for the multicast"
-                    );
+                    if self.shared.product_inputs.count() == 1 {
+                        tracing::info!(
+                            bound,
+                            "FMTP sender: product input full; sending waits for the multicast (said once, then counted)"
+                        );
+                    } else {
+                        tracing::debug!(bound, "FMTP sender: product input full; sending waits for the multicast");
+                    }
                 }
                 self.products.send(product).await.map_err(|error| SendError(error.0))
             }

@@ -117,13 +117,15 @@ pub struct ConnectError {
 /// Connects to `addr` — from `local` when given (LDM-7: the address the publisher handed out,
 /// the only one its repair server accepts, ldm7-multicast.md §4.3) — retrying with `backoff`
 /// (which carries the deadline) on refusal or any other error (each attempt cut at
-/// [`CONNECT_ATTEMPT_TIMEOUT`]); `on_attempt` is called before each attempt. §3.1: the
-/// reference retries every 5 s for up to 120 s; we start faster.
+/// [`CONNECT_ATTEMPT_TIMEOUT`]); `on_attempt` is called before each attempt, `on_retry` after
+/// each failed one that will be retried (with its error). §3.1: the reference retries every
+/// 5 s for up to 120 s; we start faster.
 pub(crate) async fn connect_with_backoff(
     addr: SocketAddr,
     local: Option<IpAddr>,
     mut backoff: Backoff,
     mut on_attempt: impl FnMut(),
+    mut on_retry: impl FnMut(&io::Error),
 ) -> Result<TcpStream, ConnectError> {
     let started = Clock::now();
     let mut attempts = 0;
@@ -141,6 +143,7 @@ pub(crate) async fn connect_with_backoff(
             return Err(ConnectError { addr, attempts, waited: now.saturating_duration_since(started), last: error });
         };
         tracing::debug!(%addr, %error, ?delay, "FMTP retransmission server not reachable yet; retrying");
+        on_retry(&error);
         tokio::time::sleep(delay).await;
     }
 }
@@ -207,7 +210,8 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(2))
             .with_deadline(Clock::now() + Duration::from_secs(10));
-        let (client, accepted) = tokio::join!(connect_with_backoff(addr, None, backoff, || {}), listener.accept());
+        let (client, accepted) =
+            tokio::join!(connect_with_backoff(addr, None, backoff, || {}, |_| {}), listener.accept());
         let client = client.expect("connect");
         let (server, _) = accepted.expect("accept");
         let (mut client_read, mut client_write) = client.into_split();
@@ -232,7 +236,7 @@ mod tests {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(20))
             .with_deadline(Clock::now() + Duration::from_millis(200));
-        let error = connect_with_backoff(addr, None, backoff, || {}).await.expect_err("nobody listens");
+        let error = connect_with_backoff(addr, None, backoff, || {}, |_| {}).await.expect_err("nobody listens");
         assert!(error.attempts >= 3, "{error}");
         assert_eq!(error.last.kind(), io::ErrorKind::ConnectionRefused, "{error}");
     }

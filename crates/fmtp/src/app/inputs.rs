@@ -1,0 +1,516 @@
+//! The sender's inputs, streamed: [`plan`] checks them without reading their contents (files
+//! exist and are files or pipes; the trace parses), and [`prepare`] reads one when its turn
+//! comes — it computes the product's MD5 (the BOP metadata, needed before its first block goes
+//! out) and returns a [`Product`] whose bytes the sender reads back block by block, when it
+//! multicasts them and when it repairs them.
+//!
+//! Memory bound (what `fmtp send` holds of product bytes, whatever the size and number of its
+//! inputs):
+//!
+//! * a regular file is never held: its bytes are read again by offset (`pread`) when the sender
+//!   multicasts or repairs a block. Open files are kept in [`OpenFiles`], at most
+//!   [`OPEN_FILES_MAX`] at once (least recently read closed first; a product whose file is
+//!   closed reopens it, counted in [`OpenFiles::reopened`]); a product's file closes when the
+//!   sender releases it. A file that changes size or modification time after it was hashed
+//!   is no longer read: the protocol reports that product's data unavailable, and receivers
+//!   miss it rather than get bytes that do not match its MD5;
+//! * a synthetic (`--replay`) product is computed from its position at any offset
+//!   ([`synthetic_fill`]), never stored;
+//! * a pipe or device (`/dev/stdin`, `<(…)`) cannot be read twice: its bytes are held from
+//!   its turn until the sender releases the product;
+//! * hashing reads through one buffer of [`READ_CHUNK_BYTES`] per product being prepared (one
+//!   at a time), and reading back blocks in order goes through one read-ahead window of the
+//!   same size.
+//!
+//! Read-ahead is bounded by the sender's product queues (`app::PRODUCT_INPUTS_MAX` +
+//! `app::QUEUED_PRODUCTS_MAX` products prepared and not yet multicast).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use ldm7_fmtp_proto::{DataUnavailable, Product, ProductData};
+use ldm7_io::BoundHits;
+use md5::{Digest, Md5};
+
+use super::{AppError, ProductSource, Speedup};
+
+/// Input files open at once for reading back blocks (multicast and repairs).
+pub const OPEN_FILES_MAX: usize = 64;
+
+/// Bytes read at once while hashing an input.
+pub const READ_CHUNK_BYTES: usize = 256 << 10;
+
+/// The inputs, checked, in sending order; nothing of their contents read yet.
+#[derive(Debug)]
+pub(super) struct Plan {
+    /// One entry per product.
+    pub inputs: Vec<PlannedInput>,
+}
+
+/// One product to be read when its turn comes.
+#[derive(Clone, Debug)]
+pub(super) struct PlannedInput {
+    /// Where its bytes come from.
+    pub kind: InputKind,
+    /// Its due time after the start (replay pacing).
+    pub due: Option<Duration>,
+}
+
+/// Where a product's bytes come from.
+#[derive(Clone, Debug)]
+pub(super) enum InputKind {
+    /// A regular file: hashed at its turn, read back by offset.
+    File(Arc<Path>),
+    /// A pipe or device: read whole at its turn.
+    Stream(PathBuf),
+    /// Synthetic content of this size for this position in the trace.
+    Synthetic {
+        /// Its position (the content's seed).
+        position: u64,
+        /// Its size.
+        len: u64,
+    },
+}
+
+/// A product ready to hand to the sender.
+pub(super) struct Prepared {
+    /// The product (bytes and MD5 metadata).
+    pub product: Product,
+    /// Its size.
+    pub len: u64,
+    /// Its due time after the start.
+    pub due: Option<Duration>,
+}
+
+/// Checks the inputs without reading their contents: every file exists and is a regular file
+/// that opens, a pipe or a device; the trace parses and holds products.
+pub(super) fn plan(source: &ProductSource) -> Result<Plan, AppError> {
+    let inputs = match source {
+        ProductSource::Replay { trace, limit, speed } => replay_plan(trace, *limit, *speed)?,
+        ProductSource::Files(files) if files.is_empty() => {
+            return Err(AppError::Input("nothing to send: name files or give --replay TRACE".into()));
+        }
+        ProductSource::Files(files) => files
+            .iter()
+            .map(|file| {
+                let metadata = std::fs::metadata(file)
+                    .map_err(|error| AppError::Input(format!("cannot read {}: {error}", file.display())))?;
+                let kind = if metadata.is_file() {
+                    // Opening a regular file reads nothing (a pipe's open would wait for a writer).
+                    File::open(file)
+                        .map_err(|error| AppError::Input(format!("cannot read {}: {error}", file.display())))?;
+                    InputKind::File(Arc::from(file.as_path()))
+                } else if metadata.is_dir() {
+                    return Err(AppError::Input(format!(
+                        "cannot read {}: a directory; name the files in it",
+                        file.display()
+                    )));
+                } else {
+                    InputKind::Stream(file.clone())
+                };
+                Ok(PlannedInput { kind, due: None })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(Plan { inputs })
+}
+
+/// Reads the input (blocking: run it off the async threads): hashes it and returns the product.
+/// `key` names the product in `files` (unique per input).
+pub(super) fn prepare(input: &PlannedInput, key: u64, files: &Arc<OpenFiles>) -> Result<Prepared, AppError> {
+    let (product, len) = match &input.kind {
+        InputKind::File(path) => {
+            let (data, digest) = hash_file(path, key, files)
+                .map_err(|error| AppError::Input(format!("cannot read {}: {error}", path.display())))?;
+            let len = data.len;
+            (Product::new(data, digest.to_vec()), len)
+        }
+        InputKind::Stream(path) => {
+            let unreadable = |error: io::Error| AppError::Input(format!("cannot read {}: {error}", path.display()));
+            let mut file = File::open(path).map_err(unreadable)?;
+            let mut bytes = Vec::new();
+            let (digest, len) = md5_of_reader(&mut file, |chunk| bytes.extend_from_slice(chunk)).map_err(unreadable)?;
+            (Product::new(bytes, digest.to_vec()), len)
+        }
+        InputKind::Synthetic { position, len } => {
+            let data = SyntheticData { position: *position, len: *len };
+            let mut hasher = Md5::new();
+            let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+            let mut offset = 0;
+            while offset < *len {
+                let take = (*len - offset).min(READ_CHUNK_BYTES as u64) as usize;
+                synthetic_fill(*position, offset, &mut chunk[..take]);
+                hasher.update(&chunk[..take]);
+                offset += take as u64;
+            }
+            let digest: [u8; 16] = hasher.finalize().into();
+            (Product::new(data, digest.to_vec()), *len)
+        }
+    };
+    Ok(Prepared { product, len, due: input.due })
+}
+
+/// The input files open for reading back blocks: at most [`OPEN_FILES_MAX`], least recently
+/// read closed first; and one read-ahead window of [`READ_CHUNK_BYTES`], so that the multicast,
+/// which reads a product's blocks in order, costs one `pread` per window rather than per block.
+#[derive(Debug, Default)]
+pub(super) struct OpenFiles {
+    state: Mutex<OpenState>,
+    /// A file was closed to stay within the bound (an episode: until no file is closed).
+    full: BoundHits,
+    /// Files opened again after being closed for the bound.
+    reopened: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct OpenState {
+    /// Least recently read first.
+    files: VecDeque<(u64, File)>,
+    /// Bytes `[window_start, window_start + window.len())` of product `window_key`'s file.
+    window: Vec<u8>,
+    window_key: Option<u64>,
+    window_start: u64,
+    /// Where a read that continues the last one starts: (product, offset).
+    next_read: Option<(u64, u64)>,
+}
+
+impl OpenFiles {
+    /// Files opened again after being closed to stay within [`OPEN_FILES_MAX`].
+    pub fn reopened(&self) -> u64 {
+        self.reopened.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, OpenState> {
+        // A panic while holding the lock leaves the state consistent (whole entries only).
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert(&self, key: u64, file: File) {
+        let mut state = self.lock();
+        state.files.push_back((key, file));
+        self.trim(&mut state.files);
+    }
+
+    fn trim(&self, files: &mut VecDeque<(u64, File)>) {
+        if files.len() <= OPEN_FILES_MAX {
+            self.full.relieved();
+            return;
+        }
+        while files.len() > OPEN_FILES_MAX {
+            files.pop_front();
+        }
+        if self.full.hit() {
+            tracing::info!(
+                bound = OPEN_FILES_MAX,
+                "FMTP send: more input files in use than may stay open; closing the least recently read (reopened for repairs)"
+            );
+        }
+    }
+
+    fn remove(&self, key: u64) {
+        let mut state = self.lock();
+        if let Some(position) = state.files.iter().position(|(open_key, _)| *open_key == key) {
+            state.files.remove(position);
+        }
+        if state.window_key == Some(key) {
+            state.window_key = None;
+        }
+    }
+
+    /// Reads `out.len()` bytes at `offset` of the product's file: from the window, or through
+    /// a new window when the read continues the previous one, or directly. The file is opened
+    /// again if it was closed (checking that it did not change since it was hashed).
+    fn read_at(&self, data: &FileData, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let end = offset + out.len() as u64;
+        let sequential = state.next_read == Some((data.key, offset));
+        state.next_read = Some((data.key, end));
+        if state.window_key == Some(data.key)
+            && offset >= state.window_start
+            && end <= state.window_start + state.window.len() as u64
+        {
+            let start = (offset - state.window_start) as usize;
+            out.copy_from_slice(&state.window[start..start + out.len()]);
+            return Ok(());
+        }
+        let file = self.file(&mut state.files, data)?;
+        if sequential && out.len() < READ_CHUNK_BYTES {
+            let window_len = (data.len - offset).min(READ_CHUNK_BYTES as u64) as usize;
+            state.window_key = None;
+            state.window.resize(window_len, 0);
+            file.read_exact_at(&mut state.window, offset).map_err(|_| DataUnavailable)?;
+            (state.window_key, state.window_start) = (Some(data.key), offset);
+            out.copy_from_slice(&state.window[..out.len()]);
+            return Ok(());
+        }
+        file.read_exact_at(out, offset).map_err(|_| DataUnavailable)
+    }
+
+    /// The product's open file, now the most recently read.
+    fn file<'a>(&self, files: &'a mut VecDeque<(u64, File)>, data: &FileData) -> Result<&'a File, DataUnavailable> {
+        if files.back().is_none_or(|(key, _)| *key != data.key) {
+            match files.iter().position(|(key, _)| *key == data.key) {
+                Some(position) => {
+                    let entry = files.remove(position).ok_or(DataUnavailable)?;
+                    files.push_back(entry);
+                }
+                None => {
+                    let file = File::open(&data.path).map_err(|_| DataUnavailable)?;
+                    let metadata = file.metadata().map_err(|_| DataUnavailable)?;
+                    if metadata.len() != data.len || metadata.modified().ok() != data.modified {
+                        return Err(DataUnavailable);
+                    }
+                    self.reopened.fetch_add(1, Ordering::Relaxed);
+                    files.push_back((data.key, file));
+                    self.trim(files);
+                }
+            }
+        }
+        files.back().map(|(_, file)| file).ok_or(DataUnavailable)
+    }
+}
+
+/// Hashes a regular file; its bytes are then read back through `files`.
+fn hash_file(path: &Arc<Path>, key: u64, files: &Arc<OpenFiles>) -> io::Result<(FileData, [u8; 16])> {
+    let mut file = File::open(path)?;
+    let (digest, len) = md5_of_reader(&mut file, |_| {})?;
+    let modified = file.metadata().and_then(|metadata| metadata.modified()).ok();
+    files.insert(key, file);
+    Ok((FileData { key, path: path.clone(), len, modified, files: files.clone() }, digest))
+}
+
+/// A regular file's bytes, read back by offset through [`OpenFiles`]; its file closes when the
+/// sender drops the product (at its release).
+struct FileData {
+    key: u64,
+    path: Arc<Path>,
+    len: u64,
+    modified: Option<SystemTime>,
+    files: Arc<OpenFiles>,
+}
+
+impl ProductData for FileData {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
+        let end = offset.checked_add(out.len() as u64).ok_or(DataUnavailable)?;
+        if end > self.len {
+            return Err(DataUnavailable);
+        }
+        self.files.read_at(self, offset, out)
+    }
+}
+
+impl Drop for FileData {
+    fn drop(&mut self) {
+        self.files.remove(self.key);
+    }
+}
+
+/// A synthetic product's bytes, computed at any offset.
+struct SyntheticData {
+    position: u64,
+    len: u64,
+}
+
+impl ProductData for SyntheticData {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), DataUnavailable> {
+        let end = offset.checked_add(out.len() as u64).ok_or(DataUnavailable)?;
+        if end > self.len {
+            return Err(DataUnavailable);
+        }
+        synthetic_fill(self.position, offset, out);
+        Ok(())
+    }
+}
+
+/// The MD5 and length of everything `reader` yields, read in [`READ_CHUNK_BYTES`] chunks, each
+/// also handed to `each_chunk`.
+fn md5_of_reader(reader: &mut impl Read, mut each_chunk: impl FnMut(&[u8])) -> io::Result<([u8; 16], u64)> {
+    let mut hasher = Md5::new();
+    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+    let mut len = 0u64;
+    loop {
+        let count = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(count) => count,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        hasher.update(&chunk[..count]);
+        each_chunk(&chunk[..count]);
+        len += count as u64;
+    }
+    Ok((hasher.finalize().into(), len))
+}
+
+fn replay_plan(trace: &Path, limit: Option<usize>, speed: Speedup) -> Result<Vec<PlannedInput>, AppError> {
+    let text = std::fs::read_to_string(trace)
+        .map_err(|error| AppError::Input(format!("cannot read trace {}: {error}: check the path", trace.display())))?;
+    let mut entries = ldm7_types::trace::parse_trace(&text)
+        .map_err(|error| AppError::Input(format!("{}:{error}", trace.display())))?;
+    if entries.is_empty() {
+        return Err(AppError::Input(format!("trace {} holds no products", trace.display())));
+    }
+    if let Some(limit) = limit {
+        entries.truncate(limit);
+    }
+    let first = entries.first().map_or(0, |entry| entry.created.as_unix_micros());
+    Ok(entries
+        .iter()
+        .enumerate()
+        .map(|(position, entry)| {
+            let due = (speed.factor() > 0.0).then(|| {
+                let micros = (entry.created.as_unix_micros() - first).max(0) as f64;
+                Duration::try_from_secs_f64(micros / 1e6 / speed.factor()).unwrap_or(Duration::MAX)
+            });
+            PlannedInput { kind: InputKind::Synthetic { position: position as u64, len: u64::from(entry.size) }, due }
+        })
+        .collect())
+}
+
+/// Bytes `[offset, offset + out.len())` of the deterministic pseudo-random content of the
+/// product at `position`: the position itself (8 bytes, big-endian), so that equal sizes never
+/// give equal products, then SplitMix64 words (little-endian), word `k` from state
+/// `seed + (k + 1) × γ` — computable at any offset.
+pub(super) fn synthetic_fill(position: u64, offset: u64, out: &mut [u8]) {
+    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+    let seed = position.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed;
+    let prefix = position.to_be_bytes();
+    let mut at = offset;
+    let mut written = 0;
+    while written < out.len() {
+        let (word, skip) = if at < 8 {
+            (prefix, at as usize)
+        } else {
+            let k = (at - 8) / 8;
+            let mut z = seed.wrapping_add(k.wrapping_add(1).wrapping_mul(GAMMA));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)).to_le_bytes(), ((at - 8) % 8) as usize)
+        };
+        let take = (8 - skip).min(out.len() - written);
+        out[written..written + take].copy_from_slice(&word[skip..skip + take]);
+        written += take;
+        at += take as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The content as it was generated before it could be read at any offset: sequentially.
+    fn synthetic_sequential(position: u64, len: usize) -> Vec<u8> {
+        let mut state = position.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed;
+        let mut data = Vec::with_capacity(len + 8);
+        data.extend_from_slice(&position.to_be_bytes());
+        while data.len() < len {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            data.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        }
+        data.truncate(len);
+        data
+    }
+
+    #[test]
+    fn synthetic_content_reads_the_same_at_any_offset() {
+        for position in [0u64, 1, 7, 12_345] {
+            let whole = synthetic_sequential(position, 3000);
+            for (offset, len) in [(0usize, 3000usize), (0, 5), (3, 9), (8, 8), (13, 1448), (1448, 1552), (2999, 1)] {
+                let mut out = vec![0u8; len];
+                synthetic_fill(position, offset as u64, &mut out);
+                assert_eq!(out, whole[offset..offset + len], "position {position}, [{offset}, +{len})");
+            }
+        }
+        let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 100]);
+        synthetic_fill(0, 0, &mut a);
+        synthetic_fill(1, 0, &mut b);
+        assert_ne!(a, b, "positions differ");
+    }
+
+    #[test]
+    fn files_are_hashed_then_read_back_by_offset_within_the_open_files_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = Arc::new(OpenFiles::default());
+        let mut inputs = Vec::new();
+        for key in 0..(OPEN_FILES_MAX as u64 + 3) {
+            let bytes: Vec<u8> = (0..5000u64).map(|i| (i * 31 + key) as u8).collect();
+            let path: Arc<Path> = Arc::from(dir.path().join(format!("p{key}")).as_path());
+            std::fs::write(&path, &bytes).expect("write");
+            let (data, digest) = hash_file(&path, key, &files).expect("hash");
+            assert_eq!((data.len, digest.as_slice()), (5000, Md5::digest(&bytes).as_slice()));
+            inputs.push((data, bytes));
+        }
+        assert_eq!(files.lock().files.len(), OPEN_FILES_MAX, "the bound holds");
+        let mut out = vec![0u8; 1448];
+        // The first files were closed for the bound: reading them opens them again.
+        for (data, bytes) in &inputs {
+            data.read_at(1448, &mut out).expect("read back");
+            assert_eq!(out, bytes[1448..2896]);
+            assert_eq!(data.read_at(4000, &mut out), Err(DataUnavailable), "past the end");
+            assert!(files.lock().files.len() <= OPEN_FILES_MAX);
+        }
+        assert!(files.reopened() >= 3, "{}", files.reopened());
+        // Blocks in order (through the read-ahead window), with repairs of others in between.
+        let (data, bytes) = &inputs[5];
+        let mut block = 0;
+        while block * 1448 < bytes.len() {
+            let start = block * 1448;
+            let mut out = vec![0u8; 1448.min(bytes.len() - start)];
+            data.read_at(start as u64, &mut out).expect("block");
+            assert_eq!(out, bytes[start..start + out.len()], "block {block}");
+            if block % 2 == 1 {
+                let (other, other_bytes) = &inputs[block];
+                let mut repair = vec![0u8; 100];
+                other.read_at(77, &mut repair).expect("repair");
+                assert_eq!(repair, other_bytes[77..177]);
+            }
+            block += 1;
+        }
+        drop(inputs);
+        assert!(files.lock().files.is_empty(), "released products close their files");
+    }
+
+    #[test]
+    fn a_file_changed_after_hashing_is_not_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path: Arc<Path> = Arc::from(dir.path().join("p").as_path());
+        std::fs::write(&path, vec![1u8; 4000]).expect("write");
+        let files = Arc::new(OpenFiles::default());
+        let (data, _) = hash_file(&path, 0, &files).expect("hash");
+        let mut out = vec![0u8; 100];
+        data.read_at(0, &mut out).expect("unchanged: readable");
+        files.remove(0); // as if closed for the bound
+        std::fs::write(&path, vec![2u8; 5000]).expect("rewrite");
+        assert_eq!(data.read_at(0, &mut out), Err(DataUnavailable));
+    }
+
+    #[test]
+    fn a_pipe_is_read_whole_at_its_turn_and_a_directory_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let error = plan(&ProductSource::Files(vec![dir.path().to_owned()])).expect_err("a directory");
+        assert!(error.is_input() && error.to_string().contains("a directory"), "{error}");
+        let plan = plan(&ProductSource::Files(vec!["/dev/null".into()])).expect("a device");
+        assert!(matches!(plan.inputs[0].kind, InputKind::Stream(_)));
+        let files = Arc::new(OpenFiles::default());
+        let ready = prepare(&plan.inputs[0], 0, &files).expect("read /dev/null");
+        assert_eq!((ready.len, ready.product.metadata()), (0, Md5::digest(b"").as_slice()));
+    }
+}
