@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use ldm7_testkit::{shared_data, wait_until};
+use ldm7_testkit::{shared_data_or_skip, wait_until};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
@@ -151,7 +151,7 @@ fn bad_input_is_refused_and_nothing_inserted() {
 
 #[test]
 fn replay_and_watch_across_processes() {
-    let trace = shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
+    let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
     let scratch = Scratch::new();
     let queue = scratch.queue("200M");
     // `-o 3600`: the watcher follows from an hour back, so it sees all 500 products whether it
@@ -198,7 +198,7 @@ fn bench_queue_runs_tiny() {
 /// kill -9 of an inserting `ldm7 insert --replay` at random moments never damages the queue.
 #[test]
 fn killed_inserter_leaves_a_sound_queue() {
-    let trace = shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
+    let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt") else { return };
     let scratch = Scratch::new();
     // The NGRID hour holds a 54 MB product: the queue must be larger than that.
     let queue = scratch.queue("100M");
@@ -234,7 +234,7 @@ fn killed_inserter_leaves_a_sound_queue() {
 /// the datagrams: every product arrives intact at both (repaired over TCP).
 #[test]
 fn fmtp_send_recv_on_loopback_with_drop() {
-    let trace = shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
+    let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
     let scratch = Scratch::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
     let group = format!("239.255.78.{}:{port}", port % 200 + 1);
