@@ -439,6 +439,36 @@ fn leg_controls_reception(lab: &TestLab) {
     assert!(leaked.is_empty(), "{kind}: sub1 received datagrams sent after its leg was removed: {leaked:?}");
 }
 
+/// `down` without a name takes down the one lab that is up; with several up (here two of this
+/// test's, whatever else runs on the machine) it refuses, lists them, and removes nothing. (The
+/// one-lab case is not run here: on a shared machine it would take down someone else's lab.)
+#[test]
+fn down_without_a_name_refuses_and_lists_when_several_labs_are_up() {
+    if !root_and_tools("down_without_a_name_refuses_and_lists_when_several_labs_are_up", &[]) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (first, second) = (TestLab::up('k', TWO_HOSTS), TestLab::up('m', TWO_HOSTS));
+    let names = [first.spec.name.clone(), second.spec.name.clone()];
+    let error = lab::down_only().expect_err("down without a name with two labs up");
+    let lab::LabError::SeveralLabsUp { labs } = &error else { panic!("{error:?}") };
+    assert!(names.iter().all(|name| labs.contains(name)), "{labs:?} lists {names:?}");
+    let message = error.to_string();
+    assert!(names.iter().all(|name| message.contains(name.as_str())) && message.contains("--name"), "{message}");
+    assert_eq!(error.exit_code(), 1);
+    let example = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples/lab");
+    if example.exists() {
+        let output = std::process::Command::new(&example).arg("down").output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(names.iter().all(|name| stderr.contains(name.as_str())), "{stderr}");
+    }
+    for name in &names {
+        assert!(lab::status(name).is_ok(), "lab {name} is still up");
+        assert_eq!(namespaces_of(name).len(), 3, "lab {name} keeps its namespaces");
+    }
+}
+
 #[test]
 fn lab_refuses_to_run_without_root() {
     let example = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples/lab");
