@@ -63,7 +63,7 @@ impl Command {
         }
         match (subcommand.as_str(), positional.as_slice()) {
             ("up", []) if name.is_none() && !json && command.is_empty() => Some(Command::Up { spec: spec? }),
-            ("down", []) if !(spec.is_some() && name.is_some()) && !json => Some(Command::Down { spec, name }),
+            ("down", []) if (spec.is_none() || name.is_none()) && !json => Some(Command::Down { spec, name }),
             ("status", []) if spec.is_none() => Some(Command::Status { name, json }),
             ("exec", [host]) if spec.is_none() && !json && !command.is_empty() => {
                 Some(Command::Exec { name, host: host.clone(), command })
