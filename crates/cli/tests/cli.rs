@@ -73,6 +73,21 @@ fn create_info_check_and_overwrite_refusal() {
     let not_queue = scratch.file("precious.txt", b"keep me");
     fails_with(1, &["queue", "create", "--path", &not_queue, "--size", "1M", "--force"]);
     assert_eq!(std::fs::read(&not_queue).expect("read"), b"keep me");
+    // No directory is invented for a mistyped path.
+    let missing = scratch.path("no/such/q.pq").display().to_string();
+    let error = fails_with(1, &["queue", "create", "--path", &missing, "--size", "1M"]);
+    assert!(error.contains("no/such does not exist") && error.contains("mkdir -p"), "{error}");
+    assert!(!scratch.path("no").exists(), "queue create made a directory");
+}
+
+/// `watch -T` and `notify -T` end normally when their timeout passes (exit 0); see the notify
+/// case in ldm6.rs.
+#[test]
+fn watch_timeout_ends_normally() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue("1M");
+    let output = ldm7(&["watch", "-q", &queue, "-T", "0.2"]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
 }
 
 #[test]

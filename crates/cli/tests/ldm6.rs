@@ -248,8 +248,10 @@ fn sighup_reloads_the_configuration_and_exec_runs_programs() {
     wait_until(Duration::from_secs(5), "the server to log \"Configuration reloaded\"", || {
         server.log().contains("Configuration reloaded").then_some(())
     });
-    // Allowed now: notify connects and ends on its own silence limit (nothing in the queue).
+    // Allowed now: notify connects and ends on its own silence limit (nothing in the queue), as
+    // asked (-T): exit 0.
     let output = notify(&host);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(
         String::from_utf8_lossy(&output.stderr).contains("accepted"),
         "{}",
