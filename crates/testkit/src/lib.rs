@@ -211,8 +211,9 @@ fn default_shared() -> PathBuf {
     manifest.ancestors().nth(3).map_or_else(|| manifest.join("../../../shared"), |parent| parent.join("shared"))
 }
 
-/// The running test: `binary::test`, the binary's name without cargo's hash, the test's from
-/// its thread (else `given`, else `main`).
+/// The running test: `package/binary::test` — the package as cargo tells the test process
+/// (`CARGO_PKG_NAME`, when run by cargo), the binary's name without cargo's hash, the test's
+/// from its thread (else `given`, else `main`).
 fn current_test(given: Option<&str>) -> String {
     let binary = std::env::current_exe()
         .ok()
@@ -224,6 +225,10 @@ fn current_test(given: Option<&str>) -> String {
         .unwrap_or_default();
     let thread = std::thread::current().name().filter(|name| *name != "main").map(str::to_owned);
     let test = thread.or_else(|| given.map(str::to_owned)).unwrap_or_else(|| "main".to_owned());
+    let binary = match std::env::var("CARGO_PKG_NAME") {
+        Ok(package) if !package.is_empty() && package.replace('-', "_") != binary => format!("{package}/{binary}"),
+        _ => binary,
+    };
     if binary.is_empty() { test } else { format!("{binary}::{test}") }
 }
 
@@ -281,6 +286,7 @@ mod tests {
         let file = dir.join("skips");
         let name = current_test(None);
         assert!(name.ends_with("tests::skips_are_recorded_one_line_each_with_the_test_name"), "{name}");
+        // The unit-test binary of package ldm7-testkit is ldm7_testkit: named once.
         assert!(name.starts_with("ldm7_testkit::"), "{name}");
         record_skip(&file, &name, "needs root").unwrap();
         record_skip(&file, "other::test", "the shared data\nis absent").unwrap();
