@@ -85,13 +85,9 @@ pub fn run(args: &DemoArgs) -> CmdResult {
     if products.is_empty() {
         return Err(bad_input("the trace (or its --span) holds no product"));
     }
-    let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
-    let trace_span =
-        products.last().map(|p| p.created).unwrap_or_default().saturating_duration_since(products[0].created);
-    let replay_secs = if args.speed > 0.0 { trace_span.as_secs_f64() / args.speed } else { 0.0 };
     let interrupt = Interrupt::register()?;
     let dir = tempfile::Builder::new().prefix("ldm7-demo-").tempdir().map_err(runtime)?;
-    let result = run_in(&dir, args, &trace, &products, total_bytes, (trace_span, replay_secs), &interrupt);
+    let result = run_in(&dir, args, &trace, &products, &interrupt);
     if args.keep {
         let kept = dir.keep();
         println!("kept {}", kept.display());
@@ -112,11 +108,13 @@ fn run_in(
     args: &DemoArgs,
     trace: &Path,
     products: &[crate::trace::TraceProduct],
-    total_bytes: u64,
-    (trace_span, replay_secs): (Duration, f64),
     interrupt: &Interrupt,
 ) -> CmdResult {
     let started = Instant::now();
+    let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
+    let trace_span =
+        products.last().map(|p| p.created).unwrap_or_default().saturating_duration_since(products[0].created);
+    let replay_secs = if args.speed > 0.0 { trace_span.as_secs_f64() / args.speed } else { 0.0 };
     println!("== ldm7 demo: LDM-7 multicast on loopback ==");
     println!(
         "trace     {} ({} products, {:.2} GB over {:.0} min), replayed at {}x (about {replay_secs:.0} s)",
