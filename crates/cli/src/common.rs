@@ -92,7 +92,7 @@ pub struct LineOptions {
     /// Extended regular expression the product identifier must match.
     #[arg(short = 'p', long = "pattern", default_value = ".*")]
     pub pattern: String,
-    /// Start this far back, e.g. 3600 (seconds) or 1h [default: 0 = only new products].
+    /// Start this far back, e.g. 3600 (seconds) or 1h; 0: only new products.
     #[arg(short = 'o', long = "offset", value_name = "DURATION", default_value = "0", value_parser = duration_arg)]
     pub offset: Duration,
     /// Append the product's origin to each line.

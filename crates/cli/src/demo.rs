@@ -11,12 +11,17 @@
 //! every subscriber's queue, checks each product's MD5 against its signature, and finally
 //! compares the products each subscriber has with those the publisher had: the summary proves
 //! that every product reached every subscriber.
+//!
+//! Whatever way the demo ends — done, failed, or interrupted by SIGINT (Ctrl-C) or SIGTERM — it
+//! stops its processes (SIGTERM, then SIGKILL after a grace period) and removes its directory
+//! (queues of a gigabyte or more each), unless `--keep`. A second SIGINT or SIGTERM during that
+//! clean-up exits at once.
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +38,10 @@ const DEFAULT_TRACE: &str = "data/traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt"
 const STALL_LIMIT: Duration = Duration::from_secs(60);
 /// How often the live lines are printed.
 const LIVE_EVERY: Duration = Duration::from_secs(3);
+/// How long the demo's servers get to end after SIGTERM before they are killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Exit status of a process ended by a second interrupting signal during the clean-up.
+const SECOND_SIGNAL_EXIT: i32 = 2;
 
 /// Arguments of `ldm7 demo`.
 #[derive(clap::Args, Debug)]
@@ -67,11 +76,7 @@ pub struct DemoArgs {
 pub fn run(args: &DemoArgs) -> CmdResult {
     let trace = match &args.trace {
         Some(trace) => trace.clone(),
-        None => find_shared(DEFAULT_TRACE).ok_or_else(|| {
-            bad_input(format!(
-                "cannot find {DEFAULT_TRACE}: set LDM7_SHARED to the shared directory or pass --trace FILE"
-            ))
-        })?,
+        None => find_shared(DEFAULT_TRACE)?,
     };
     let mut products = read_trace(&trace).map_err(bad_input)?;
     if let Some(span) = args.span {
@@ -80,12 +85,36 @@ pub fn run(args: &DemoArgs) -> CmdResult {
     if products.is_empty() {
         return Err(bad_input("the trace (or its --span) holds no product"));
     }
+    let interrupt = Interrupt::register()?;
+    let dir = tempfile::Builder::new().prefix("ldm7-demo-").tempdir().map_err(runtime)?;
+    let result = run_in(&dir, args, &trace, &products, &interrupt);
+    if args.keep {
+        let kept = dir.keep();
+        println!("kept {}", kept.display());
+    } else {
+        let path = dir.path().to_path_buf();
+        match dir.close() {
+            Ok(()) if interrupt.signal().is_some() => println!("removed {}", path.display()),
+            Ok(()) => {}
+            Err(error) => eprintln!("ldm7 demo: cannot remove {}: {error}; remove it by hand", path.display()),
+        }
+    }
+    result
+}
+
+/// The demo in `dir`; its processes are stopped when it returns, whatever the outcome.
+fn run_in(
+    dir: &tempfile::TempDir,
+    args: &DemoArgs,
+    trace: &Path,
+    products: &[crate::trace::TraceProduct],
+    interrupt: &Interrupt,
+) -> CmdResult {
+    let started = Instant::now();
     let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
     let trace_span =
         products.last().map(|p| p.created).unwrap_or_default().saturating_duration_since(products[0].created);
     let replay_secs = if args.speed > 0.0 { trace_span.as_secs_f64() / args.speed } else { 0.0 };
-    let dir = tempfile::Builder::new().prefix("ldm7-demo-").tempdir().map_err(runtime)?;
-    let started = Instant::now();
     println!("== ldm7 demo: LDM-7 multicast on loopback ==");
     println!(
         "trace     {} ({} products, {:.2} GB over {:.0} min), replayed at {}x (about {replay_secs:.0} s)",
@@ -95,7 +124,7 @@ pub fn run(args: &DemoArgs) -> CmdResult {
         trace_span.as_secs_f64() / 60.0,
         args.speed
     );
-    let lab = Lab::create(dir.path(), args, total_bytes)?;
+    let mut lab = Lab::create(dir.path(), args, total_bytes, interrupt)?;
     println!(
         "processes publisher pid {} (MULTICAST NGRID to {} at {}), {} subscribers: {}",
         lab.publisher.pid(),
@@ -104,14 +133,36 @@ pub fn run(args: &DemoArgs) -> CmdResult {
         lab.subscribers.len(),
         lab.subscribers.iter().map(|s| format!("{} pid {}", s.name, s.pid())).collect::<Vec<_>>().join(", ")
     );
-    println!("directory {}{}", dir.path().display(), if args.keep { " (kept)" } else { " (removed at the end)" });
-    let mut lab = lab;
-    lab.wait_subscribed()?;
+    println!(
+        "directory {}{}",
+        dir.path().display(),
+        if args.keep { " (kept)" } else { " (removed at the end, also on Ctrl-C)" }
+    );
+    // The Followers' threads run until `stop`.
+    let stop = Arc::new(AtomicBool::new(false));
+    let result = drive(&mut lab, args, trace, products, started, replay_secs, &stop, interrupt);
+    stop.store(true, Ordering::Relaxed);
+    lab.stop();
+    result
+}
+
+/// Subscribes, replays, follows and checks; the caller stops the processes.
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    lab: &mut Lab,
+    args: &DemoArgs,
+    trace: &Path,
+    products: &[crate::trace::TraceProduct],
+    started: Instant,
+    replay_secs: f64,
+    stop: &Arc<AtomicBool>,
+    interrupt: &Interrupt,
+) -> CmdResult {
+    lab.wait_subscribed(interrupt)?;
     println!("all {} subscribers subscribed; replaying", lab.subscribers.len());
 
     // The publisher's products as the replay inserts them, and each subscriber's as they arrive
     // (each queue opened once in this process: LMDB allows one environment per file).
-    let stop = Arc::new(AtomicBool::new(false));
     let publisher_queue = Arc::new(Queue::open(&lab.publisher.queue_path()).map_err(runtime)?);
     let expected = Arc::new(Follower::start(publisher_queue.clone(), stop.clone(), false));
     let checks: Vec<Arc<Follower>> = lab
@@ -124,8 +175,8 @@ pub fn run(args: &DemoArgs) -> CmdResult {
         .collect::<CmdResult<_>>()?;
 
     let replay = {
-        let trace = trace.clone();
-        let products = products.clone();
+        let trace = trace.to_path_buf();
+        let products = products.to_vec();
         let speed = args.speed;
         std::thread::spawn(move || {
             replay_into(&publisher_queue, &trace, &products, FeedType::NGRID, true, speed, 1, None)
@@ -140,6 +191,9 @@ pub fn run(args: &DemoArgs) -> CmdResult {
     let mut last_progress = (0u64, Instant::now());
     let replay_result = loop {
         std::thread::sleep(Duration::from_millis(100));
+        // An interrupted replay thread is left to the process's exit: it only writes into the
+        // publisher's queue, whose files go with the directory.
+        interrupt.check()?;
         let elapsed = replay_started.elapsed().as_secs_f64();
         if !killed && elapsed >= kill_at {
             lab.subscribers[victim].kill();
@@ -177,6 +231,7 @@ pub fn run(args: &DemoArgs) -> CmdResult {
     );
     // Wait until every subscriber holds every product, or nothing moves for a minute.
     loop {
+        interrupt.check()?;
         let have: u64 = checks.iter().map(|check| check.count().min(published)).sum();
         if checks.iter().all(|check| check.count() >= published) {
             break;
@@ -198,10 +253,6 @@ pub fn run(args: &DemoArgs) -> CmdResult {
     lab.stop();
     let complete = lab.summary(published, &expected, &checks);
     println!("total time {:.1} s", started.elapsed().as_secs_f64());
-    if args.keep {
-        let kept = dir.keep();
-        println!("kept {}", kept.display());
-    }
     if !complete {
         return Err(runtime(anyhow::anyhow!("not every product reached every subscriber (see above)")));
     }
@@ -223,7 +274,7 @@ struct Lab {
 }
 
 impl Lab {
-    fn create(root: &Path, args: &DemoArgs, replay_bytes: u64) -> CmdResult<Self> {
+    fn create(root: &Path, args: &DemoArgs, replay_bytes: u64, interrupt: &Interrupt) -> CmdResult<Self> {
         let exe = std::env::current_exe().map_err(runtime)?;
         let port = free_port()?;
         let group = format!("239.255.{}.7:{}", std::process::id() % 250 + 1, free_port()?);
@@ -247,9 +298,12 @@ impl Lab {
                 })
             })
             .collect();
-        for creation in creations {
-            creation
-                .join()
+        // Every creation is waited for, even after an interrupt: nothing may still write in the
+        // directory when it is removed.
+        let outcomes: Vec<_> = creations.into_iter().map(std::thread::JoinHandle::join).collect();
+        interrupt.check()?;
+        for outcome in outcomes {
+            outcome
                 .map_err(|_| runtime(anyhow::anyhow!("queue creation panicked")))?
                 .map_err(|error| runtime(anyhow::anyhow!("cannot create a queue: {error}")))?;
         }
@@ -281,17 +335,19 @@ impl Lab {
             process.lossy = drop > 0.0;
             subscribers.push(process);
         }
-        let mut publisher = Process::new(&exe, &pub_dir, "publisher", port);
-        publisher.start()?;
-        for subscriber in &mut subscribers {
+        // Started as members of the lab at once, so that a failed start stops those started.
+        let mut lab = Self { publisher: Process::new(&exe, &pub_dir, "publisher", port), subscribers, group };
+        lab.publisher.start()?;
+        for subscriber in &mut lab.subscribers {
             subscriber.start()?;
         }
-        Ok(Self { publisher, subscribers, group })
+        Ok(lab)
     }
 
-    fn wait_subscribed(&mut self) -> CmdResult {
+    fn wait_subscribed(&mut self, interrupt: &Interrupt) -> CmdResult {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            interrupt.check()?;
             if self.subscribers.iter().all(|s| s.log_text().contains("FMTP repair connection to")) {
                 return Ok(());
             }
@@ -330,11 +386,16 @@ impl Lab {
         }
     }
 
+    /// Stops every process: SIGTERM to all, then SIGKILL to those still running after
+    /// [`STOP_GRACE`].
     fn stop(&mut self) {
-        for subscriber in &mut self.subscribers {
-            subscriber.terminate();
+        for process in self.subscribers.iter().chain(std::iter::once(&self.publisher)) {
+            process.signal_terminate();
         }
-        self.publisher.terminate();
+        let deadline = Instant::now() + STOP_GRACE;
+        for process in self.subscribers.iter_mut().chain(std::iter::once(&mut self.publisher)) {
+            process.reap(deadline);
+        }
     }
 
     /// Prints the summary; returns whether every subscriber has every product, intact.
@@ -442,13 +503,18 @@ impl Process {
         }
     }
 
-    fn terminate(&mut self) {
-        if let Some(mut child) = self.child.take() {
+    fn signal_terminate(&self) {
+        if let Some(child) = &self.child {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            let deadline = Instant::now() + Duration::from_secs(10);
+        }
+    }
+
+    /// Waits for the process to end until `deadline`, then kills it.
+    fn reap(&mut self, deadline: Instant) {
+        if let Some(mut child) = self.child.take() {
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     return;
@@ -569,6 +635,48 @@ impl Follower {
     }
 }
 
+/// SIGINT and SIGTERM, caught for the demo's lifetime: the first is noted (the demo stops at its
+/// next check and cleans up), a second one exits at once.
+struct Interrupt {
+    signal: Arc<AtomicUsize>,
+}
+
+impl Interrupt {
+    fn register() -> CmdResult<Self> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let signal = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(AtomicBool::new(false));
+        for number in [SIGINT, SIGTERM] {
+            // Registered first, so it sees `seen` as the previous signal left it.
+            signal_hook::flag::register_conditional_shutdown(number, SECOND_SIGNAL_EXIT, seen.clone())
+                .map_err(runtime)?;
+            signal_hook::flag::register(number, seen.clone()).map_err(runtime)?;
+            signal_hook::flag::register_usize(number, signal.clone(), number as usize).map_err(runtime)?;
+        }
+        Ok(Self { signal })
+    }
+
+    /// The signal received, if any.
+    fn signal(&self) -> Option<&'static str> {
+        match self.signal.load(Ordering::Relaxed) as i32 {
+            0 => None,
+            signal_hook::consts::SIGINT => Some("SIGINT"),
+            _ => Some("SIGTERM"),
+        }
+    }
+
+    /// An error when a signal has been received.
+    fn check(&self) -> CmdResult {
+        match self.signal() {
+            None => Ok(()),
+            Some(name) => {
+                println!("interrupted by {name}: stopping the demo's processes (again to exit at once)");
+                Err(runtime(anyhow::anyhow!("interrupted by {name}")))
+            }
+        }
+    }
+}
+
 fn free_port() -> CmdResult<u16> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
@@ -576,17 +684,33 @@ fn free_port() -> CmdResult<u16> {
         .map_err(runtime)
 }
 
-/// Finds `relative` under the shared data directory: `$LDM7_SHARED`, then `../shared` from the
-/// current directory and from the workspace this binary was built in.
-pub fn find_shared(relative: &str) -> Option<PathBuf> {
-    let mut roots: Vec<PathBuf> = Vec::new();
-    if let Some(shared) = std::env::var_os("LDM7_SHARED") {
-        roots.push(PathBuf::from(shared));
+/// Finds `relative` (e.g. `data/traces/…`) in the shared directory: `$LDM7_SHARED` when it is
+/// set — a value that does not hold the file is an error, never a silent fallback — else
+/// `../shared` or `./shared` from the current directory, else `../shared` next to the workspace
+/// this binary was built in.
+pub fn find_shared(relative: &str) -> CmdResult<PathBuf> {
+    if let Some(shared) = std::env::var_os("LDM7_SHARED").filter(|value| !value.is_empty()) {
+        let path = Path::new(&shared).join(relative);
+        if path.is_file() {
+            return Ok(path);
+        }
+        let why = if Path::new(&shared).is_dir() { "does not hold" } else { "is not a directory holding" };
+        return Err(bad_input(format!(
+            "LDM7_SHARED={} {why} {relative}: point it at the shared directory (the one holding data/), \
+             or unset it, or pass --trace FILE",
+            Path::new(&shared).display()
+        )));
     }
+    let mut roots: Vec<PathBuf> = Vec::new();
     if let Ok(current) = std::env::current_dir() {
-        roots.push(current.join("../shared"));
+        roots.extend(current.parent().map(|parent| parent.join("shared")));
         roots.push(current.join("shared"));
     }
-    roots.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    roots.into_iter().map(|root| root.join(relative)).find(|path| path.is_file())
+    // This crate is WORKSPACE/crates/cli.
+    roots.extend(Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(3).map(|parent| parent.join("shared")));
+    roots.into_iter().map(|root| root.join(relative)).find(|path| path.is_file()).ok_or_else(|| {
+        bad_input(format!(
+            "cannot find {relative} in ../shared: set LDM7_SHARED to the shared directory or pass --trace FILE"
+        ))
+    })
 }

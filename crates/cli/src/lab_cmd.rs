@@ -19,10 +19,11 @@ pub enum LabCommand {
         #[arg(long, value_name = "LAB.toml")]
         spec: PathBuf,
     },
-    /// Take a lab down, removing everything it created.
+    /// Take a lab down, removing everything it created (without --spec or --name: the one lab
+    /// that is up).
     Down {
         /// The spec it was brought up from (removes exactly the names the spec uses).
-        #[arg(long, value_name = "LAB.toml", required_unless_present = "name", conflicts_with = "name")]
+        #[arg(long, value_name = "LAB.toml", conflicts_with = "name")]
         spec: Option<PathBuf>,
         /// The lab name (uses the lab's state file).
         #[arg(long)]
@@ -94,7 +95,13 @@ fn down(spec: Option<&std::path::Path>, name: Option<&str>) -> CmdResult {
             (spec.name, removed)
         }
         (None, Some(name)) => (name.to_string(), lab::down(name).map_err(failure)?),
-        (None, None) => return Err(exit::bad_input("lab down needs --spec or --name")),
+        (None, None) => match lab::down_only().map_err(failure)? {
+            Some(name) => (name, true),
+            None => {
+                eprintln!("no lab is up; nothing to do");
+                return Ok(());
+            }
+        },
     };
     if removed {
         eprintln!("lab {lab}: down; everything it created was removed");

@@ -60,7 +60,7 @@ enum Command {
     Cat(cat::CatArgs),
     /// Follow the queue and print a line per new product (a local notifyme).
     Watch(watch::WatchArgs),
-    /// Run the demo: replay the NGRID hour into a fresh queue while a watcher follows it.
+    /// Run the demo: LDM-7 multicast on loopback, a publisher and subscribers (no root).
     Demo(demo::DemoArgs),
     /// Measure performance.
     #[command(subcommand)]
@@ -68,7 +68,7 @@ enum Command {
     /// FMTP multicast transport alone: send and receive products.
     #[command(subcommand)]
     Fmtp(fmtp_cmd::FmtpCommand),
-    /// Run the LDM server (ldmd): ldmd.conf, upstream and downstream LDM-6 sessions.
+    /// Run the LDM server (ldmd): ldmd.conf, LDM-6 sessions, LDM-7 multicast and subscriptions.
     Serve(serve::ServeArgs),
     /// Ask an LDM server for notifications of products (notifyme).
     Notify(remote::NotifyArgs),

@@ -22,7 +22,7 @@ pub enum QueueCommand {
 /// Arguments of `queue create`.
 #[derive(clap::Args, Debug)]
 pub struct CreateArgs {
-    /// Where to create the queue [default: $LDM7_QUEUE or ./ldm7.pq].
+    /// Where to create the queue, in an existing directory [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(long, short = 'q', visible_alias = "queue", value_name = "PATH")]
     pub path: Option<PathBuf>,
     /// Capacity in bytes: K/M/G = 10^3/10^6/10^9 as in LDM, or KiB/MiB/GiB.
@@ -69,6 +69,18 @@ fn create(args: &CreateArgs) -> CmdResult {
     let slots = args.slots.unwrap_or_else(|| Capacity::default_slots(bytes));
     if slots == 0 {
         return Err(bad_input("slots must be at least 1: give --slots, e.g. --slots 100000"));
+    }
+    // The queue goes in an existing directory, as pqcreate's: a mistyped path must not grow a
+    // tree of directories.
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(bad_input(format!(
+                "cannot create {}: the directory {} does not exist; create it first (mkdir -p {})",
+                path.display(),
+                parent.display(),
+                parent.display()
+            )));
+        }
     }
     let queue = Queue::create(&path, Capacity { bytes, slots }, args.force).map_err(|error| match error {
         CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) => input(error),

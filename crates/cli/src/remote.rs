@@ -24,13 +24,14 @@ pub struct NotifyArgs {
     pub host: client::ServerAddress,
     #[command(flatten)]
     pub lines: LineOptions,
-    /// Exit after this long without a message, e.g. 300 (seconds) or 5min.
+    /// Exit (status 0) after this long without a message, e.g. 300 (seconds) or 5min.
     #[arg(short = 'T', long = "timeout", value_name = "DURATION", default_value = "300", value_parser = positive_duration_arg)]
     pub timeout: Duration,
 }
 
 /// Runs `notify`: one line per NOTIFICATION on standard output, as notifyme prints it (with
-/// the signature when `with_signature`, `-x`).
+/// the signature when `with_signature`, `-x`). The `-T` timeout ends it normally (exit 0), as
+/// `watch -T` does: the operator asked for it.
 pub fn notify(args: &NotifyArgs, with_signature: bool) -> CmdResult {
     let (feedtype, pattern, from) = args.lines.selection()?;
     let class = ProdClass { from, to: Timestamp::END, specs: vec![ldm7_types::ProdSpec { feedtype, pattern }] };
@@ -39,7 +40,7 @@ pub fn notify(args: &NotifyArgs, with_signature: bool) -> CmdResult {
     let stdout = std::io::stdout();
     let mut seen = 0u64;
     let host = &args.host;
-    client::notify(&options, |progress| {
+    let result = client::notify(&options, |progress| {
         match progress {
             NotifyProgress::Accepted(class) => tracing::info!("notify: {host}: NOTIFYME {class} accepted"),
             NotifyProgress::Reclassified(class) => tracing::info!("notify: {host}: reclassified to {class}"),
@@ -56,8 +57,14 @@ pub fn notify(args: &NotifyArgs, with_signature: bool) -> CmdResult {
             }
         }
         ControlFlow::Continue(())
-    })
-    .map_err(client_failure)
+    });
+    match result {
+        Err(error) if error.is_silence() => {
+            tracing::info!("notify: {host}: nothing for {:?} (-T): exiting", args.timeout);
+            Ok(())
+        }
+        other => other.map_err(client_failure),
+    }
 }
 
 /// Arguments of `ldm7 send` (ldmsend).

@@ -13,7 +13,7 @@ use crate::exit::{CmdResult, runtime};
 pub struct WatchArgs {
     #[command(flatten)]
     pub lines: LineOptions,
-    /// Exit after this long without a matching product, e.g. 30 (seconds) or 5min.
+    /// Exit (status 0) after this long without a product, e.g. 30 (seconds) or 5min.
     #[arg(long, short = 'T', value_name = "DURATION", value_parser = duration_arg)]
     pub timeout: Option<Duration>,
     /// Print a summary on standard error at exit.

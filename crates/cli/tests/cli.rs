@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use ldm7_testkit::{shared_data, wait_until};
+use ldm7_testkit::{shared_data_or_skip, wait_until};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
@@ -73,6 +73,21 @@ fn create_info_check_and_overwrite_refusal() {
     let not_queue = scratch.file("precious.txt", b"keep me");
     fails_with(1, &["queue", "create", "--path", &not_queue, "--size", "1M", "--force"]);
     assert_eq!(std::fs::read(&not_queue).expect("read"), b"keep me");
+    // No directory is invented for a mistyped path.
+    let missing = scratch.path("no/such/q.pq").display().to_string();
+    let error = fails_with(1, &["queue", "create", "--path", &missing, "--size", "1M"]);
+    assert!(error.contains("no/such does not exist") && error.contains("mkdir -p"), "{error}");
+    assert!(!scratch.path("no").exists(), "queue create made a directory");
+}
+
+/// `watch -T` and `notify -T` end normally when their timeout passes (exit 0); see the notify
+/// case in ldm6.rs.
+#[test]
+fn watch_timeout_ends_normally() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue("1M");
+    let output = ldm7(&["watch", "-q", &queue, "-T", "0.2"]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
 }
 
 #[test]
@@ -207,7 +222,7 @@ fn bad_input_is_refused_and_nothing_inserted() {
 
 #[test]
 fn replay_and_watch_across_processes() {
-    let trace = shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
+    let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
     let scratch = Scratch::new();
     let queue = scratch.queue("200M");
     // `-o 3600`: the watcher follows from an hour back, so it sees all 500 products whether it
@@ -254,7 +269,7 @@ fn bench_queue_runs_tiny() {
 /// kill -9 of an inserting `ldm7 insert --replay` at random moments never damages the queue.
 #[test]
 fn killed_inserter_leaves_a_sound_queue() {
-    let trace = shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
+    let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt") else { return };
     let scratch = Scratch::new();
     // The NGRID hour holds a 54 MB product: the queue must be larger than that.
     let queue = scratch.queue("100M");
@@ -290,7 +305,7 @@ fn killed_inserter_leaves_a_sound_queue() {
 /// the datagrams: every product arrives intact at both (repaired over TCP).
 #[test]
 fn fmtp_send_recv_on_loopback_with_drop() {
-    let trace = shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
+    let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
     let scratch = Scratch::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
     let group = format!("239.255.78.{}:{port}", port % 200 + 1);

@@ -80,3 +80,42 @@ fn classic_names_refuse_the_same_values() {
         assert!(stderr.contains("expected a duration"), "{name}: {stderr}");
     }
 }
+
+/// No option's help says its default twice (clap prints `[default: …]` for a flag with a
+/// default value; a doc text that also says `[default: …]` doubles it): every subcommand's help.
+#[test]
+fn no_help_text_repeats_its_default() {
+    let mut pending = vec![Vec::<String>::new()];
+    let mut checked = 0;
+    while let Some(path) = pending.pop() {
+        let output = Command::new(LDM7).args(&path).arg("--help").output().expect("run ldm7 --help");
+        let help = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "ldm7 {path:?} --help: {help}");
+        checked += 1;
+        let mut section = "";
+        let mut entries: Vec<String> = Vec::new();
+        for line in help.lines() {
+            if !line.starts_with(' ') {
+                section = line;
+                continue;
+            }
+            let trimmed = line.trim_start();
+            let indent = line.len() - trimmed.len();
+            if section == "Commands:" && indent == 2 {
+                let name = trimmed.split_whitespace().next().unwrap_or("");
+                if name != "help" {
+                    pending.push(path.iter().cloned().chain([name.to_owned()]).collect());
+                }
+            } else if indent <= 6 && trimmed.starts_with('-') {
+                entries.push(trimmed.to_owned());
+            } else if let Some(entry) = entries.last_mut() {
+                entry.push(' ');
+                entry.push_str(trimmed);
+            }
+        }
+        for entry in entries {
+            assert!(entry.matches("[default").count() <= 1, "ldm7 {path:?}: the default is said twice: {entry}");
+        }
+    }
+    assert!(checked > 20, "every subcommand's help was read ({checked})");
+}

@@ -32,7 +32,9 @@ fn four_subscribers_two_lossy_all_products_intact() {
     if !ldm7_testkit::skip_unless_root("four_subscribers_two_lossy_all_products_intact") {
         return;
     }
-    let trace = ldm7_testkit::shared_data("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt");
+    let Some(trace) = ldm7_testkit::shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("f3t{}", std::process::id() % 1000);
     let spec = format!(

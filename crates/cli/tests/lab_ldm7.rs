@@ -126,7 +126,9 @@ fn ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts() {
     if !ldm7_testkit::skip_unless_root("ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts") {
         return;
     }
-    let _ = ldm7_testkit::shared_data(TRACE);
+    if ldm7_testkit::shared_data_or_skip(TRACE).is_none() {
+        return;
+    }
     let root = tempfile::tempdir().expect("tempdir");
     let name = format!("l7t{}", std::process::id() % 10_000);
     let lab = Lab::up(&spec(&name)).expect("lab up");

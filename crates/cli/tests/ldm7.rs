@@ -10,7 +10,7 @@ mod support;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use ldm7_testkit::{shared_data, wait_until};
+use ldm7_testkit::{shared_data_or_skip, wait_until};
 use support::{LOCAL, Node, run, tail};
 
 const TRACE: &str = "traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt";
@@ -39,8 +39,7 @@ fn subscriber(root: &std::path::Path, name: &str, publisher: &Node, drop: f64) -
 }
 
 /// Inserts `limit` NGRID-sized products (seeded contents) into a node's queue as EXP.
-fn replay(node: &Node, limit: usize, seed: u64) {
-    let trace = shared_data(TRACE);
+fn replay(node: &Node, trace: &std::path::Path, limit: usize, seed: u64) {
     let (queue, trace) = (node.queue_path(), trace.display().to_string());
     let (limit, seed) = (limit.to_string(), seed.to_string());
     run(&[
@@ -72,6 +71,7 @@ fn assert_same_products(publisher: &Node, subscribers: &[Node]) {
 
 #[test]
 fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
     let mut publisher = publisher(root.path(), 1, &allow_all(), "[multicast]\nrate = \"400 Mbit/s\"\n");
     publisher.start();
@@ -84,7 +84,7 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
         node.start();
         wait_subscribed(node);
     }
-    replay(&publisher, 1500, 7);
+    replay(&publisher, &trace, 1500, 7);
     for node in &subscribers {
         node.wait_for(1500, Duration::from_secs(120));
     }
@@ -107,6 +107,7 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
 
 #[test]
 fn the_backstop_fetches_what_fmtp_gave_up() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
     // A retransmission deadline of zero: every repair request is rejected, so each product
     // the lossy subscriber does not get whole by multicast comes through the backstop.
     let root = tempfile::tempdir().expect("tempdir");
@@ -115,7 +116,7 @@ fn the_backstop_fetches_what_fmtp_gave_up() {
     let mut lossy = subscriber(root.path(), "lossy", &publisher, 0.2);
     lossy.start();
     wait_subscribed(&lossy);
-    replay(&publisher, 300, 11);
+    replay(&publisher, &trace, 300, 11);
     lossy.wait_for(300, Duration::from_secs(120));
     assert_same_products(&publisher, std::slice::from_ref(&lossy));
     let (received, inserted) = (deliveries(&lossy, "Received"), deliveries(&lossy, "Inserted"));
@@ -128,6 +129,7 @@ fn the_backstop_fetches_what_fmtp_gave_up() {
 
 #[test]
 fn a_killed_subscriber_gets_what_it_missed_through_the_backlog() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
     let mut publisher = publisher(root.path(), 3, &allow_all(), "");
     publisher.start();
@@ -137,15 +139,15 @@ fn a_killed_subscriber_gets_what_it_missed_through_the_backlog() {
         node.start();
         wait_subscribed(node);
     }
-    replay(&publisher, 300, 21);
+    replay(&publisher, &trace, 300, 21);
     killed.wait_for(300, Duration::from_secs(60));
     killed.kill9();
-    replay(&publisher, 500, 21); // the first 300 are there already: 200 new
+    replay(&publisher, &trace, 500, 21); // the first 300 are there already: 200 new
     steady.wait_for(500, Duration::from_secs(60));
     killed.start();
     killed.wait_for(500, Duration::from_secs(60));
     assert!(deliveries(&killed, "Backlog") >= 200, "{}", tail(&killed.log()));
-    replay(&publisher, 700, 21);
+    replay(&publisher, &trace, 700, 21);
     for node in [&steady, &killed] {
         node.wait_for(700, Duration::from_secs(60));
     }
@@ -154,6 +156,7 @@ fn a_killed_subscriber_gets_what_it_missed_through_the_backlog() {
 
 #[test]
 fn a_restarted_publisher_is_resubscribed_and_nothing_is_lost() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
     let mut publisher = publisher(root.path(), 4, &allow_all(), "");
     publisher.start();
@@ -163,18 +166,18 @@ fn a_restarted_publisher_is_resubscribed_and_nothing_is_lost() {
         node.start();
         wait_subscribed(node);
     }
-    replay(&publisher, 200, 31);
+    replay(&publisher, &trace, 200, 31);
     for node in &subscribers {
         node.wait_for(200, Duration::from_secs(60));
     }
     publisher.stop();
-    replay(&publisher, 400, 31); // while the publisher is down: these come by the backlog
+    replay(&publisher, &trace, 400, 31); // while the publisher is down: these come by the backlog
     publisher.start();
     for node in &subscribers {
         wait_until(Duration::from_secs(30), "resubscription", || node.log().contains("resubscribed").then_some(()));
         node.wait_for(400, Duration::from_secs(60));
     }
-    replay(&publisher, 600, 31); // after: by multicast, with indexes going on from 200
+    replay(&publisher, &trace, 600, 31); // after: by multicast, with indexes going on from 200
     for node in &subscribers {
         node.wait_for(600, Duration::from_secs(60));
         assert!(deliveries(node, "Backlog") >= 200, "{}", tail(&node.log()));
@@ -211,6 +214,7 @@ fn subscriptions_not_allowed_or_not_multicast_are_refused_and_logged() {
 
 #[test]
 fn a_repair_connection_from_an_address_not_handed_out_is_refused() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
     let mut publisher = publisher(root.path(), 7, &allow_all(), "");
     publisher.start();
@@ -236,7 +240,7 @@ fn a_repair_connection_from_an_address_not_handed_out_is_refused() {
         publisher.log().contains("refused an FMTP repair connection from 127.0.0.200").then_some(())
     });
     // The subscriber is not disturbed.
-    replay(&publisher, 50, 41);
+    replay(&publisher, &trace, 50, 41);
     subscriber.wait_for(50, Duration::from_secs(30));
     subscriber.stop();
     publisher.stop();
@@ -244,6 +248,7 @@ fn a_repair_connection_from_an_address_not_handed_out_is_refused() {
 
 #[test]
 fn a_full_pool_and_a_malformed_record_affect_only_their_own_connection() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
     let mut publisher = publisher(root.path(), 8, &allow_all(), "[multicast]\nsubscribers_max = 1\n");
     publisher.start();
@@ -271,7 +276,7 @@ fn a_full_pool_and_a_malformed_record_affect_only_their_own_connection() {
     wait_until(Duration::from_secs(10), "the malformed record in the log", || {
         publisher.log().contains("malformed record").then_some(())
     });
-    replay(&publisher, 40, 51);
+    replay(&publisher, &trace, 40, 51);
     first.wait_for(40, Duration::from_secs(30));
     assert_same_products(&publisher, std::slice::from_ref(&first));
     first.stop();

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! lab up --spec LAB.toml
-//! lab down (--spec LAB.toml | --name LAB)
+//! lab down [--spec LAB.toml | --name LAB]     # neither: the one lab that is up
 //! lab status [--name LAB] [--json]
 //! lab exec [--name LAB] HOST -- CMD [ARGS…]
 //! ```
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use ldm7_net::lab::{self, LabError, LabSpec};
 
-const USAGE: &str = "usage: lab up --spec LAB.toml | lab down (--spec LAB.toml | --name LAB) | \
+const USAGE: &str = "usage: lab up --spec LAB.toml | lab down [--spec LAB.toml | --name LAB] | \
                      lab status [--name LAB] [--json] | lab exec [--name LAB] HOST -- CMD [ARGS…]";
 
 fn main() -> ExitCode {
@@ -63,7 +63,7 @@ impl Command {
         }
         match (subcommand.as_str(), positional.as_slice()) {
             ("up", []) if name.is_none() && !json && command.is_empty() => Some(Command::Up { spec: spec? }),
-            ("down", []) if spec.is_some() != name.is_some() && !json => Some(Command::Down { spec, name }),
+            ("down", []) if (spec.is_none() || name.is_none()) && !json => Some(Command::Down { spec, name }),
             ("status", []) if spec.is_none() => Some(Command::Status { name, json }),
             ("exec", [host]) if spec.is_none() && !json && !command.is_empty() => {
                 Some(Command::Exec { name, host: host.clone(), command })
@@ -85,7 +85,16 @@ impl Command {
                 let removed = match (spec, name) {
                     (Some(path), _) => lab::down_spec(&LabSpec::from_file(&path)?)?,
                     (None, Some(name)) => lab::down(&name)?,
-                    (None, None) => unreachable!("parse requires --spec or --name"),
+                    (None, None) => match lab::down_only()? {
+                        Some(name) => {
+                            eprint!("{name}: ");
+                            true
+                        }
+                        None => {
+                            eprintln!("no lab is up; nothing to do");
+                            return Ok(0);
+                        }
+                    },
                 };
                 eprintln!("{}", if removed { "down" } else { "not up; nothing to do" });
                 Ok(0)

@@ -8,8 +8,10 @@
 //! prints, against the configured value: the UDP round-trip time over a VDE leg with 20 ms
 //! one-way delay (median of 40 probes), the loss of 20,000 datagrams to a host with 5% receive
 //! loss, and the rate at the receiver of full-speed multicast through the publisher's HTB at each
-//! rate (wire bytes, as HTB counts them). Results go in `docs/lab.md` ("Measured fidelity") and
-//! `docs/benchmarks.md`. The lab tests check the same quantities with wide margins only.
+//! rate (wire bytes, as HTB counts them), against the same blast without HTB in the same run.
+//! Results go in `docs/lab.md` ("Measured fidelity") and `docs/benchmarks.md`. The lab tests
+//! check delay and loss with wide margins and HTB's classes without timing (the rate HTB holds is
+//! measured only here).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -66,19 +68,18 @@ fn measure(rates: &[Rate]) -> Result<(), Box<dyn std::error::Error>> {
     drop(lossy);
 
     let shaped = Lab::up('h', "rate = \"20M\"\nbuffer = \"10MB\"\nmulticast_port = 38800\n", 0.0)?;
+    // The baseline of the same run: the same blast with no HTB on the publisher's interface.
+    let publisher = shaped.spec.netns_of("pub");
+    tc::remove(Some(&publisher), "feed")?;
+    let unshaped = blast(&shaped.spec)?;
+    println!(
+        "| full-speed multicast UDP without HTB, at the receiver (wire bytes; baseline) | none | {:.2} Mbit/s |",
+        unshaped.wire_bits_per_s / 1e6
+    );
     for &rate in rates {
         let plan = HtbPlan { multicast_port: Some(38800), ..HtbPlan::new(rate, ByteSize::from_bytes(10_000_000)) };
-        let publisher = shaped.spec.netns_of("pub");
         tc::install(Some(&publisher), "feed", &plan)?;
-        let sample = probe::multicast_blast(
-            &shaped.spec,
-            "feed",
-            "pub",
-            "sub",
-            38800,
-            Duration::from_millis(500),
-            Duration::from_millis(1500),
-        )?;
+        let sample = blast(&shaped.spec)?;
         let counters = tc::read_counters(Some(&publisher), "feed")?;
         let multicast = counters.multicast().cloned().unwrap_or_default();
         println!(
@@ -91,6 +92,11 @@ fn measure(rates: &[Rate]) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// Full-speed multicast from `pub` to `sub` for 2 s, measured over the last 1.5 s.
+fn blast(spec: &LabSpec) -> Result<probe::BlastSample, probe::ProbeError> {
+    probe::multicast_blast(spec, "feed", "pub", "sub", 38800, Duration::from_millis(500), Duration::from_millis(1500))
 }
 
 /// A two-host lab (`pub` → `sub` on feed `feed`), taken down when dropped.

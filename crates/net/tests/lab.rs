@@ -1,11 +1,14 @@
 //! The namespace lab for real (root only; each test skips with a message otherwise): it builds
 //! what the spec says, removes it again, and its delay, loss, rate and legs act on real traffic.
-//! These tests check correctness with wide margins; how exactly the lab meets the configured
-//! numbers is a benchmark (`cargo run --release -p ldm7-net --example lab_fidelity`).
+//! These tests check correctness with wide margins and make no timed assertion; how exactly the
+//! lab meets the configured numbers (delay, loss, the rate HTB holds) is a benchmark (`cargo run
+//! --release -p ldm7-net --example lab_fidelity`).
 //!
 //! Every test makes its own lab named `l7t<pid><letter>` and takes it down when it ends, even on
-//! failure (the `TestLab` guard). Traffic goes only between namespaces these tests create. The
-//! tests take a process-wide lock so that they do not share the two cores with each other.
+//! failure (the `TestLab` guard). Traffic goes only between namespaces these tests create, and a
+//! test compares only the objects its own lab created (their names start with the lab's name):
+//! another lab up on the same machine does not fail them. The tests take a process-wide lock so
+//! that they do not share the two cores with each other.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,9 +19,8 @@ use ldm7_net::command::{Cmd, program_exists};
 use ldm7_net::hostcfg;
 use ldm7_net::lab::{self, LabSpec, probe};
 use ldm7_net::netns::spawn_in_netns;
-use ldm7_net::tc::{self, HtbPlan};
-use ldm7_net::{ByteSize, Rate};
-use ldm7_testkit::{skip_unless_root, wait_until};
+use ldm7_net::tc;
+use ldm7_testkit::{skip, skip_unless_root, wait_until};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -28,7 +30,7 @@ fn root_and_tools(test: &str, tools: &[&str]) -> bool {
     }
     for tool in tools {
         if !program_exists(tool) {
-            eprintln!("skipping {test}: {tool} is not installed (apt-get install -y vde2 iptables iproute2)");
+            skip(&format!("{tool} is not installed (apt-get install -y vde2 iptables iproute2)"));
             return false;
         }
     }
@@ -80,7 +82,6 @@ fn up_then_down_leaves_nothing_behind() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let netns_before = ldm7_net::netns::list();
     let body = format!(
         r#"{TWO_HOSTS}
 [[hosts]]
@@ -101,6 +102,11 @@ delay = {{ sub2 = "5ms" }}
     );
     let test_lab = TestLab::up('a', &body);
     let spec = test_lab.spec.clone();
+    let mut own = namespaces_of(&spec.name);
+    own.sort();
+    let mut expected = spec.namespaces();
+    expected.sort();
+    assert_eq!(own, expected, "the lab's namespaces, and no other of its name");
     let text = format!("name = \"{}\"\n{body}", spec.name);
     for namespace in spec.namespaces() {
         assert!(ldm7_net::netns::exists(&namespace), "{namespace} exists while up");
@@ -111,7 +117,7 @@ delay = {{ sub2 = "5ms" }}
     assert!(status.paths.iter().all(|p| p.legs.len() == 3), "{status:?}");
     drop(test_lab);
 
-    assert_eq!(ldm7_net::netns::list(), netns_before, "the namespaces are as before");
+    assert_eq!(namespaces_of(&spec.name), Vec::<String>::new(), "none of the lab's namespaces is left");
     assert!(!spec.run_dir().exists(), "{} is removed", spec.run_dir().display());
     let run_dir = spec.run_dir().to_string_lossy().into_owned();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -128,7 +134,6 @@ fn a_failed_up_removes_what_it_created() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let netns_before = ldm7_net::netns::list();
     let name = format!("l7t{}g", std::process::id());
     let text = format!(
         r#"name = "{name}"
@@ -156,7 +161,7 @@ delay = {{ sub = "1ms" }}
     assert!(matches!(error, lab::LabError::UpFailed { .. }), "{error}");
     assert_eq!(error.exit_code(), 2);
     assert!(error.to_string().contains("everything it had created was removed"), "{error}");
-    assert_eq!(ldm7_net::netns::list(), netns_before, "no namespace is left behind");
+    assert_eq!(namespaces_of(&name), Vec::<String>::new(), "no namespace of the lab is left behind");
     assert!(!spec.run_dir().exists(), "the run directory is removed");
 }
 
@@ -225,6 +230,13 @@ buffer = "10MB"
     assert!(sample.received > 0 && sample.received <= sample.sent - 100, "{sample:?}");
 }
 
+/// The network namespaces of lab `lab` (`LAB-host`, `LAB-core`): only those, whatever other labs
+/// are up on the machine.
+fn namespaces_of(lab: &str) -> Vec<String> {
+    let prefix = format!("{lab}-");
+    ldm7_net::netns::list().into_iter().filter(|name| name.starts_with(&prefix)).collect()
+}
+
 /// Packets dropped so far by the iptables `statistic` rule of namespace `netns`.
 fn statistic_drops(netns: &str) -> u64 {
     let text = Cmd::new("iptables").netns(Some(netns)).args(["-L", "INPUT", "-v", "-x", "-n"]).run().unwrap();
@@ -232,9 +244,13 @@ fn statistic_drops(netns: &str) -> u64 {
     line.split_whitespace().next().and_then(|packets| packets.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
 
+/// The publisher's HTB tree as the lab installs it: the classes exist with the configured rates
+/// and priorities, and multicast datagrams are counted in the multicast class. No rate is
+/// measured here: how closely HTB holds full-speed multicast to its rate is the `lab_fidelity`
+/// benchmark (docs/benchmarks.md).
 #[test]
-fn htb_holds_full_speed_multicast_near_its_rate() {
-    if !root_and_tools("htb_holds_full_speed_multicast_near_its_rate", &[]) {
+fn htb_classes_have_the_configured_rates_and_carry_multicast() {
+    if !root_and_tools("htb_classes_have_the_configured_rates_and_carry_multicast", &[]) {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -253,51 +269,66 @@ multicast_port = 38800
         ),
     );
     let publisher = lab.netns("pub");
-    let blast = || {
-        probe::multicast_blast(
-            &lab.spec,
-            "ngrid",
-            "pub",
-            "sub",
-            38800,
-            Duration::from_millis(200),
-            Duration::from_millis(800),
-        )
-        .unwrap()
+    let classes = Cmd::new("tc").netns(Some(&publisher)).args(["class", "show", "dev", "ngrid"]).run().unwrap();
+    // (class, assured rate, ceiling, priority): the multicast class first and assured 98% of
+    // the path, repairs 2% (tc::DEFAULT_RETX_SHARE); both may borrow up to the path rate.
+    for (class, rate, ceil, prio) in [
+        (tc::PATH_CLASS, 20_000_000, 20_000_000, None),
+        (tc::MULTICAST_CLASS, 19_600_000, 20_000_000, Some("0")),
+        (tc::RETX_CLASS, 400_000, 20_000_000, Some("1")),
+    ] {
+        let line = classes
+            .lines()
+            .find(|line| line.split_whitespace().nth(2) == Some(class))
+            .unwrap_or_else(|| panic!("no HTB class {class}:\n{classes}"));
+        assert_eq!(tc_rate(line, "rate"), rate, "{line}");
+        assert_eq!(tc_rate(line, "ceil"), ceil, "{line}");
+        assert_eq!(word_after(line, "prio"), prio, "{line}");
+    }
+    let qdiscs = Cmd::new("tc").netns(Some(&publisher)).args(["qdisc", "show", "dev", "ngrid"]).run().unwrap();
+    assert_eq!(
+        qdiscs.lines().filter(|line| line.contains("bfifo") && line.contains("limit 1000000b")).count(),
+        2,
+        "{qdiscs}"
+    );
+
+    // Multicast datagrams to the feed's port go through the multicast class (counted by
+    // number, not by time).
+    let group = lab.spec.feed("ngrid").unwrap().multicast_group;
+    let pub_address = lab.address("ngrid", "pub");
+    let sent = ldm7_net::netns::in_netns(&publisher, move || {
+        let socket = UdpSocket::bind(SocketAddrV4::new(pub_address, 0)).unwrap();
+        (0..100u32).filter(|n| socket.send_to(&n.to_be_bytes(), SocketAddrV4::new(group, 38800)).is_ok()).count()
+    })
+    .unwrap() as u64;
+    assert_eq!(sent, 100, "the publisher sent 100 datagrams to {group}:38800");
+    let multicast = wait_until(Duration::from_secs(10), "the multicast class to count 100 packets", || {
+        let counters = tc::read_counters(Some(&publisher), "ngrid").unwrap();
+        counters.multicast().filter(|class| class.sent_packets >= sent).cloned()
+    });
+    eprintln!("multicast class after 100 datagrams: {multicast:?}");
+}
+
+/// The value after `key` in a `tc class show` line, in bits per second (tc prints rates as
+/// `400Kbit`, `19600Kbit`, `20Mbit`, decimal multiples).
+fn tc_rate(line: &str, key: &str) -> u64 {
+    let word = word_after(line, key).unwrap_or_else(|| panic!("no {key} in {line}"));
+    let digits = word.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let number: f64 = digits.parse().unwrap_or_else(|_| panic!("not a rate: {word}"));
+    let scale = match &word[digits.len()..] {
+        "bit" => 1.0,
+        "Kbit" => 1e3,
+        "Mbit" => 1e6,
+        "Gbit" => 1e9,
+        unit => panic!("unknown tc rate unit {unit:?} in {line}"),
     };
-    tc::remove(Some(&publisher), "ngrid").unwrap();
-    let unshaped = blast();
-    let rate = Rate::from_megabits_per_s(20);
-    let plan = HtbPlan { multicast_port: Some(38800), ..HtbPlan::new(rate, ByteSize::from_bytes(1_000_000)) };
-    tc::install(Some(&publisher), "ngrid", &plan).unwrap();
-    let shaped = blast();
-    let counters = tc::read_counters(Some(&publisher), "ngrid").unwrap();
-    let multicast = counters.multicast().expect("the multicast class exists");
-    eprintln!(
-        "full-speed multicast at the receiver: unshaped {:.1} Mbit/s, HTB {rate} {:.2} Mbit/s; tc multicast class \
-         sent {} pkt, dropped {}, overlimits {}",
-        unshaped.wire_bits_per_s / 1e6,
-        shaped.wire_bits_per_s / 1e6,
-        multicast.sent_packets,
-        multicast.dropped_packets,
-        multicast.overlimits
-    );
-    // Correctness with wide margins; the exact rate is measured by `--example lab_fidelity`.
-    assert!(counters.path().is_some() && counters.retransmission().is_some(), "{counters:?}");
-    assert!(multicast.sent_packets >= shaped.datagrams, "the multicast class carried the datagrams: {multicast:?}");
-    assert!(multicast.overlimits > 0, "HTB held the multicast class back: {multicast:?}");
-    let target = rate.bits_per_s() as f64;
-    assert!(
-        (target / 4.0..=target * 2.0).contains(&shaped.wire_bits_per_s),
-        "shaped to {rate}, measured {:.2} Mbit/s",
-        shaped.wire_bits_per_s / 1e6
-    );
-    assert!(
-        unshaped.wire_bits_per_s > 1.5 * shaped.wire_bits_per_s,
-        "unshaped {:.1} Mbit/s is not clearly above shaped {:.1} Mbit/s",
-        unshaped.wire_bits_per_s / 1e6,
-        shaped.wire_bits_per_s / 1e6
-    );
+    (number * scale).round() as u64
+}
+
+fn word_after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut words = line.split_whitespace();
+    words.by_ref().find(|word| *word == key)?;
+    words.next()
 }
 
 #[test]
@@ -408,14 +439,44 @@ fn leg_controls_reception(lab: &TestLab) {
     assert!(leaked.is_empty(), "{kind}: sub1 received datagrams sent after its leg was removed: {leaked:?}");
 }
 
+/// `down` without a name takes down the one lab that is up; with several up (here two of this
+/// test's, whatever else runs on the machine) it refuses, lists them, and removes nothing. (The
+/// one-lab case is not run here: on a shared machine it would take down someone else's lab.)
+#[test]
+fn down_without_a_name_refuses_and_lists_when_several_labs_are_up() {
+    if !root_and_tools("down_without_a_name_refuses_and_lists_when_several_labs_are_up", &[]) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (first, second) = (TestLab::up('k', TWO_HOSTS), TestLab::up('m', TWO_HOSTS));
+    let names = [first.spec.name.clone(), second.spec.name.clone()];
+    let error = lab::down_only().expect_err("down without a name with two labs up");
+    let lab::LabError::SeveralLabsUp { labs } = &error else { panic!("{error:?}") };
+    assert!(names.iter().all(|name| labs.contains(name)), "{labs:?} lists {names:?}");
+    let message = error.to_string();
+    assert!(names.iter().all(|name| message.contains(name.as_str())) && message.contains("--name"), "{message}");
+    assert_eq!(error.exit_code(), 1);
+    let example = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples/lab");
+    if example.exists() {
+        let output = std::process::Command::new(&example).arg("down").output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(names.iter().all(|name| stderr.contains(name.as_str())), "{stderr}");
+    }
+    for name in &names {
+        assert!(lab::status(name).is_ok(), "lab {name} is still up");
+        assert_eq!(namespaces_of(name).len(), 3, "lab {name} keeps its namespaces");
+    }
+}
+
 #[test]
 fn lab_refuses_to_run_without_root() {
     let example = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples/lab");
-    if !root_and_tools("lab_refuses_to_run_without_root", &["setpriv"]) || !example.exists() {
-        eprintln!(
-            "skipping lab_refuses_to_run_without_root: needs root, setpriv and the example binary ({})",
-            example.display()
-        );
+    if !root_and_tools("lab_refuses_to_run_without_root", &["setpriv"]) {
+        return;
+    }
+    if !example.exists() {
+        skip(&format!("needs the example binary {} (cargo test builds it)", example.display()));
         return;
     }
     let dir = tempfile::tempdir().unwrap();

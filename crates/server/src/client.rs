@@ -173,6 +173,12 @@ impl ClientError {
                 | ClientError::Connect(ConnectError::Resolve { .. } | ConnectError::NoAddress { .. })
         )
     }
+
+    /// Whether the session ended on its silence limit ([`NotifyOptions::silence`]): nothing
+    /// arrived for that long.
+    pub fn is_silence(&self) -> bool {
+        matches!(self, ClientError::Session { source: SessionError::Silence(_), .. })
+    }
 }
 
 /// What [`notify`] asks for.

@@ -5,6 +5,10 @@
 //! any case; `#` starts a comment; fields are runs of non-blank characters without `"`, or
 //! `"…"` strings in which a backslash makes the next character literal; an entry may span
 //! lines (a newline is only whitespace to the grammar); a field has at most 1999 characters.
+//! An error names the line where the bad entry starts: when an entry that runs onto further lines
+//! is wrong but its first lines alone would be right, the first continuation line that starts
+//! with an unquoted word is the bad entry (typically a misspelled keyword), and the error names
+//! that line and that word.
 //!
 //! ```text
 //! ALLOW   feedtypeExpr  hostERE  [okERE [notERE]]
@@ -300,6 +304,36 @@ fn tokenize(text: &str, file: &Path) -> Result<Vec<Token>, ConfigError> {
     Ok(tokens)
 }
 
+/// For a wrong entry (`entry`: the keyword's token, then its fields) that runs onto further
+/// lines: when the part before its first continuation line that starts with an unquoted word
+/// would parse alone, that line is the bad entry — a word at the start of a line that is not a
+/// keyword — and the error names it. `None` when the entry's first lines are wrong by themselves.
+fn blame_continuation(
+    keyword: &str,
+    entry: &[Token],
+    location: &Location,
+    stack: &[PathBuf],
+    error: &ConfigError,
+) -> Option<ConfigError> {
+    let split = (1..entry.len()).find(|&j| entry[j].at_line_start)?;
+    let head: Vec<&str> = entry[1..split].iter().map(|t| t.text.as_str()).collect();
+    // On a scratch configuration: the real one must not get the head's entry.
+    Config::default().entry(keyword, &head, location, &mut stack.to_vec()).ok()?;
+    let word = &entry[split];
+    let why = match error {
+        ConfigError::Entry { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    Some(entry_error(
+        &Location { file: location.file.clone(), line: word.line },
+        format!(
+            "{:?} is not a keyword (ALLOW, ACCEPT, REQUEST, EXEC, INCLUDE, MULTICAST, RECEIVE at the start of a line); \
+             read as more fields of the {keyword} entry on line {}, it makes that entry wrong: {why}",
+            word.text, location.line
+        ),
+    ))
+}
+
 fn check_len(field: &str, file: &Path, line: usize) -> Result<(), ConfigError> {
     if field.chars().count() > FIELD_MAX {
         let location = Location { file: file.to_path_buf(), line };
@@ -373,7 +407,9 @@ impl Config {
             };
             let end = (k + 1..tokens.len()).find(|&j| self::keyword(&tokens[j]).is_some()).unwrap_or(tokens.len());
             let fields: Vec<&str> = tokens[k + 1..end].iter().map(|t| t.text.as_str()).collect();
-            self.entry(keyword, &fields, &location, stack)?;
+            if let Err(error) = self.entry(keyword, &fields, &location, stack) {
+                return Err(blame_continuation(keyword, &tokens[k..end], &location, stack, &error).unwrap_or(error));
+            }
             k = end;
         }
         Ok(())
@@ -696,6 +732,20 @@ mod tests {
         assert!(error.contains(":1:") && error.contains("pattern"), "{error}");
         assert!(parse("EXEC \"unterminated\n").unwrap_err().to_string().contains("unterminated"));
         assert!(parse("FROB x\n").unwrap_err().to_string().contains("not a keyword"));
+        // A misspelled keyword on line 2 is line 2's error, not too many fields for line 1's ALLOW.
+        let error = parse("ALLOW ANY ^localhost$\nALOW ANY ^other\\.edu$\n").unwrap_err().to_string();
+        assert!(error.starts_with("/etc/ldmd.conf:2: \"ALOW\" is not a keyword"), "{error}");
+        assert!(error.contains("ALLOW entry on line 1") && error.contains("ALLOW takes"), "{error}");
+        // After a comment and a blank line, and with an ACCEPT whose continuation breaks its pattern.
+        let error = parse("# c\n\nACCEPT EXP .* ^h$\nACCPT EXP ( x\n").unwrap_err().to_string();
+        assert!(error.starts_with("/etc/ldmd.conf:4: \"ACCPT\""), "{error}");
+        // An entry wrong on its first line stays that line's error, continuation or not.
+        let error = parse("REQUEST NOSUCHFEED .*\n  host\n").unwrap_err().to_string();
+        assert!(error.starts_with("/etc/ldmd.conf:1:") && error.contains("NOSUCHFEED"), "{error}");
+        let error = parse("REQUEST EXP\n  .* host:notaport\n").unwrap_err().to_string();
+        assert!(error.starts_with("/etc/ldmd.conf:1:"), "{error}");
+        // A well-formed entry on several lines is still one entry.
+        assert_eq!(parse("ALLOW ANY\n  ^localhost$\n").unwrap().allows.len(), 1);
         assert!(parse("REQUEST EXP .* host:notaport\n").is_err());
     }
 

@@ -149,8 +149,9 @@ pub enum ServerError {
         /// Why.
         source: ldm7_pq::OpenError,
     },
-    /// The port cannot be listened on.
-    #[error("cannot listen on {address}: {source} (ports below 1024 need root; use --port)")]
+    /// The port cannot be listened on (with a hint when a port below 1024 was refused for want of
+    /// privilege, or the port is taken).
+    #[error("cannot listen on {address}: {source}{}", listen_hint(.address, .source))]
     Listen {
         /// The address.
         address: SocketAddr,
@@ -168,6 +169,18 @@ pub enum ServerError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// What to do about a failed listen: ports below 1024 need root (or `CAP_NET_BIND_SERVICE`) only
+/// when that is why the port was refused; a taken port needs another.
+fn listen_hint(address: &SocketAddr, error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::PermissionDenied if address.port() < 1024 => {
+            " (ports below 1024 need root: run as root or choose a port of 1024 or more with --port)"
+        }
+        std::io::ErrorKind::AddrInUse => " (another process listens there: stop it or choose another --port)",
+        _ => "",
+    }
 }
 
 /// A running server.
@@ -375,4 +388,30 @@ fn start_execs(config: &Config) -> Vec<Child> {
         }
     }
     children
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listen_error(address: SocketAddr, source: std::io::Error) -> String {
+        ServerError::Listen { address, source }.to_string()
+    }
+
+    #[test]
+    fn the_root_hint_is_only_for_a_refused_low_port() {
+        let denied = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let low = listen_error("0.0.0.0:388".parse().unwrap(), denied());
+        assert!(low.contains("ports below 1024 need root"), "{low}");
+        let high = listen_error("0.0.0.0:38800".parse().unwrap(), denied());
+        assert!(!high.contains("1024"), "{high}");
+        let other = listen_error("0.0.0.0:388".parse().unwrap(), std::io::Error::other("no such address"));
+        assert!(!other.contains("1024"), "{other}");
+        // A port taken by another listener: a real bind.
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = taken.local_addr().unwrap();
+        let error = TcpListener::bind(address).unwrap_err();
+        let text = listen_error(address, error);
+        assert!(text.contains("another process listens there") && !text.contains("1024"), "{text}");
+    }
 }

@@ -4,7 +4,6 @@
 //! against the transcripts' annotations. Also the HEREIS example of ldm6-protocol.md §9.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use ldm7_types::{FeedType, Signature, Timestamp};
 use ldm7_xdr::ldm::{
@@ -13,13 +12,10 @@ use ldm7_xdr::ldm::{
 };
 use ldm7_xdr::rpc::{AcceptStat, RecordReader};
 
-fn captures() -> PathBuf {
-    ldm7_testkit::shared_data("captures")
-}
-
-/// The byte streams of a transcript: per connection, (client→server, server→client).
-fn streams(name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let path = captures().join(name);
+/// The byte streams of a transcript: per connection, (client→server, server→client); `None`
+/// (the test skips) when the shared data is absent.
+fn streams(name: &str) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let path = ldm7_testkit::shared_data_or_skip(&format!("captures/{name}"))?;
     let text = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
     let mut connections: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut current: Option<bool> = None; // Some(true) = C>S
@@ -46,7 +42,7 @@ fn streams(name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
         }
     }
     assert!(!connections.is_empty(), "{name}: no connections found");
-    connections
+    Some(connections)
 }
 
 fn records(stream: &[u8]) -> Vec<Vec<u8>> {
@@ -103,7 +99,7 @@ fn signature(hex: &str) -> Signature {
 
 #[test]
 fn feedme_primary_round_trips_byte_for_byte() {
-    let connections = streams("ldm6-feedme-primary.txt");
+    let Some(connections) = streams("ldm6-feedme-primary.txt") else { return };
     let (client, server) = round_trip(&connections[0].0, &connections[0].1);
     let Message::Call(Call { call: LdmCall::Feedme { class, max_hereis }, version: 6, .. }) = &client[0] else {
         panic!("{:?}", client[0])
@@ -130,7 +126,7 @@ fn feedme_primary_round_trips_byte_for_byte() {
 
 #[test]
 fn feedme_alternate_round_trips_byte_for_byte() {
-    let connections = streams("ldm6-feedme-alternate.txt");
+    let Some(connections) = streams("ldm6-feedme-alternate.txt") else { return };
     let (client, server) = connections.iter().map(|(c, s)| round_trip(c, s)).next_back().expect("a connection");
     assert!(matches!(&client[0], Message::Call(Call { call: LdmCall::Feedme { max_hereis: 0, .. }, .. })));
     let coming: Vec<_> = server
@@ -156,7 +152,7 @@ fn feedme_alternate_round_trips_byte_for_byte() {
 
 #[test]
 fn notifyme_round_trips_including_proc_unavail_replies() {
-    let connections = streams("ldm6-notifyme.txt");
+    let Some(connections) = streams("ldm6-notifyme.txt") else { return };
     let (client, server) = round_trip(&connections[0].0, &connections[0].1);
     assert!(matches!(&client[0], Message::Call(Call { call: LdmCall::Notifyme(_), .. })));
     let notifications =
@@ -171,7 +167,7 @@ fn notifyme_round_trips_including_proc_unavail_replies() {
 
 #[test]
 fn hiya_round_trips_byte_for_byte() {
-    let connections = streams("ldm6-hiya.txt");
+    let Some(connections) = streams("ldm6-hiya.txt") else { return };
     let (client, server) = round_trip(&connections[0].0, &connections[0].1);
     assert!(matches!(&client[0], Message::Call(Call { call: LdmCall::Hiya(_), .. })));
     assert!(matches!(&server[0], Message::Reply(r) if r.body == ReplyBody::Hiya(HiyaReply::Ok(u32::MAX))));
@@ -182,7 +178,7 @@ fn hiya_round_trips_byte_for_byte() {
 
 #[test]
 fn refusals_round_trip_byte_for_byte() {
-    let connections = streams("ldm6-refused.txt");
+    let Some(connections) = streams("ldm6-refused.txt") else { return };
     let mut reclass = 0;
     let mut denied_xids = Vec::new();
     for (client, server) in &connections {

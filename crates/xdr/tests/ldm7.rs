@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use ldm7_testkit::{capture_streams, hex_words, shared_data};
+use ldm7_testkit::{capture_streams, hex_words, shared_data_or_skip};
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 use ldm7_xdr::XdrError;
 use ldm7_xdr::ldm7::{
@@ -43,8 +43,8 @@ struct Captured {
 }
 
 /// Decodes every record of the LDM-7 connection, re-encodes each and compares.
-fn capture() -> Captured {
-    let connections = capture_streams(CAPTURE);
+fn capture() -> Option<Captured> {
+    let connections = capture_streams(CAPTURE)?;
     assert_eq!(connections.len(), 1, "one LDM-7 RPC connection");
     let (client, server) = (records(&connections[0].0), records(&connections[0].1));
     let mut calls: HashMap<u32, Proc> = HashMap::new();
@@ -73,12 +73,12 @@ fn capture() -> Captured {
             })
             .collect::<Vec<_>>()
     };
-    Captured {
+    Some(Captured {
         client: decode_all(&client),
         server: decode_all(&server),
         client_records: client,
         server_records: server,
-    }
+    })
 }
 
 fn signature(hex: &str) -> Signature {
@@ -99,7 +99,7 @@ fn captured_product(n: u32, micros: i32, signature_hex: &str) -> ProdInfo {
 
 #[test]
 fn every_ldm7_record_of_the_capture_round_trips_byte_for_byte() {
-    let Captured { client, server, client_records, server_records } = capture();
+    let Some(Captured { client, server, client_records, server_records }) = capture() else { return };
     assert_eq!((client.len(), server.len()), (2, 3));
 
     // SUBSCRIBE(ANY, {"dummy", "dummy", 0}).
@@ -164,7 +164,8 @@ fn every_ldm7_record_of_the_capture_round_trips_byte_for_byte() {
 
 #[test]
 fn fmtp_payloads_are_the_xdr_products() {
-    let text = std::fs::read_to_string(shared_data(CAPTURE)).expect("transcript");
+    let Some(path) = shared_data_or_skip(CAPTURE) else { return };
+    let text = std::fs::read_to_string(path).expect("transcript");
     let mut previous = "";
     let mut seen = 0;
     for line in text.lines() {

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ldm7_pq::Queue;
-use ldm7_testkit::{shared_data, wait_until};
+use ldm7_testkit::{shared_data_or_skip, wait_until};
 use ldm7_types::{Signature, Timestamp};
 use md5::{Digest, Md5};
 
@@ -148,8 +148,13 @@ pub fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-pub fn replay(node: &Node, limit: usize, seed: u64) {
-    let trace = shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt");
+/// The one-hour NGRID trace of the shared data; `None` (the test skips) when that is absent.
+pub fn ngrid_trace() -> Option<PathBuf> {
+    shared_data_or_skip("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt")
+}
+
+/// Inserts the first `limit` products of `trace` (seeded contents) into a node's queue.
+pub fn replay(node: &Node, trace: &Path, limit: usize, seed: u64) {
     run(&[
         "insert",
         "-q",

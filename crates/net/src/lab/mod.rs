@@ -77,7 +77,7 @@ pub enum LabError {
     #[error("no lab is up; bring one up with `ldm7 lab up --spec LAB.toml`")]
     NoLabUp,
     /// Several labs are up and none was named.
-    #[error("several labs are up ({labs:?}); say which with --name")]
+    #[error("several labs are up: {}; say which with --name", labs.join(", "))]
     SeveralLabsUp {
         /// The labs that are up.
         labs: Vec<String>,
@@ -268,6 +268,20 @@ pub fn down(name: &str) -> Result<bool, LabError> {
             }
             Ok(false)
         }
+    }
+}
+
+/// Takes down the one lab that is up, for `down` without a name: its name, or `None` when no lab
+/// is up; [`LabError::SeveralLabsUp`] (which lists them) when more than one is.
+pub fn down_only() -> Result<Option<String>, LabError> {
+    require_root()?;
+    match only_lab() {
+        Ok(name) => {
+            down(&name)?;
+            Ok(Some(name))
+        }
+        Err(LabError::NoLabUp) => Ok(None),
+        Err(error) => Err(error),
     }
 }
 
