@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::bench_ref::{System, print_medians, remove_queue, run_order, stop_server, write_products};
+use crate::bench_ref::{System, print_medians, remove_queue, run_order, settle, stop_server, write_products};
 
 /// Arguments of `ldm7 bench ldm6`.
 #[derive(clap::Args, Debug, Clone)]
@@ -133,6 +133,7 @@ fn fan_out(
         prepare_dir(system, &dir, &config, bytes, slots)?;
         dirs.push(dir);
     }
+    settle();
     let started = Instant::now();
     let mut servers = Vec::new();
     for dir in &dirs {

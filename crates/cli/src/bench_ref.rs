@@ -148,7 +148,7 @@ impl System {
                     if first == "nprods" {
                         numbers = true;
                     } else if numbers {
-                        return Ok(first.parse().with_context(|| format!("pqmon: {line}"))?);
+                        return first.parse().with_context(|| format!("pqmon: {line}"));
                     }
                 }
                 bail!("pqmon printed no product count: {text}")
@@ -187,6 +187,12 @@ pub fn write_products(dir: &Path, count: usize, size: usize, seed: u64) -> anyho
         names.push(name);
     }
     Ok(names)
+}
+
+/// Writes dirty pages out before a timed run (the product files just written, the previous
+/// run's queues), so that neither system pays for the other's write-back.
+pub fn settle() {
+    nix::unistd::sync();
 }
 
 /// The order of the systems in run `run`: alternating, so neither always goes first.
@@ -252,6 +258,7 @@ pub fn run_insert(args: &BenchInsertArgs) -> anyhow::Result<()> {
                 let slot = systems.iter().position(|s| std::ptr::eq(s, system)).unwrap_or(0);
                 let queue = scratch.path().join(format!("q-{}.pq", slot));
                 system.create_queue(&queue, bytes, slots)?;
+                settle();
                 let started = Instant::now();
                 let mut child = system.insert_command(&files_dir, &queue, &files).spawn()?;
                 let (status, peak) = ldm7_testbed::wait_with_peak_rss(&mut child)?;

@@ -69,8 +69,8 @@ pub fn run(args: &InsertArgs, with_signature: bool) -> CmdResult {
     let origin = origin();
     // Check every input first (it exists, can be read, and fits the queue), so that a bad
     // argument leaves the queue as it was; the data is read afterwards, one product at a time.
-    let mut inputs = Vec::with_capacity(args.files.len());
-    for file in &args.files {
+    // The checks (two system calls a file) run on every core, in slices of the argument list.
+    let check = |file: &PathBuf| -> CmdResult<Input> {
         let ident = match &args.ident {
             Some(ident) => ident.clone(),
             None if file.as_os_str() == "-" => "stdin".to_owned(),
@@ -90,7 +90,24 @@ pub fn run(args: &InsertArgs, with_signature: bool) -> CmdResult {
             size,
         };
         queue.check_fits(&info).map_err(|error| insert_failure(file, error, 0))?;
-        inputs.push(Input { path: file.clone(), info });
+        Ok(Input { path: file.clone(), info })
+    };
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let slice_len = args.files.len().div_ceil(threads).max(1);
+    let checked: Vec<CmdResult<Vec<Input>>> = std::thread::scope(|scope| {
+        let slices: Vec<_> = args
+            .files
+            .chunks(slice_len)
+            .map(|slice| scope.spawn(|| slice.iter().map(&check).collect::<CmdResult<Vec<Input>>>()))
+            .collect();
+        slices
+            .into_iter()
+            .map(|slice| slice.join().unwrap_or_else(|_| Err(bad_input("checking the files failed"))))
+            .collect()
+    });
+    let mut inputs = Vec::with_capacity(args.files.len());
+    for slice in checked {
+        inputs.extend(slice?);
     }
     queue.set_release_pages(true);
     let inserted = crate::insert_files::insert_all(&queue, inputs, args.signature_from_ident, with_signature)?;

@@ -37,6 +37,10 @@ use crate::insert::{Input, insert_failure};
 pub const IN_FLIGHT_BYTES_MAX: u64 = 16 << 20;
 /// Files of at least this size are hashed in chunks and read into the queue at their turn.
 pub const STREAMED_BYTES_MIN: u64 = 1 << 20;
+/// Most files a reader takes at once.
+const RUN_FILES_MAX: usize = 32;
+/// Most bytes a reader takes at once (a larger file goes alone).
+const RUN_BYTES_MAX: u64 = 1 << 20;
 /// The chunk in which a reader hashes a large file.
 const HASH_CHUNK_BYTES: usize = 1 << 20;
 /// Most products in one queue transaction.
@@ -54,7 +58,7 @@ pub fn insert_all(
 ) -> CmdResult<u64> {
     let readers = std::thread::available_parallelism().map_or(1, usize::from).min(inputs.len()).max(1);
     let budget = Budget::new(&inputs);
-    let (ready_tx, ready_rx) = mpsc::channel::<Read_>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Vec<Read_>>();
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         for _ in 0..readers {
@@ -62,27 +66,17 @@ pub fn insert_all(
             let (budget, inputs, stop) = (&budget, &inputs, &stop);
             scope.spawn(move || {
                 let mut chunk = Vec::new();
-                while let Some((index, mut buffer)) = budget.next() {
+                while let Some(run) = budget.next_run() {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let input = &inputs[index];
-                    let read = if is_streamed(input) {
-                        let result = hash_file(&input.path, signature_from_ident, &input.info, &mut chunk);
-                        Read_ { index, buffer: None, result }
-                    } else {
-                        let result = read_into(&input.path, input.info.size, &mut buffer).map(|()| Hashed {
-                            signature: if signature_from_ident {
-                                Signature::md5_of(input.info.ident.as_bytes())
-                            } else {
-                                Signature::md5_of(&buffer)
-                            },
-                            size: buffer.len() as u64,
-                            modified: None,
-                        });
-                        Read_ { index, buffer: Some(buffer), result }
-                    };
-                    if ready_tx.send(read).is_err() {
+                    let reads: Vec<Read_> = run
+                        .into_iter()
+                        .map(|(index, buffer)| {
+                            read_one(&inputs[index], index, buffer, signature_from_ident, &mut chunk)
+                        })
+                        .collect();
+                    if ready_tx.send(reads).is_err() {
                         break;
                     }
                 }
@@ -94,6 +88,30 @@ pub fn insert_all(
         budget.close();
         result
     })
+}
+
+/// Reads and hashes one input (a large file only hashed, in chunks).
+fn read_one(
+    input: &Input,
+    index: usize,
+    mut buffer: Vec<u8>,
+    signature_from_ident: bool,
+    chunk: &mut Vec<u8>,
+) -> Read_ {
+    if is_streamed(input) {
+        let result = hash_file(&input.path, signature_from_ident, &input.info, chunk);
+        return Read_ { index, buffer: None, result };
+    }
+    let result = read_into(&input.path, input.info.size, &mut buffer).map(|()| Hashed {
+        signature: if signature_from_ident {
+            Signature::md5_of(input.info.ident.as_bytes())
+        } else {
+            Signature::md5_of(&buffer)
+        },
+        size: buffer.len() as u64,
+        modified: None,
+    });
+    Read_ { index, buffer: Some(buffer), result }
 }
 
 /// A product read by a reader: its data (none for a file streamed at insertion) and signature,
@@ -122,7 +140,7 @@ fn insert_in_order(
     queue: &Queue,
     inputs: &[Input],
     budget: &Budget,
-    ready: mpsc::Receiver<Read_>,
+    ready: mpsc::Receiver<Vec<Read_>>,
     with_signature: bool,
 ) -> CmdResult<u64> {
     let mut waiting: BTreeMap<usize, Read_> = BTreeMap::new();
@@ -131,13 +149,13 @@ fn insert_in_order(
     while next < inputs.len() {
         // Wait for the next product in order, then take whatever else is ready.
         while !waiting.contains_key(&next) {
-            let Ok(read) = ready.recv() else {
+            let Ok(reads) = ready.recv() else {
                 return Err(bad_input(format!("{}: reading stopped unexpectedly", inputs[next].path.display())));
             };
-            waiting.insert(read.index, read);
+            waiting.extend(reads.into_iter().map(|read| (read.index, read)));
         }
-        while let Ok(read) = ready.try_recv() {
-            waiting.insert(read.index, read);
+        while let Ok(reads) = ready.try_recv() {
+            waiting.extend(reads.into_iter().map(|read| (read.index, read)));
         }
         let mut batch: Vec<(ProdInfo, Read_)> = Vec::new();
         let mut batch_bytes = 0u64;
@@ -164,7 +182,7 @@ fn insert_in_order(
                 insert_batch(queue, inputs, &mut batch, budget, with_signature, &mut inserted)?;
                 let modified = hashed.modified;
                 insert_streamed(queue, input, info, modified, with_signature, &mut inserted)?;
-                budget.release(read.index, None);
+                budget.release(vec![(read.index, None)]);
                 break;
             }
             batch_bytes += hashed.size;
@@ -199,10 +217,12 @@ fn insert_batch(
     let outcomes =
         queue.insert_batch(&pairs).map_err(|error| insert_failure(&inputs[batch[0].1.index].path, error, *inserted))?;
     drop(pairs);
+    let mut done = Vec::with_capacity(batch.len());
     for ((info, read), outcome) in batch.drain(..).zip(outcomes) {
         report(&inputs[read.index], &info, outcome, with_signature, inserted);
-        budget.release(read.index, read.buffer);
+        done.push((read.index, read.buffer));
     }
+    budget.release(done);
     Ok(())
 }
 
@@ -282,14 +302,17 @@ fn hash_file(path: &Path, signature_from_ident: bool, info: &ProdInfo, chunk: &m
     Ok(Hashed { signature: Signature(hasher.finalize().into()), size, modified })
 }
 
-/// Reads a whole file (or standard input for `-`) into `buffer`, reusing its capacity.
+/// Reads a file's checked size (or all of standard input for `-`) into `buffer`, reusing its
+/// capacity.
 fn read_into(path: &Path, size_hint: u32, buffer: &mut Vec<u8>) -> std::io::Result<()> {
     buffer.clear();
     buffer.reserve(size_hint as usize + 1);
     if path.as_os_str() == "-" {
         std::io::stdin().lock().read_to_end(buffer)?;
     } else {
-        std::fs::File::open(path)?.read_to_end(buffer)?;
+        // The size checked before is what is read (as pqinsert does); a file that shrank since
+        // gives what it holds. No size query and no end-of-file probe: one read per file.
+        std::fs::File::open(path)?.take(u64::from(size_hint)).read_to_end(buffer)?;
     }
     if u32::try_from(buffer.len()).is_err() {
         return Err(std::io::Error::other(format!("{} bytes is more than a product may hold (4 GiB)", buffer.len())));
@@ -329,9 +352,11 @@ impl Budget {
         Self { state: Mutex::new(state), changed: Condvar::new(), costs }
     }
 
-    /// The next input to read and a buffer for it, once its bytes fit the budget; `None` when
-    /// every input is taken or the insert stopped.
-    fn next(&self) -> Option<(usize, Vec<u8>)> {
+    /// The next run of consecutive inputs to read (at most [`RUN_FILES_MAX`] files and
+    /// [`RUN_BYTES_MAX`] bytes, at least one) with a buffer for each, once the first one's bytes
+    /// fit the budget; `None` when every input is taken or the insert stopped. Runs keep the
+    /// hand-overs between readers and the inserter few.
+    fn next_run(&self) -> Option<Vec<(usize, Vec<u8>)>> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         loop {
             if state.closed || state.next >= self.costs.len() {
@@ -339,24 +364,38 @@ impl Budget {
             }
             let cost = self.costs[state.next];
             if state.in_flight == 0 || state.in_flight_bytes + cost <= IN_FLIGHT_BYTES_MAX {
-                let index = state.next;
-                state.next += 1;
-                state.in_flight += 1;
-                state.in_flight_bytes += cost;
-                let buffer = state.take_buffer(cost);
-                return Some((index, buffer));
+                break;
             }
             state = self.changed.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
         }
+        let mut run = Vec::new();
+        let mut run_bytes = 0u64;
+        while state.next < self.costs.len() && run.len() < RUN_FILES_MAX {
+            let cost = self.costs[state.next];
+            let fits = state.in_flight == 0 || state.in_flight_bytes + cost <= IN_FLIGHT_BYTES_MAX;
+            if !run.is_empty() && (!fits || run_bytes + cost > RUN_BYTES_MAX) {
+                break;
+            }
+            let index = state.next;
+            state.next += 1;
+            state.in_flight += 1;
+            state.in_flight_bytes += cost;
+            run_bytes += cost;
+            let buffer = state.take_buffer(cost);
+            run.push((index, buffer));
+        }
+        Some(run)
     }
 
-    /// Returns an inserted product's reservation and buffer.
-    fn release(&self, index: usize, buffer: Option<Vec<u8>>) {
+    /// Returns inserted products' reservations and buffers.
+    fn release(&self, done: Vec<(usize, Option<Vec<u8>>)>) {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        state.in_flight -= 1;
-        state.in_flight_bytes -= self.costs[index];
-        if let Some(buffer) = buffer {
-            state.give_buffer(buffer);
+        for (index, buffer) in done {
+            state.in_flight -= 1;
+            state.in_flight_bytes -= self.costs[index];
+            if let Some(buffer) = buffer {
+                state.give_buffer(buffer);
+            }
         }
         drop(state);
         self.changed.notify_all();
