@@ -16,7 +16,7 @@ use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{FornmeReply, LdmCall, Message, ReplyBody};
 
 use crate::peer::{Peer, Receiving};
-use crate::receive::{Receive, Received, ReceivedProduct};
+use crate::receive::{Receive, Received, ReceivedData, ReceivedProduct};
 use crate::{FeedMode, MAX_HEREIS_PRIMARY, SessionError, compile_class, signature_spec, wire_class};
 
 /// A downstream session's settings.
@@ -115,6 +115,28 @@ impl Downstream {
     /// Bytes received from the upstream.
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
         self.receive(now, bytes);
+    }
+
+    /// While a large record arrives, room to read its next bytes straight into, instead of
+    /// handing them to [`Downstream::handle_input`] (which copies them there); then call
+    /// [`Downstream::handle_direct_input`].
+    pub fn direct_input(&mut self) -> Option<&mut [std::mem::MaybeUninit<u8>]> {
+        if matches!(self.state, State::Closed) {
+            return None;
+        }
+        self.peer.direct_spare()
+    }
+
+    /// `count` bytes were read into the start of the room [`Downstream::direct_input`] gave.
+    ///
+    /// # Safety
+    ///
+    /// Those bytes must have been written, and `count` must not exceed that room's length.
+    #[allow(unsafe_code)]
+    pub unsafe fn handle_direct_input(&mut self, now: Instant, count: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.peer.commit_direct(count) };
+        self.receive(now, &[]);
     }
 
     /// Answers the pending COMINGSOON: accept (OK) or not (DONT_SEND: duplicate, too big).
@@ -234,5 +256,15 @@ impl Receiving for Downstream {
     fn close(&mut self, result: Result<(), SessionError>) {
         self.state = State::Closed;
         self.events.push_back(DownstreamEvent::Closed(result));
+    }
+
+    fn on_hereis(&mut self, _now: Instant, _xid: u32, info: ProdInfo, data: ReceivedData) -> Result<(), SessionError> {
+        if !matches!(self.state, State::Receiving) {
+            return Err(SessionError::Protocol(format!("unexpected HEREIS in state {:?}", self.state)));
+        }
+        if let Received::Product(product) = Receive::hereis(info, data) {
+            self.events.push_back(DownstreamEvent::Product(product));
+        }
+        Ok(())
     }
 }

@@ -46,7 +46,7 @@ pub use downstream::{Downstream, DownstreamConfig, DownstreamEvent};
 pub use notify::{NotifyClient, NotifyEvent};
 pub use peer::{CALL_TIMEOUT, RECORD_MAX};
 pub use push::{PushClient, PushEvent};
-pub use receive::ReceivedProduct;
+pub use receive::{ReceivedData, ReceivedProduct};
 pub use upstream::{FeedMode, HiyaAnswer, RequestAnswer, Upstream, UpstreamEvent};
 
 pub use inbound::{Inbound, InboundEvent};

@@ -14,6 +14,8 @@ use ldm7_xdr::ldm::{Call, LdmCall, Message, Proc, ReplyBody};
 use ldm7_xdr::rpc::{Header, LDM_PROGRAM, RecordReader, decode_header};
 
 use crate::SessionError;
+use crate::receive::ReceivedData;
+use ldm7_types::ProdInfo;
 
 /// The synchronous-call timeout of the reference (ldm6-protocol.md §7).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,11 +64,29 @@ impl Peer {
         self.reader.push(bytes);
     }
 
+    /// Room to read a large record's next bytes straight into ([`RecordReader::direct_spare`]).
+    pub fn direct_spare(&mut self) -> Option<&mut [std::mem::MaybeUninit<u8>]> {
+        self.reader.direct_spare()
+    }
+
+    /// # Safety
+    ///
+    /// As [`RecordReader::commit_direct`].
+    #[allow(unsafe_code)]
+    pub unsafe fn commit_direct(&mut self, count: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.reader.commit_direct(count) }
+    }
+
     /// The next whole record, decoded; replies are matched to the outstanding call (stray ones
-    /// skipped).
-    pub fn next_message(&mut self, now: Instant) -> Result<Option<Message>, SessionError> {
+    /// skipped). A HEREIS comes as [`Incoming::Hereis`], its data left in its record.
+    pub fn next_incoming(&mut self, now: Instant) -> Result<Option<Incoming>, SessionError> {
         loop {
             let Some(record) = self.next_record(now)? else { return Ok(None) };
+            if let Some(hereis) = ldm7_xdr::ldm::decode_hereis_in_place(&record) {
+                let (xid, info, range) = hereis?;
+                return Ok(Some(Incoming::Hereis { xid, info, data: ReceivedData::in_record(record, range) }));
+            }
             let outstanding = self.outstanding;
             let message = ldm7_xdr::ldm::decode_message(&record, |xid| {
                 outstanding.filter(|call| call.xid == xid).map(|call| call.proc)
@@ -77,16 +97,16 @@ impl Peer {
                     if reply.xid == 0 && outstanding.is_some() && matches!(reply.body, ReplyBody::Denied(_)) =>
                 {
                     self.outstanding = None;
-                    return Ok(Some(Message::Reply(reply)));
+                    return Ok(Some(Incoming::Message(Message::Reply(reply))));
                 }
                 Ok(Message::Reply(reply)) if outstanding.is_none_or(|call| call.xid != reply.xid) => {
                     self.stray_replies += 1;
                 }
                 Ok(Message::Reply(reply)) => {
                     self.outstanding = None;
-                    return Ok(Some(Message::Reply(reply)));
+                    return Ok(Some(Incoming::Message(Message::Reply(reply))));
                 }
-                Ok(message) => return Ok(Some(message)),
+                Ok(message) => return Ok(Some(Incoming::Message(message))),
                 // A reply we cannot type because nobody waits on it: skip it.
                 Err(ldm7_xdr::XdrError::UnexpectedReply { .. }) => self.stray_replies += 1,
                 Err(error) => return Err(error.into()),
@@ -192,6 +212,22 @@ impl Peer {
     }
 }
 
+/// A decoded record.
+#[derive(Debug)]
+pub enum Incoming {
+    /// Any call or reply but a HEREIS.
+    Message(Message),
+    /// A HEREIS, its data left in its record.
+    Hereis {
+        /// The call's xid.
+        xid: u32,
+        /// The product's metadata.
+        info: ProdInfo,
+        /// Its bytes.
+        data: ReceivedData,
+    },
+}
+
 /// What every session does with bytes from the socket: decode each whole record, hand the message
 /// to the session, and close the session on the first error.
 pub(crate) trait Receiving {
@@ -199,6 +235,13 @@ pub(crate) trait Receiving {
     fn closed(&self) -> bool;
     fn on_message(&mut self, now: Instant, message: Message) -> Result<(), SessionError>;
     fn close(&mut self, result: Result<(), SessionError>);
+
+    /// A HEREIS call, its data in place; sessions that receive products take it as it is,
+    /// others see the call as any message.
+    fn on_hereis(&mut self, now: Instant, xid: u32, info: ProdInfo, data: ReceivedData) -> Result<(), SessionError> {
+        let call = LdmCall::Hereis { info, data: data.to_vec() };
+        self.on_message(now, Message::Call(Call { xid, version: 6, call }))
+    }
 
     /// A call this end does not serve was answered (PROG_MISMATCH, PROC_UNAVAIL …); the
     /// connection goes on.
@@ -225,9 +268,14 @@ pub(crate) trait Receiving {
                 return;
             }
             let (low, high) = self.versions_served();
-            match self.peer().next_message(now) {
-                Ok(Some(message)) => {
+            match self.peer().next_incoming(now) {
+                Ok(Some(Incoming::Message(message))) => {
                     if let Err(error) = self.on_message(now, message) {
+                        self.close(Err(error));
+                    }
+                }
+                Ok(Some(Incoming::Hereis { xid, info, data })) => {
+                    if let Err(error) = self.on_hereis(now, xid, info, data) {
                         self.close(Err(error));
                     }
                 }

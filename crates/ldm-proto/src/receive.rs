@@ -20,7 +20,63 @@ pub struct ReceivedProduct {
     /// Its metadata as sent.
     pub info: ProdInfo,
     /// Its bytes.
-    pub data: Vec<u8>,
+    pub data: ReceivedData,
+}
+
+/// A received product's bytes: where they lie in the record they arrived in, which is kept
+/// rather than copied out (a HEREIS's data is never copied by the session).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReceivedData {
+    record: Vec<u8>,
+    range: std::ops::Range<usize>,
+}
+
+impl ReceivedData {
+    /// Bytes at `range` of `record` (a range outside it is cut to what it holds).
+    pub fn in_record(record: Vec<u8>, range: std::ops::Range<usize>) -> Self {
+        let end = range.end.min(record.len());
+        let start = range.start.min(end);
+        Self { record, range: start..end }
+    }
+}
+
+impl From<Vec<u8>> for ReceivedData {
+    fn from(data: Vec<u8>) -> Self {
+        let len = data.len();
+        Self { record: data, range: 0..len }
+    }
+}
+
+impl std::ops::Deref for ReceivedData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.record[self.range.clone()]
+    }
+}
+
+impl AsRef<[u8]> for ReceivedData {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl PartialEq<Vec<u8>> for ReceivedData {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self == other[..]
+    }
+}
+
+impl PartialEq<[u8]> for ReceivedData {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
+impl std::fmt::Debug for ReceivedData {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "ReceivedData({} bytes)", self.len())
+    }
 }
 
 /// What a received call meant.
@@ -51,13 +107,7 @@ impl Receive {
                 peer.reply(now, xid, &ReplyBody::Void);
                 Ok(Received::Nothing)
             }
-            LdmCall::Hereis { info, data } => {
-                if info.size == 0 && info.ident.is_empty() && info.origin.is_empty() {
-                    // An all-nil product is a connection flush (ldm6-protocol.md §8).
-                    return Ok(Received::Nothing);
-                }
-                Ok(Received::Product(ReceivedProduct { info, data }))
-            }
+            LdmCall::Hereis { info, data } => Ok(Self::hereis(info, data.into())),
             LdmCall::ComingSoon { info, .. } => {
                 if self.deciding.is_some() {
                     return Err(SessionError::Protocol("COMINGSOON while the previous one is unanswered".into()));
@@ -69,6 +119,14 @@ impl Receive {
             LdmCall::BlkData { signature, data, .. } => self.blkdata(&signature, data),
             other => Err(SessionError::Protocol(format!("unexpected {} from a data sender", other.proc()))),
         }
+    }
+
+    /// A HEREIS's product (an all-nil one is a connection flush, ldm6-protocol.md §8).
+    pub fn hereis(info: ProdInfo, data: ReceivedData) -> Received {
+        if info.size == 0 && info.ident.is_empty() && info.origin.is_empty() {
+            return Received::Nothing;
+        }
+        Received::Product(ReceivedProduct { info, data })
     }
 
     /// The application's answer to the pending COMINGSOON.
@@ -102,12 +160,12 @@ impl Receive {
         if bytes.is_empty() && data.len() == info.size as usize {
             // The usual case: the whole product in one packet (no copy).
             let (info, _) = self.assembling.take().expect("checked");
-            return Ok(Received::Product(ReceivedProduct { info, data }));
+            return Ok(Received::Product(ReceivedProduct { info, data: data.into() }));
         }
         bytes.extend_from_slice(&data);
         if bytes.len() == info.size as usize {
             let (info, data) = self.assembling.take().expect("checked");
-            return Ok(Received::Product(ReceivedProduct { info, data }));
+            return Ok(Received::Product(ReceivedProduct { info, data: data.into() }));
         }
         Ok(Received::Nothing)
     }

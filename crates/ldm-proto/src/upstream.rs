@@ -34,7 +34,7 @@ use ldm7_types::{ProdClass, ProdInfo, Signature};
 use ldm7_xdr::ldm::{AuthStat, FornmeReply, HiyaReply, LdmCall, LdmErr, Message, Proc, ReplyBody};
 
 use crate::peer::{Peer, Receiving};
-use crate::receive::{Receive, Received, ReceivedProduct};
+use crate::receive::{Receive, Received, ReceivedData, ReceivedProduct};
 use crate::{INTERVAL, SessionError, compile_class, wire_class};
 
 /// How long a fresh connection may stay without a call.
@@ -407,6 +407,26 @@ impl Upstream {
         matches!(self.state, State::Feeding { .. }) && self.peer.outstanding.is_none()
     }
 
+    /// Whether products go out as HEREIS (a primary feed), so that
+    /// [`Upstream::send_product_head`] may be used.
+    pub fn sends_hereis(&self) -> bool {
+        matches!(self.state, State::Feeding { kind: FeedKind::Hereis })
+    }
+
+    /// Sends a product of a primary feed without its data: the HEREIS record up to the data
+    /// goes to the output, and the caller must write, right after taking that output and before
+    /// anything else, the product's `info.size` data bytes and then the returned number of zero
+    /// bytes (XDR padding). Lets a driver write data straight from the queue (vectored writes).
+    pub fn send_product_head(&mut self, now: Instant, info: &ProdInfo) -> Result<usize, SessionError> {
+        if !self.ready() || !self.sends_hereis() {
+            return Err(SessionError::Usage("send_product_head needs a ready primary feed"));
+        }
+        let mut pad = 0;
+        self.peer.call_with_data(now, |out, xid| pad = ldm7_xdr::ldm::encode_hereis_head(out, xid, info), Proc::Hereis);
+        self.unflushed = true;
+        Ok(pad)
+    }
+
     /// Sends one product (its data is not needed in notify mode and may be empty).
     pub fn send_product(&mut self, now: Instant, info: &ProdInfo, data: &[u8]) -> Result<(), SessionError> {
         if !self.ready() {
@@ -557,5 +577,15 @@ impl Receiving for Upstream {
     fn close(&mut self, result: Result<(), SessionError>) {
         self.state = State::Closed;
         self.events.push_back(UpstreamEvent::Closed(result));
+    }
+
+    fn on_hereis(&mut self, _now: Instant, _xid: u32, info: ProdInfo, data: ReceivedData) -> Result<(), SessionError> {
+        if !matches!(self.state, State::Receiving) {
+            return Err(SessionError::Protocol(format!("unexpected HEREIS call in state {:?}", self.state)));
+        }
+        if let Received::Product(product) = Receive::hereis(info, data) {
+            self.events.push_back(UpstreamEvent::Product(product));
+        }
+        Ok(())
     }
 }

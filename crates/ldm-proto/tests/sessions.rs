@@ -118,7 +118,7 @@ fn primary_feed_sends_hereis_then_nullproc_flush_and_keepalive() {
     assert!(up.ready());
     for (info, data) in &products {
         match down.poll_event() {
-            Some(DownstreamEvent::Product(got)) => assert_eq!((&got.info, &got.data), (info, data)),
+            Some(DownstreamEvent::Product(got)) => assert_eq!((&got.info, &got.data[..]), (info, &data[..])),
             other => panic!("{other:?}"),
         }
     }

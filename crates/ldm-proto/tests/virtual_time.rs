@@ -539,7 +539,7 @@ impl Pair for FeedPair {
         while let Some(event) = self.down.poll_event() {
             match event {
                 DownstreamEvent::Accepted { id: 7, .. } => {}
-                DownstreamEvent::Product(product) => self.received.push((product.info, product.data)),
+                DownstreamEvent::Product(product) => self.received.push((product.info, product.data.to_vec())),
                 DownstreamEvent::ComingSoon { abandoned: None, .. } => {
                     let accept = self.accepts[self.comingsoons];
                     self.comingsoons += 1;
@@ -686,7 +686,7 @@ impl Pair for PushPair {
                 UpstreamEvent::Hiya { .. } => {
                     self.receiver.answer_hiya(now, HiyaAnswer::Ok { max_hereis: self.max_hereis }).unwrap();
                 }
-                UpstreamEvent::Product(product) => self.received.push((product.info, product.data)),
+                UpstreamEvent::Product(product) => self.received.push((product.info, product.data.to_vec())),
                 UpstreamEvent::ComingSoon { info, abandoned: None } => {
                     // Answer for the product it announces.
                     let k = self.products.iter().position(|(p, _)| p.signature == info.signature).unwrap();

@@ -186,8 +186,9 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
 }
 
 /// Sends products from `from` on while the session is ready; returns where to go on. Products
-/// are read in batches under one read transaction (released before writing to the socket, so a
-/// slow downstream never pins queue pages). When caught up, flushes and waits for the queue to
+/// are read in batches under one read transaction; a primary feed's data is written straight
+/// from the queue as far as the socket takes it without blocking, and what remains is copied
+/// and written after the transaction is released, so a slow downstream never pins queue pages. When caught up, flushes and waits for the queue to
 /// change until the next session timeout.
 fn feed_products(
     shared: &Shared,
@@ -206,12 +207,29 @@ fn feed_products(
         let mut caught_up = true;
         {
             let snapshot = queue.snapshot().map_err(storage)?;
+            // A primary feed's data goes from the queue to the socket without a copy: the
+            // pieces are HEREIS heads (in `out`), product data in the snapshot, and padding.
+            let vectored = session.sends_hereis();
+            let mut pieces: Vec<Piece<'_>> = Vec::new();
+            let mut pending = out.len();
             let mut batch = 0;
             for product in snapshot.products_from(position).map_err(storage)? {
                 let product = product.map_err(storage)?;
                 position = Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1);
                 if feed.class.matches(&product.info) && feed.filter.allows(&product.info) {
-                    session.send_product(Clock::now(), &product.info, product.data)?;
+                    if vectored {
+                        let head_from = out.len();
+                        let pad = session.send_product_head(Clock::now(), &product.info)?;
+                        session.take_output(out);
+                        pieces.push(Piece::Out(head_from..out.len()));
+                        pieces.push(Piece::Data(product.data));
+                        pieces.push(Piece::Pad(pad));
+                        pending = out.len() + pieces.iter().map(|piece| piece.data_len()).sum::<usize>();
+                    } else {
+                        session.send_product(Clock::now(), &product.info, product.data)?;
+                        session.take_output(out);
+                        pending = out.len();
+                    }
                     if feed.notify {
                         tracing::info!(target: PRODUCT, "notifying: {}", product.info);
                     } else {
@@ -219,12 +237,18 @@ fn feed_products(
                     }
                     sent += 1;
                     batch += 1;
-                    session.take_output(out);
                 }
-                if !session.ready() || out.len() >= WRITE_BATCH || batch >= BATCH_MAX {
+                if !session.ready() || pending >= WRITE_BATCH || batch >= BATCH_MAX {
                     caught_up = false;
                     break;
                 }
+            }
+            if !pieces.is_empty() {
+                // What the socket takes at once goes straight from the queue; the rest is copied
+                // so that the snapshot is released before a blocking write.
+                let rest = send_without_blocking(stream, out, &pieces).map_err(ConnectionError::Write)?;
+                out.clear();
+                out.extend_from_slice(&rest);
             }
         }
         if !out.is_empty() {
@@ -255,6 +279,67 @@ fn feed_products(
     }
     shared.counters.products_sent.fetch_add(sent, Ordering::Relaxed);
     Ok(position)
+}
+
+/// A piece of output: bytes of the output buffer, product data in a queue snapshot, or XDR
+/// padding.
+enum Piece<'s> {
+    Out(std::ops::Range<usize>),
+    Data(&'s [u8]),
+    Pad(usize),
+}
+
+impl Piece<'_> {
+    /// Bytes outside the output buffer.
+    fn data_len(&self) -> usize {
+        match self {
+            Piece::Out(_) => 0,
+            Piece::Data(data) => data.len(),
+            Piece::Pad(pad) => *pad,
+        }
+    }
+}
+
+/// Writes `out` up to the first piece, then the pieces in order, as far as the socket takes
+/// them without blocking (vectored); returns the bytes not written, copied.
+fn send_without_blocking(stream: &TcpStream, out: &[u8], pieces: &[Piece<'_>]) -> std::io::Result<Vec<u8>> {
+    const ZEROS: [u8; 4] = [0; 4];
+    let first = match pieces.first() {
+        Some(Piece::Out(range)) => range.start,
+        _ => out.len(),
+    };
+    let mut slices = Vec::with_capacity(pieces.len() + 1);
+    if first > 0 {
+        slices.push(std::io::IoSlice::new(&out[..first]));
+    }
+    for piece in pieces {
+        let bytes = match piece {
+            Piece::Out(range) => &out[range.clone()],
+            Piece::Data(data) => data,
+            Piece::Pad(pad) => &ZEROS[..*pad],
+        };
+        if !bytes.is_empty() {
+            slices.push(std::io::IoSlice::new(bytes));
+        }
+    }
+    let socket = socket2::SockRef::from(stream);
+    let mut remaining = &mut slices[..];
+    while !remaining.is_empty() {
+        // At most IOV_MAX slices per call.
+        let count = remaining.len().min(1024);
+        match socket.send_vectored_with_flags(&remaining[..count], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+            Ok(0) => break,
+            Ok(written) => std::io::IoSlice::advance_slices(&mut remaining, written),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(error) => return Err(error),
+        }
+    }
+    let mut rest = Vec::with_capacity(remaining.iter().map(|slice| slice.len()).sum());
+    for slice in remaining.iter() {
+        rest.extend_from_slice(slice);
+    }
+    Ok(rest)
 }
 
 fn decide_request(shared: &Shared, peer: &PeerHost, class: &ProdClass) -> (RequestAnswer, access::ProductFilter) {

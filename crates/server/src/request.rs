@@ -80,7 +80,8 @@ fn save_state(path: &std::path::Path, signature: &Signature) {
     }
 }
 
-/// How often the resume point is written while products arrive.
+/// How often the resume point is written while products arrive (the first one of a session at
+/// once).
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs the request until the server stops.
@@ -128,7 +129,9 @@ fn session(
     let mut session = Downstream::new(Clock::now(), config);
     let mut buf = vec![0u8; 1 << 20];
     let mut out = Vec::new();
-    let mut last_save = Clock::now();
+    // The first resume point of a session is saved at once, later ones every SAVE_EVERY: a
+    // downstream killed early in a session still resumes where it was.
+    let mut last_save: Option<ldm7_types::Instant> = None;
     let mut unsaved = false;
     let result = loop {
         let mut ended = None;
@@ -166,11 +169,11 @@ fn session(
                 DownstreamEvent::Closed(result) => ended = Some(result.map_err(RequestError::from)),
             }
         }
-        if unsaved && (Clock::now() - last_save) >= SAVE_EVERY {
+        if unsaved && last_save.is_none_or(|at| (Clock::now() - at) >= SAVE_EVERY) {
             if let Some(signature) = resume_after {
                 save_state(state_path, signature);
             }
-            last_save = Clock::now();
+            last_save = Some(Clock::now());
             unsaved = false;
         }
         session.take_output(&mut out);
@@ -184,7 +187,24 @@ fn session(
         if shared.stopping.load(Ordering::Relaxed) {
             break Ok(());
         }
-        match wait_input(&mut stream, &mut buf, session.poll_timeout(), Duration::from_millis(250)) {
+        let timeout = session.poll_timeout();
+        if let Some(room) = session.direct_input() {
+            // A large product's bytes go from the socket straight into its record.
+            match crate::wait::wait_input_into(&stream, room, timeout, Duration::from_millis(250)) {
+                Ok(Input::Bytes(n)) => {
+                    // SAFETY: `wait_input_into` wrote `n` bytes at the start of `room`.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        session.handle_direct_input(Clock::now(), n);
+                    }
+                }
+                Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
+                Ok(Input::Eof) => session.handle_eof(),
+                Err(error) => break Err(RequestError::Read(error)),
+            }
+            continue;
+        }
+        match wait_input(&mut stream, &mut buf, timeout, Duration::from_millis(250)) {
             Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),

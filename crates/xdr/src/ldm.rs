@@ -520,6 +520,55 @@ pub fn encode_hereis(out: &mut Vec<u8>, xid: u32, info: &ProdInfo, data: &[u8]) 
     });
 }
 
+/// A HEREIS decoded in place: its xid, product information, and the data's range in the record.
+pub type HereisInPlace = (u32, ProdInfo, std::ops::Range<usize>);
+
+/// If `record` is an LDM-6 HEREIS call, decodes it without copying the data: its xid, the
+/// product information, and where the data lies in `record` (checked as [`decode_message`]
+/// checks it: length, zero padding, nothing after). `None` for any other record.
+pub fn decode_hereis_in_place(record: &[u8]) -> Option<Result<HereisInPlace, XdrError>> {
+    let mut decoder = Decoder::new(record);
+    let header = match decode_header(&mut decoder) {
+        Ok(Header::Call(header))
+            if header.program == LDM_PROGRAM && header.version == 6 && header.procedure == Proc::Hereis.number() =>
+        {
+            header
+        }
+        _ => return None,
+    };
+    Some((|| {
+        let info = decode_prod_info(&mut decoder)?;
+        let start = record.len() - decoder.remaining();
+        decoder.fixed(info.size as usize, "product data")?;
+        decoder.finish("call")?;
+        let end = start + info.size as usize;
+        Ok((header.xid, info, start..end))
+    })())
+}
+
+/// Appends everything of a HEREIS record but its data: the record mark (counting the data and
+/// its padding), the call header and the product information. The caller sends `info.size`
+/// bytes of data and then the returned number of zero bytes (XDR padding) right after it, so
+/// that the data need not be copied into `out` (vectored writes). The bytes on the wire are
+/// those of [`encode_hereis`].
+pub fn encode_hereis_head(out: &mut Vec<u8>, xid: u32, info: &ProdInfo) -> usize {
+    let data_len = info.size as usize;
+    let pad = (4 - data_len % 4) % 4;
+    let at = start_record(out);
+    {
+        let mut encoder = Encoder::new(out);
+        encode_call_header(
+            &mut encoder,
+            &CallHeader { xid, program: LDM_PROGRAM, version: 6, procedure: Proc::Hereis.number() },
+        );
+        encode_prod_info(&mut encoder, info);
+    }
+    let head_len = out.len() - at - 4;
+    let record_len = (head_len + data_len + pad) as u32;
+    out[at..at + 4].copy_from_slice(&(0x8000_0000 | record_len).to_be_bytes());
+    pad
+}
+
 /// Appends a BLKDATA record without copying the data into an [`LdmCall`] first.
 pub fn encode_blkdata(out: &mut Vec<u8>, xid: u32, signature: &Signature, pktnum: u32, data: &[u8]) {
     call_record(out, xid, 6, Proc::BlkData, |encoder| {

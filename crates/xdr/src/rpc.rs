@@ -65,6 +65,34 @@ impl RecordReader {
         self.buffer.extend_from_slice(bytes);
     }
 
+    /// While a large fragment is being assembled in place, room for its next bytes, to be read
+    /// straight into (no copy through another buffer) and then committed with
+    /// [`RecordReader::commit_direct`]; `None` when the reader wants bytes through
+    /// [`RecordReader::push`].
+    pub fn direct_spare(&mut self) -> Option<&mut [std::mem::MaybeUninit<u8>]> {
+        if self.direct_remaining == 0 {
+            return None;
+        }
+        let wanted = self.direct_remaining;
+        self.record.reserve(wanted);
+        Some(&mut self.record.spare_capacity_mut()[..wanted])
+    }
+
+    /// `count` bytes were written at the start of the room [`RecordReader::direct_spare`] gave.
+    ///
+    /// # Safety
+    ///
+    /// Those `count` bytes must have been initialized (written), and `count` must not exceed
+    /// the length of that room.
+    #[allow(unsafe_code)]
+    pub unsafe fn commit_direct(&mut self, count: usize) {
+        let count = count.min(self.direct_remaining);
+        // SAFETY: the caller initialized `count` bytes of the spare capacity, which
+        // `direct_spare` reserved (`count` ≤ `direct_remaining` ≤ spare capacity).
+        unsafe { self.record.set_len(self.record.len() + count) };
+        self.direct_remaining -= count;
+    }
+
     /// Bytes buffered but not yet returned in a record.
     pub fn pending(&self) -> usize {
         self.buffer.len() - self.start + self.record.len() + self.peeked.as_ref().map_or(0, Vec::len)
@@ -112,7 +140,9 @@ impl RecordReader {
             }
             if available.len() < 4 + len {
                 if len >= DIRECT_FRAGMENT_MIN {
-                    // The rest of this fragment goes straight into the record as it arrives.
+                    // The rest of this fragment goes straight into the record as it arrives,
+                    // into room made once (no regrowing, which would copy it again).
+                    self.record.reserve(len);
                     self.record.extend_from_slice(&available[4..]);
                     self.direct_remaining = 4 + len - available.len();
                     self.direct = Some(last);

@@ -128,3 +128,22 @@ fn records_over_the_bound_are_refused_before_buffering() {
     record[4 + 20..4 + 24].copy_from_slice(&1u32.to_be_bytes());
     assert!(decode_message(&record[4..], |_| None).is_err());
 }
+
+proptest! {
+    /// A HEREIS written as head + data + padding (vectored writes) is byte for byte the record
+    /// `encode_hereis` writes.
+    #[test]
+    fn hereis_head_data_and_padding_equal_the_whole_record(
+        (info, data) in proptest::collection::vec(any::<u8>(), 0..3000)
+            .prop_flat_map(|data| prod_info(data.len() as u32).prop_map(move |info| (info, data.clone()))),
+        xid in any::<u32>(),
+    ) {
+        let mut whole = Vec::new();
+        ldm7_xdr::ldm::encode_hereis(&mut whole, xid, &info, &data);
+        let mut pieces = b"earlier bytes".to_vec();
+        let pad = ldm7_xdr::ldm::encode_hereis_head(&mut pieces, xid, &info);
+        pieces.extend_from_slice(&data);
+        pieces.extend(std::iter::repeat_n(0u8, pad));
+        prop_assert_eq!(&pieces[b"earlier bytes".len()..], &whole[..]);
+    }
+}
