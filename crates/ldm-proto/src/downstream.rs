@@ -117,14 +117,12 @@ impl Downstream {
         self.receive(now, bytes);
     }
 
-    /// While a large record arrives, room to read its next bytes straight into, instead of
-    /// handing them to [`Downstream::handle_input`] (which copies them there); then call
+    /// Room to read the upstream's next bytes straight into (at most `chunk`, or the rest of a
+    /// large record, which is assembled in place), instead of handing them to
+    /// [`Downstream::handle_input`], which copies them there; then call
     /// [`Downstream::handle_direct_input`].
-    pub fn direct_input(&mut self) -> Option<&mut [std::mem::MaybeUninit<u8>]> {
-        if matches!(self.state, State::Closed) {
-            return None;
-        }
-        self.peer.direct_spare()
+    pub fn direct_input(&mut self, chunk: usize) -> &mut [std::mem::MaybeUninit<u8>] {
+        self.peer.input_spare(chunk)
     }
 
     /// `count` bytes were read into the start of the room [`Downstream::direct_input`] gave.
@@ -135,7 +133,7 @@ impl Downstream {
     #[allow(unsafe_code)]
     pub unsafe fn handle_direct_input(&mut self, now: Instant, count: usize) {
         // SAFETY: forwarded from the caller.
-        unsafe { self.peer.commit_direct(count) };
+        unsafe { self.peer.commit_input(count) };
         self.receive(now, &[]);
     }
 

@@ -64,18 +64,18 @@ impl Peer {
         self.reader.push(bytes);
     }
 
-    /// Room to read a large record's next bytes straight into ([`RecordReader::direct_spare`]).
-    pub fn direct_spare(&mut self) -> Option<&mut [std::mem::MaybeUninit<u8>]> {
-        self.reader.direct_spare()
+    /// Room to read the next bytes straight into ([`RecordReader::input_spare`]).
+    pub fn input_spare(&mut self, chunk: usize) -> &mut [std::mem::MaybeUninit<u8>] {
+        self.reader.input_spare(chunk)
     }
 
     /// # Safety
     ///
-    /// As [`RecordReader::commit_direct`].
+    /// As [`RecordReader::commit_input`].
     #[allow(unsafe_code)]
-    pub unsafe fn commit_direct(&mut self, count: usize) {
+    pub unsafe fn commit_input(&mut self, count: usize) {
         // SAFETY: forwarded from the caller.
-        unsafe { self.reader.commit_direct(count) }
+        unsafe { self.reader.commit_input(count) }
     }
 
     /// The next whole record, decoded; replies are matched to the outstanding call (stray ones

@@ -45,14 +45,62 @@ pub(crate) fn wants(shared: &Shared, info: &ProdInfo) -> bool {
 }
 
 /// Inserts a received product; returns whether it was new.
-pub(crate) fn insert(shared: &Shared, upstream_host: &str, mut info: ProdInfo, data: &[u8]) -> bool {
-    if data.len() != info.size as usize {
-        tracing::error!("{upstream_host}: product of {} bytes announced as {}: {info}", data.len(), info.size);
+pub(crate) fn insert(shared: &Shared, upstream_host: &str, info: ProdInfo, data: &[u8]) -> bool {
+    let Some(info) = vet(shared, upstream_host, info, data.len()) else { return false };
+    let outcome = shared.queue.insert(&info, data);
+    record(shared, upstream_host, &info, outcome)
+}
+
+/// Inserts received products in one queue transaction, each exactly as [`insert`] would (vetted,
+/// origin rewritten, logged, counted); if the queue refuses the batch as a whole (one product is
+/// too big for it), one by one.
+pub(crate) fn insert_batch(shared: &Shared, upstream_host: &str, products: &mut Vec<ldm7_ldm_proto::ReceivedProduct>) {
+    if products.is_empty() {
+        return;
+    }
+    let vetted: Vec<(ProdInfo, ldm7_ldm_proto::ReceivedData)> = products
+        .drain(..)
+        .filter_map(|product| {
+            let len = product.data.len();
+            vet(shared, upstream_host, product.info, len).map(|info| (info, product.data))
+        })
+        .collect();
+    let pairs: Vec<(&ProdInfo, &[u8])> = vetted.iter().map(|(info, data)| (info, &data[..])).collect();
+    match shared.queue.insert_batch(&pairs) {
+        Ok(outcomes) => {
+            for ((info, _), outcome) in vetted.iter().zip(outcomes) {
+                record(shared, upstream_host, info, Ok(outcome));
+            }
+        }
+        Err(_) => {
+            for (info, data) in &vetted {
+                let outcome = shared.queue.insert(info, data);
+                record(shared, upstream_host, info, outcome);
+            }
+        }
+    }
+}
+
+/// A received product's metadata ready to store (origin rewritten), or `None` (logged and
+/// counted) when its data does not have its announced size.
+fn vet(shared: &Shared, upstream_host: &str, mut info: ProdInfo, data_len: usize) -> Option<ProdInfo> {
+    if data_len != info.size as usize {
+        tracing::error!("{upstream_host}: product of {data_len} bytes announced as {}: {info}", info.size);
         shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-        return false;
+        return None;
     }
     info.origin = relayed_origin(&info.origin, upstream_host);
-    match shared.queue.insert(&info, data) {
+    Some(info)
+}
+
+/// Logs and counts what an insert did; returns whether the product was new.
+fn record(
+    shared: &Shared,
+    upstream_host: &str,
+    info: &ProdInfo,
+    outcome: Result<InsertOutcome, ldm7_pq::InsertError>,
+) -> bool {
+    match outcome {
         Ok(InsertOutcome::Inserted { .. }) => {
             shared.counters.products_received.fetch_add(1, Ordering::Relaxed);
             tracing::info!(target: PRODUCT, "{info}");

@@ -14,8 +14,11 @@ use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
 
 use crate::client::{ConnectError, ServerAddress, connect};
-use crate::wait::{Input, wait_input};
+use crate::wait::Input;
 use crate::{Shared, receive};
+
+/// Most bytes read from the upstream at once.
+const READ_CHUNK: usize = 1 << 20;
 
 /// How long a REQUEST waits for its upstream to accept the connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -127,7 +130,6 @@ fn session(
     config.resume_after = *resume_after;
     config.silence = shared.options.silence;
     let mut session = Downstream::new(Clock::now(), config);
-    let mut buf = vec![0u8; 1 << 20];
     let mut out = Vec::new();
     // The first resume point of a session is saved at once, later ones every SAVE_EVERY: a
     // downstream killed early in a session still resumes where it was.
@@ -135,6 +137,8 @@ fn session(
     let mut unsaved = false;
     let result = loop {
         let mut ended = None;
+        // Products of this pass go into the queue together (one transaction).
+        let mut received = Vec::new();
         while let Some(event) = session.poll_event() {
             match event {
                 DownstreamEvent::Accepted { id, class } => {
@@ -155,13 +159,14 @@ fn session(
                     } else if !session.class().matches_feed_ident(product.info.feedtype, &product.info.ident) {
                         tracing::warn!("Ignoring unrequested product: {}", product.info);
                     } else {
-                        let signature = product.info.signature;
-                        receive::insert(shared, &request.host, product.info, &product.data);
-                        *resume_after = Some(signature);
+                        *resume_after = Some(product.info.signature);
                         unsaved = true;
+                        received.push(product);
                     }
                 }
                 DownstreamEvent::ComingSoon { info, .. } => {
+                    // Whether it is a duplicate depends on what came before it.
+                    receive::insert_batch(shared, &request.host, &mut received);
                     let accept = receive::wants(shared, &info);
                     session.answer_coming_soon(Clock::now(), accept)?;
                 }
@@ -169,6 +174,7 @@ fn session(
                 DownstreamEvent::Closed(result) => ended = Some(result.map_err(RequestError::from)),
             }
         }
+        receive::insert_batch(shared, &request.host, &mut received);
         if unsaved && last_save.is_none_or(|at| (Clock::now() - at) >= SAVE_EVERY) {
             if let Some(signature) = resume_after {
                 save_state(state_path, signature);
@@ -188,24 +194,16 @@ fn session(
             break Ok(());
         }
         let timeout = session.poll_timeout();
-        if let Some(room) = session.direct_input() {
-            // A large product's bytes go from the socket straight into its record.
-            match crate::wait::wait_input_into(&stream, room, timeout, Duration::from_millis(250)) {
-                Ok(Input::Bytes(n)) => {
-                    // SAFETY: `wait_input_into` wrote `n` bytes at the start of `room`.
-                    #[allow(unsafe_code)]
-                    unsafe {
-                        session.handle_direct_input(Clock::now(), n);
-                    }
+        // The upstream's bytes go from the socket straight into the session's record buffer.
+        let room = session.direct_input(READ_CHUNK);
+        match crate::wait::wait_input_into(&stream, room, timeout, Duration::from_millis(250)) {
+            Ok(Input::Bytes(n)) => {
+                // SAFETY: `wait_input_into` wrote `n` bytes at the start of `room`.
+                #[allow(unsafe_code)]
+                unsafe {
+                    session.handle_direct_input(Clock::now(), n);
                 }
-                Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
-                Ok(Input::Eof) => session.handle_eof(),
-                Err(error) => break Err(RequestError::Read(error)),
             }
-            continue;
-        }
-        match wait_input(&mut stream, &mut buf, timeout, Duration::from_millis(250)) {
-            Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
             Err(error) => break Err(RequestError::Read(error)),

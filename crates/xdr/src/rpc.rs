@@ -65,32 +65,44 @@ impl RecordReader {
         self.buffer.extend_from_slice(bytes);
     }
 
-    /// While a large fragment is being assembled in place, room for its next bytes, to be read
-    /// straight into (no copy through another buffer) and then committed with
-    /// [`RecordReader::commit_direct`]; `None` when the reader wants bytes through
-    /// [`RecordReader::push`].
-    pub fn direct_spare(&mut self) -> Option<&mut [std::mem::MaybeUninit<u8>]> {
-        if self.direct_remaining == 0 {
-            return None;
+    /// Room for the stream's next bytes, to be read straight into (no copy through another
+    /// buffer) and then committed with [`RecordReader::commit_input`]: the rest of a large
+    /// fragment being assembled in place, or else up to `chunk` bytes after what is buffered.
+    pub fn input_spare(&mut self, chunk: usize) -> &mut [std::mem::MaybeUninit<u8>] {
+        if self.direct_remaining > 0 {
+            let wanted = self.direct_remaining;
+            self.record.reserve(wanted);
+            return &mut self.record.spare_capacity_mut()[..wanted];
         }
-        let wanted = self.direct_remaining;
-        self.record.reserve(wanted);
-        Some(&mut self.record.spare_capacity_mut()[..wanted])
+        if self.start > 0 && self.start == self.buffer.len() {
+            self.buffer.clear();
+            self.start = 0;
+        }
+        self.buffer.reserve(chunk.max(1));
+        let spare = self.buffer.spare_capacity_mut();
+        let len = spare.len().min(chunk.max(1));
+        &mut spare[..len]
     }
 
-    /// `count` bytes were written at the start of the room [`RecordReader::direct_spare`] gave.
+    /// `count` bytes were written at the start of the room [`RecordReader::input_spare`] gave.
     ///
     /// # Safety
     ///
     /// Those `count` bytes must have been initialized (written), and `count` must not exceed
     /// the length of that room.
     #[allow(unsafe_code)]
-    pub unsafe fn commit_direct(&mut self, count: usize) {
-        let count = count.min(self.direct_remaining);
-        // SAFETY: the caller initialized `count` bytes of the spare capacity, which
-        // `direct_spare` reserved (`count` ≤ `direct_remaining` ≤ spare capacity).
-        unsafe { self.record.set_len(self.record.len() + count) };
-        self.direct_remaining -= count;
+    pub unsafe fn commit_input(&mut self, count: usize) {
+        if self.direct_remaining > 0 {
+            let count = count.min(self.direct_remaining);
+            // SAFETY: the caller initialized `count` bytes of the record's spare capacity, which
+            // `input_spare` reserved (`count` ≤ `direct_remaining` ≤ spare capacity).
+            unsafe { self.record.set_len(self.record.len() + count) };
+            self.direct_remaining -= count;
+        } else {
+            let count = count.min(self.buffer.capacity() - self.buffer.len());
+            // SAFETY: the caller initialized `count` bytes of the buffer's spare capacity.
+            unsafe { self.buffer.set_len(self.buffer.len() + count) };
+        }
     }
 
     /// Bytes buffered but not yet returned in a record.

@@ -147,3 +147,41 @@ proptest! {
         prop_assert_eq!(&pieces[b"earlier bytes".len()..], &whole[..]);
     }
 }
+
+proptest! {
+    /// Reading straight into the reader's room (in chunks of any size, large fragments
+    /// assembled in place) gives the same records as pushing the same bytes.
+    #[test]
+    fn reading_into_the_reader_equals_pushing(
+        bodies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200_000), 1..5),
+        chunks in proptest::collection::vec(1usize..100_000, 1..20),
+    ) {
+        let mut stream = Vec::new();
+        for body in &bodies {
+            write_fragmented(&mut stream, body, 150_000);
+        }
+        let mut reader = RecordReader::new(1 << 20);
+        let mut records = Vec::new();
+        let mut at = 0;
+        let mut turn = 0;
+        while at < stream.len() {
+            let chunk = chunks[turn % chunks.len()];
+            turn += 1;
+            let room = reader.input_spare(chunk);
+            let count = room.len().min(stream.len() - at);
+            for (slot, byte) in room.iter_mut().zip(&stream[at..at + count]) {
+                slot.write(*byte);
+            }
+            // SAFETY: `count` bytes of the room were written just above.
+            #[allow(unsafe_code)]
+            unsafe {
+                reader.commit_input(count);
+            }
+            at += count;
+            while let Some(record) = reader.next_record().unwrap() {
+                records.push(record);
+            }
+        }
+        prop_assert_eq!(records, bodies);
+    }
+}
