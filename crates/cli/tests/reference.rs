@@ -103,18 +103,34 @@ fn products(dir: &Path) -> (Vec<String>, Vec<u8>) {
     (names, all)
 }
 
+/// An upstream and a downstream directory with their ldmd.conf, and the product files.
+struct Pair {
+    names: Vec<String>,
+    all: Vec<u8>,
+    up: PathBuf,
+    down: PathBuf,
+    up_port: u16,
+}
+
+impl Pair {
+    fn new(root: &Path) -> Self {
+        let (names, all) = products(&root.join("files"));
+        let (up, down) = (root.join("up"), root.join("down"));
+        for dir in [&up, &down] {
+            std::fs::create_dir_all(dir).expect("mkdir");
+        }
+        let up_port = free_port();
+        std::fs::write(up.join("ldmd.conf"), format!("ALLOW ANY {LOCAL} .*\n")).expect("conf");
+        std::fs::write(down.join("ldmd.conf"), format!("REQUEST ANY \".*\" 127.0.0.1:{up_port}\n")).expect("conf");
+        Self { names, all, up, down, up_port }
+    }
+}
+
 #[test]
 fn ldm7_upstream_feeds_a_unidata_ldm_downstream() {
     let Some(bin) = reference_bin() else { return };
     let root = tempfile::tempdir().expect("tempdir");
-    let (names, all) = products(&root.path().join("files"));
-    let (up, down) = (root.path().join("up"), root.path().join("down"));
-    for dir in [&up, &down] {
-        std::fs::create_dir_all(dir).expect("mkdir");
-    }
-    let up_port = free_port();
-    std::fs::write(up.join("ldmd.conf"), format!("ALLOW ANY {LOCAL} .*\n")).expect("conf");
-    std::fs::write(down.join("ldmd.conf"), format!("REQUEST ANY \".*\" 127.0.0.1:{up_port}\n")).expect("conf");
+    let Pair { names, all, up, down, up_port } = Pair::new(root.path());
     ok(Command::new(LDM7).args(["queue", "create", "--size", "200M", "--path"]).arg(up.join("q.pq")));
     ok(Command::new(LDM7)
         .args(["insert", "-f", "EXP", "-q"])
@@ -138,14 +154,7 @@ fn ldm7_upstream_feeds_a_unidata_ldm_downstream() {
 fn unidata_ldm_upstream_feeds_an_ldm7_downstream() {
     let Some(bin) = reference_bin() else { return };
     let root = tempfile::tempdir().expect("tempdir");
-    let (names, all) = products(&root.path().join("files"));
-    let (up, down) = (root.path().join("up"), root.path().join("down"));
-    for dir in [&up, &down] {
-        std::fs::create_dir_all(dir).expect("mkdir");
-    }
-    let up_port = free_port();
-    std::fs::write(up.join("ldmd.conf"), format!("ALLOW ANY {LOCAL} .*\n")).expect("conf");
-    std::fs::write(down.join("ldmd.conf"), format!("REQUEST ANY \".*\" 127.0.0.1:{up_port}\n")).expect("conf");
+    let Pair { names, all, up, down, up_port } = Pair::new(root.path());
     ok(Command::new(bin.join("pqcreate")).args(["-l", "-", "-c", "-s", "200M", "-q"]).arg(up.join("q.pq")));
     ok(Command::new(bin.join("pqinsert"))
         .args(["-l", "/dev/null", "-f", "EXP", "-q"])

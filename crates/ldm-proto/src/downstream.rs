@@ -117,23 +117,19 @@ impl Downstream {
         self.receive(now, bytes);
     }
 
-    /// Room to read the upstream's next bytes straight into (at most `chunk`, or the rest of a
-    /// large record, which is assembled in place), instead of handing them to
-    /// [`Downstream::handle_input`], which copies them there; then call
-    /// [`Downstream::handle_direct_input`].
-    pub fn direct_input(&mut self, chunk: usize) -> &mut [std::mem::MaybeUninit<u8>] {
-        self.peer.input_spare(chunk)
+    /// While a large record arrives, the room for its bytes still to come, to be read straight
+    /// into instead of handing them to [`Downstream::handle_input`] (which copies them there);
+    /// then call [`Downstream::handle_direct_input`].
+    pub fn direct_input(&mut self) -> Option<&mut [u8]> {
+        if matches!(self.state, State::Closed) {
+            return None;
+        }
+        self.peer.input_spare()
     }
 
     /// `count` bytes were read into the start of the room [`Downstream::direct_input`] gave.
-    ///
-    /// # Safety
-    ///
-    /// Those bytes must have been written, and `count` must not exceed that room's length.
-    #[allow(unsafe_code)]
-    pub unsafe fn handle_direct_input(&mut self, now: Instant, count: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.peer.commit_input(count) };
+    pub fn handle_direct_input(&mut self, now: Instant, count: usize) {
+        self.peer.commit_input(count);
         self.receive(now, &[]);
     }
 

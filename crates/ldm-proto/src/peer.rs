@@ -64,18 +64,14 @@ impl Peer {
         self.reader.push(bytes);
     }
 
-    /// Room to read the next bytes straight into ([`RecordReader::input_spare`]).
-    pub fn input_spare(&mut self, chunk: usize) -> &mut [std::mem::MaybeUninit<u8>] {
-        self.reader.input_spare(chunk)
+    /// Room to read a large record's next bytes straight into ([`RecordReader::input_spare`]).
+    pub fn input_spare(&mut self) -> Option<&mut [u8]> {
+        self.reader.input_spare()
     }
 
-    /// # Safety
-    ///
-    /// As [`RecordReader::commit_input`].
-    #[allow(unsafe_code)]
-    pub unsafe fn commit_input(&mut self, count: usize) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.reader.commit_input(count) }
+    /// Bytes were read into that room ([`RecordReader::commit_input`]).
+    pub fn commit_input(&mut self, count: usize) {
+        self.reader.commit_input(count);
     }
 
     /// The next whole record, decoded; replies are matched to the outstanding call (stray ones

@@ -14,11 +14,8 @@ use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
 
 use crate::client::{ConnectError, ServerAddress, connect};
-use crate::wait::Input;
+use crate::wait::{Input, wait_input};
 use crate::{Shared, receive};
-
-/// Most bytes read from the upstream at once.
-const READ_CHUNK: usize = 1 << 20;
 
 /// How long a REQUEST waits for its upstream to accept the connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -130,6 +127,7 @@ fn session(
     config.resume_after = *resume_after;
     config.silence = shared.options.silence;
     let mut session = Downstream::new(Clock::now(), config);
+    let mut buf = vec![0u8; 1 << 20];
     let mut out = Vec::new();
     // The first resume point of a session is saved at once, later ones every SAVE_EVERY: a
     // downstream killed early in a session still resumes where it was.
@@ -194,16 +192,14 @@ fn session(
             break Ok(());
         }
         let timeout = session.poll_timeout();
-        // The upstream's bytes go from the socket straight into the session's record buffer.
-        let room = session.direct_input(READ_CHUNK);
-        match crate::wait::wait_input_into(&stream, room, timeout, Duration::from_millis(250)) {
-            Ok(Input::Bytes(n)) => {
-                // SAFETY: `wait_input_into` wrote `n` bytes at the start of `room`.
-                #[allow(unsafe_code)]
-                unsafe {
-                    session.handle_direct_input(Clock::now(), n);
-                }
-            }
+        // A large product's bytes go from the socket straight into its record.
+        let (input, direct) = match session.direct_input() {
+            Some(room) => (wait_input(&mut stream, room, timeout, Duration::from_millis(250)), true),
+            None => (wait_input(&mut stream, &mut buf, timeout, Duration::from_millis(250)), false),
+        };
+        match input {
+            Ok(Input::Bytes(n)) if direct => session.handle_direct_input(Clock::now(), n),
+            Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
             Err(error) => break Err(RequestError::Read(error)),

@@ -44,35 +44,3 @@ pub fn wait_input(
         Err(error) => Err(error),
     }
 }
-
-/// [`wait_input`] into memory that need not be initialized (a record's spare room): the
-/// kernel writes the bytes; [`Input::Bytes`] tells how many, at the start of `room`.
-pub fn wait_input_into(
-    stream: &TcpStream,
-    room: &mut [std::mem::MaybeUninit<u8>],
-    deadline: Option<Instant>,
-    longest: Duration,
-) -> std::io::Result<Input> {
-    use std::os::fd::AsRawFd;
-    let wait = deadline.map_or(longest, |at| Clock::until(at).min(longest));
-    if wait.is_zero() || room.is_empty() {
-        return Ok(Input::Timeout);
-    }
-    stream.set_read_timeout(Some(wait))?;
-    // SAFETY: `room` is valid for writes of its length; read(2) writes at most that many bytes
-    // and never reads them, so uninitialized memory is fine.
-    #[allow(unsafe_code)]
-    let count = unsafe { libc::read(stream.as_raw_fd(), room.as_mut_ptr().cast(), room.len()) };
-    match count {
-        0 => Ok(Input::Eof),
-        n if n > 0 => Ok(Input::Bytes(n as usize)),
-        _ => {
-            let error = std::io::Error::last_os_error();
-            match error.kind() {
-                ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted => Ok(Input::Timeout),
-                ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => Ok(Input::Eof),
-                _ => Err(error),
-            }
-        }
-    }
-}

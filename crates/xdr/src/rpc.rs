@@ -51,7 +51,8 @@ impl RecordReader {
     pub fn push(&mut self, mut bytes: &[u8]) {
         if self.direct_remaining > 0 {
             let taken = self.direct_remaining.min(bytes.len());
-            self.record.extend_from_slice(&bytes[..taken]);
+            let end = self.record.len() - self.direct_remaining;
+            self.record[end..end + taken].copy_from_slice(&bytes[..taken]);
             self.direct_remaining -= taken;
             bytes = &bytes[taken..];
         }
@@ -65,49 +66,27 @@ impl RecordReader {
         self.buffer.extend_from_slice(bytes);
     }
 
-    /// Room for the stream's next bytes, to be read straight into (no copy through another
-    /// buffer) and then committed with [`RecordReader::commit_input`]: the rest of a large
-    /// fragment being assembled in place, or else up to `chunk` bytes after what is buffered.
-    pub fn input_spare(&mut self, chunk: usize) -> &mut [std::mem::MaybeUninit<u8>] {
-        if self.direct_remaining > 0 {
-            let wanted = self.direct_remaining;
-            self.record.reserve(wanted);
-            return &mut self.record.spare_capacity_mut()[..wanted];
+    /// While a large fragment is being assembled in place, the room for its bytes still to
+    /// come, to be read straight into (no copy through another buffer) and then committed with
+    /// [`RecordReader::commit_input`]; `None` when the reader wants bytes through
+    /// [`RecordReader::push`].
+    pub fn input_spare(&mut self) -> Option<&mut [u8]> {
+        if self.direct_remaining == 0 {
+            return None;
         }
-        if self.start > 0 && self.start == self.buffer.len() {
-            self.buffer.clear();
-            self.start = 0;
-        }
-        self.buffer.reserve(chunk.max(1));
-        let spare = self.buffer.spare_capacity_mut();
-        let len = spare.len().min(chunk.max(1));
-        &mut spare[..len]
+        let end = self.record.len() - self.direct_remaining;
+        Some(&mut self.record[end..])
     }
 
     /// `count` bytes were written at the start of the room [`RecordReader::input_spare`] gave.
-    ///
-    /// # Safety
-    ///
-    /// Those `count` bytes must have been initialized (written), and `count` must not exceed
-    /// the length of that room.
-    #[allow(unsafe_code)]
-    pub unsafe fn commit_input(&mut self, count: usize) {
-        if self.direct_remaining > 0 {
-            let count = count.min(self.direct_remaining);
-            // SAFETY: the caller initialized `count` bytes of the record's spare capacity, which
-            // `input_spare` reserved (`count` ≤ `direct_remaining` ≤ spare capacity).
-            unsafe { self.record.set_len(self.record.len() + count) };
-            self.direct_remaining -= count;
-        } else {
-            let count = count.min(self.buffer.capacity() - self.buffer.len());
-            // SAFETY: the caller initialized `count` bytes of the buffer's spare capacity.
-            unsafe { self.buffer.set_len(self.buffer.len() + count) };
-        }
+    pub fn commit_input(&mut self, count: usize) {
+        self.direct_remaining -= count.min(self.direct_remaining);
     }
 
     /// Bytes buffered but not yet returned in a record.
     pub fn pending(&self) -> usize {
-        self.buffer.len() - self.start + self.record.len() + self.peeked.as_ref().map_or(0, Vec::len)
+        self.buffer.len() - self.start + self.record.len() - self.direct_remaining
+            + self.peeked.as_ref().map_or(0, Vec::len)
     }
 
     /// The next complete record, if the stream holds one.
@@ -152,11 +131,13 @@ impl RecordReader {
             }
             if available.len() < 4 + len {
                 if len >= DIRECT_FRAGMENT_MIN {
-                    // The rest of this fragment goes straight into the record as it arrives,
-                    // into room made once (no regrowing, which would copy it again).
-                    self.record.reserve(len);
+                    // The rest of this fragment goes straight into the record as it arrives.
+                    // The record takes its whole length at once (zeroed; the bytes still to
+                    // come are written over the zeroes): no regrowing, which would copy it again.
+                    self.record.reserve_exact(len);
                     self.record.extend_from_slice(&available[4..]);
                     self.direct_remaining = 4 + len - available.len();
+                    self.record.resize(self.record.len() + self.direct_remaining, 0);
                     self.direct = Some(last);
                     self.buffer.clear();
                     self.start = 0;
