@@ -117,22 +117,6 @@ impl Downstream {
         self.receive(now, bytes);
     }
 
-    /// While a large record arrives, the room for its bytes still to come, to be read straight
-    /// into instead of handing them to [`Downstream::handle_input`] (which copies them there);
-    /// then call [`Downstream::handle_direct_input`].
-    pub fn direct_input(&mut self) -> Option<&mut [u8]> {
-        if matches!(self.state, State::Closed) {
-            return None;
-        }
-        self.peer.input_spare()
-    }
-
-    /// `count` bytes were read into the start of the room [`Downstream::direct_input`] gave.
-    pub fn handle_direct_input(&mut self, now: Instant, count: usize) {
-        self.peer.commit_input(count);
-        self.receive(now, &[]);
-    }
-
     /// Answers the pending COMINGSOON: accept (OK) or not (DONT_SEND: duplicate, too big).
     pub fn answer_coming_soon(&mut self, now: Instant, accept: bool) -> Result<(), SessionError> {
         self.receive.answer(now, &mut self.peer, accept)

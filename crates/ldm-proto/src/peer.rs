@@ -64,16 +64,6 @@ impl Peer {
         self.reader.push(bytes);
     }
 
-    /// Room to read a large record's next bytes straight into ([`RecordReader::input_spare`]).
-    pub fn input_spare(&mut self) -> Option<&mut [u8]> {
-        self.reader.input_spare()
-    }
-
-    /// Bytes were read into that room ([`RecordReader::commit_input`]).
-    pub fn commit_input(&mut self, count: usize) {
-        self.reader.commit_input(count);
-    }
-
     /// The next whole record, decoded; replies are matched to the outstanding call (stray ones
     /// skipped). A HEREIS comes as [`Incoming::Hereis`], its data left in its record.
     pub fn next_incoming(&mut self, now: Instant) -> Result<Option<Incoming>, SessionError> {

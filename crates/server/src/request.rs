@@ -191,14 +191,7 @@ fn session(
         if shared.stopping.load(Ordering::Relaxed) {
             break Ok(());
         }
-        let timeout = session.poll_timeout();
-        // A large product's bytes go from the socket straight into its record.
-        let (input, direct) = match session.direct_input() {
-            Some(room) => (wait_input(&mut stream, room, timeout, Duration::from_millis(250)), true),
-            None => (wait_input(&mut stream, &mut buf, timeout, Duration::from_millis(250)), false),
-        };
-        match input {
-            Ok(Input::Bytes(n)) if direct => session.handle_direct_input(Clock::now(), n),
+        match wait_input(&mut stream, &mut buf, session.poll_timeout(), Duration::from_millis(250)) {
             Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),

@@ -51,8 +51,7 @@ impl RecordReader {
     pub fn push(&mut self, mut bytes: &[u8]) {
         if self.direct_remaining > 0 {
             let taken = self.direct_remaining.min(bytes.len());
-            let end = self.record.len() - self.direct_remaining;
-            self.record[end..end + taken].copy_from_slice(&bytes[..taken]);
+            self.record.extend_from_slice(&bytes[..taken]);
             self.direct_remaining -= taken;
             bytes = &bytes[taken..];
         }
@@ -66,27 +65,9 @@ impl RecordReader {
         self.buffer.extend_from_slice(bytes);
     }
 
-    /// While a large fragment is being assembled in place, the room for its bytes still to
-    /// come, to be read straight into (no copy through another buffer) and then committed with
-    /// [`RecordReader::commit_input`]; `None` when the reader wants bytes through
-    /// [`RecordReader::push`].
-    pub fn input_spare(&mut self) -> Option<&mut [u8]> {
-        if self.direct_remaining == 0 {
-            return None;
-        }
-        let end = self.record.len() - self.direct_remaining;
-        Some(&mut self.record[end..])
-    }
-
-    /// `count` bytes were written at the start of the room [`RecordReader::input_spare`] gave.
-    pub fn commit_input(&mut self, count: usize) {
-        self.direct_remaining -= count.min(self.direct_remaining);
-    }
-
     /// Bytes buffered but not yet returned in a record.
     pub fn pending(&self) -> usize {
-        self.buffer.len() - self.start + self.record.len() - self.direct_remaining
-            + self.peeked.as_ref().map_or(0, Vec::len)
+        self.buffer.len() - self.start + self.record.len() + self.peeked.as_ref().map_or(0, Vec::len)
     }
 
     /// The next complete record, if the stream holds one.
@@ -132,12 +113,11 @@ impl RecordReader {
             if available.len() < 4 + len {
                 if len >= DIRECT_FRAGMENT_MIN {
                     // The rest of this fragment goes straight into the record as it arrives.
-                    // The record takes its whole length at once (zeroed; the bytes still to
-                    // come are written over the zeroes): no regrowing, which would copy it again.
+                    // Room for the whole fragment is made at once: no regrowing, which would
+                    // copy it again.
                     self.record.reserve_exact(len);
                     self.record.extend_from_slice(&available[4..]);
                     self.direct_remaining = 4 + len - available.len();
-                    self.record.resize(self.record.len() + self.direct_remaining, 0);
                     self.direct = Some(last);
                     self.buffer.clear();
                     self.start = 0;
