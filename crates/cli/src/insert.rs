@@ -136,14 +136,19 @@ fn input_size(file: &Path) -> CmdResult<u64> {
     Ok(metadata.len())
 }
 
-/// The failure of inserting `file`, after `inserted` products went in.
-pub(crate) fn insert_failure(file: &Path, error: InsertError, inserted: u64) -> Failure {
-    let message = format!("{}: {error}", file.display());
-    let done = if inserted == 0 {
+/// What a failed insert leaves in the queue, after `inserted` products of the batch went in.
+pub(crate) fn inserted_so_far(inserted: u64) -> String {
+    if inserted == 0 {
         "nothing was inserted".to_owned()
     } else {
         format!("the {inserted} product(s) before it were inserted, none after")
-    };
+    }
+}
+
+/// The failure of inserting `file`, after `inserted` products went in.
+pub(crate) fn insert_failure(file: &Path, error: InsertError, inserted: u64) -> Failure {
+    let message = format!("{}: {error}", file.display());
+    let done = inserted_so_far(inserted);
     match error {
         InsertError::Invalid(_) | InsertError::TooBig { .. } => bad_input(format!("{message}; {done}")),
         InsertError::MapFull | InsertError::Storage(_) | InsertError::Source(_) => {

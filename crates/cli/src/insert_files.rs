@@ -31,7 +31,7 @@ use ldm7_types::{ProdInfo, Signature};
 
 use crate::common::now;
 use crate::exit::{CmdResult, bad_input};
-use crate::insert::{Input, insert_failure};
+use crate::insert::{Input, insert_failure, inserted_so_far};
 
 /// Most bytes of products read but not yet inserted.
 pub const IN_FLIGHT_BYTES_MAX: u64 = 8 << 20;
@@ -58,7 +58,7 @@ pub fn insert_all(
 ) -> CmdResult<u64> {
     let readers = std::thread::available_parallelism().map_or(1, usize::from).min(inputs.len()).max(1);
     let budget = Budget::new(&inputs);
-    let (ready_tx, ready_rx) = mpsc::channel::<Vec<Read_>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Vec<ReadProduct>>();
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         for _ in 0..readers {
@@ -71,7 +71,7 @@ pub fn insert_all(
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let mut reads: Vec<Read_> = run
+                    let mut reads: Vec<ReadProduct> = run
                         .into_iter()
                         .map(|(index, buffer)| {
                             read_one(&inputs[index], index, buffer, signature_from_ident, &mut chunk)
@@ -96,8 +96,8 @@ pub fn insert_all(
 
 /// Hashes the products of a run that were read into buffers, side by side in SIMD lanes
 /// (multi-buffer MD5: many times one stream's speed).
-fn hash_together(hasher: &md5_many::Md5Many, reads: &mut [Read_]) {
-    let mut lanes: Vec<&mut Read_> =
+fn hash_together(hasher: &md5_many::Md5Many, reads: &mut [ReadProduct]) {
+    let mut lanes: Vec<&mut ReadProduct> =
         reads.iter_mut().filter(|read| read.buffer.is_some() && read.result.is_ok()).collect();
     if lanes.is_empty() {
         return;
@@ -121,10 +121,10 @@ fn read_one(
     mut buffer: Vec<u8>,
     signature_from_ident: bool,
     chunk: &mut Vec<u8>,
-) -> Read_ {
+) -> ReadProduct {
     if is_streamed(input) {
         let result = hash_file(&input.path, signature_from_ident, &input.info, chunk);
-        return Read_ { index, buffer: None, result };
+        return ReadProduct { index, buffer: None, result };
     }
     // The data's signature is computed for the whole run at once ([`hash_together`]).
     let result = read_into(&input.path, input.info.size, &mut buffer).map(|()| Hashed {
@@ -136,12 +136,12 @@ fn read_one(
         size: buffer.len() as u64,
         modified: None,
     });
-    Read_ { index, buffer: Some(buffer), result }
+    ReadProduct { index, buffer: Some(buffer), result }
 }
 
 /// A product read by a reader: its data (none for a file streamed at insertion) and signature,
 /// or why it could not be read.
-struct Read_ {
+struct ReadProduct {
     index: usize,
     buffer: Option<Vec<u8>>,
     result: std::io::Result<Hashed>,
@@ -165,10 +165,10 @@ fn insert_in_order(
     queue: &Queue,
     inputs: &[Input],
     budget: &Budget,
-    ready: mpsc::Receiver<Vec<Read_>>,
+    ready: mpsc::Receiver<Vec<ReadProduct>>,
     with_signature: bool,
 ) -> CmdResult<u64> {
-    let mut waiting: BTreeMap<usize, Read_> = BTreeMap::new();
+    let mut waiting: BTreeMap<usize, ReadProduct> = BTreeMap::new();
     let mut next = 0usize;
     let mut inserted = 0u64;
     while next < inputs.len() {
@@ -182,7 +182,7 @@ fn insert_in_order(
         while let Ok(reads) = ready.try_recv() {
             waiting.extend(reads.into_iter().map(|read| (read.index, read)));
         }
-        let mut batch: Vec<(ProdInfo, Read_)> = Vec::new();
+        let mut batch: Vec<(ProdInfo, ReadProduct)> = Vec::new();
         let mut batch_bytes = 0u64;
         while let Some(read) = waiting.remove(&next) {
             let input = &inputs[next];
@@ -191,12 +191,7 @@ fn insert_in_order(
                 Err(error) => {
                     let message = format!("cannot read {}: {error}", input.path.display());
                     insert_batch(queue, inputs, &mut batch, budget, with_signature, &mut inserted)?;
-                    let done = if inserted == 0 {
-                        "nothing was inserted".to_owned()
-                    } else {
-                        format!("the {inserted} product(s) before it were inserted, none after")
-                    };
-                    return Err(bad_input(format!("{message}; {done}")));
+                    return Err(bad_input(format!("{message}; {}", inserted_so_far(inserted))));
                 }
             };
             let mut info = input.info.clone();
@@ -225,7 +220,7 @@ fn insert_in_order(
 fn insert_batch(
     queue: &Queue,
     inputs: &[Input],
-    batch: &mut Vec<(ProdInfo, Read_)>,
+    batch: &mut Vec<(ProdInfo, ReadProduct)>,
     budget: &Budget,
     with_signature: bool,
     inserted: &mut u64,
@@ -474,16 +469,16 @@ mod tests {
         let mut lengths: Vec<usize> = (0..=200).collect();
         lengths.extend([447, 448, 511, 512, 1000, 4096, 30_000, 65_543, 1 << 20]);
         for run in lengths.chunks(37) {
-            let mut reads: Vec<Read_> = run
+            let mut reads: Vec<ReadProduct> = run
                 .iter()
                 .enumerate()
                 .map(|(index, &len)| {
                     let data: Vec<u8> = (0..len).map(|byte| (byte * 131 + len * 7 + index) as u8).collect();
                     let hashed = Hashed { signature: Signature::default(), size: len as u64, modified: None };
-                    Read_ { index, buffer: Some(data), result: Ok(hashed) }
+                    ReadProduct { index, buffer: Some(data), result: Ok(hashed) }
                 })
                 .collect();
-            reads.push(Read_ { index: 99, buffer: None, result: Err(std::io::Error::other("unreadable")) });
+            reads.push(ReadProduct { index: 99, buffer: None, result: Err(std::io::Error::other("unreadable")) });
             hash_together(&hasher, &mut reads);
             for read in &reads {
                 match (&read.buffer, &read.result) {

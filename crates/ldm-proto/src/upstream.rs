@@ -10,8 +10,9 @@
 //!   [`TURN_AROUND_PROBE_DELAY`] after the OK it calls NULLPROC, and the reply proves the
 //!   downstream serves; if the probe was lost that way (or is unanswered), feeding starts
 //!   after [`TURN_AROUND_DELAY`] as the reference's does, and a late answer is a stray reply.
-//!   Nothing but a NULLPROC — which loses nothing — can be swallowed. Then [`Upstream::send_product`] sends HEREIS (primary),
-//!   COMINGSOON then BLKDATA (alternate) or NOTIFICATION (notify) while [`Upstream::ready`];
+//!   Nothing but a NULLPROC — which loses nothing — can be swallowed. Then
+//!   [`Upstream::send_product`] sends HEREIS (primary), COMINGSOON then BLKDATA (alternate) or
+//!   NOTIFICATION (notify) while [`Upstream::ready`];
 //!   [`Upstream::flush`] sends the NULLPROC that follows a batch; a NULLPROC keep-alive goes out
 //!   after [`crate::INTERVAL`] without sending.
 //! * HIYA → [`UpstreamEvent::Hiya`], answered with [`Upstream::answer_hiya`]; then pushed

@@ -247,16 +247,7 @@ impl Queue {
         allocate_file(&path.join(DATA_FILE), used_bytes, info.map_size as u64)
             .map_err(|error| storage(error.into()))?;
         let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
-        Ok(Self {
-            env,
-            products,
-            signatures,
-            meta,
-            capacity,
-            notifier,
-            path: path.to_owned(),
-            release_pages: AtomicBool::new(false),
-        })
+        Ok(Self::assemble(env, (products, signatures, meta), capacity, notifier, path))
     }
 
     /// Opens an existing queue for reading and inserting.
@@ -297,16 +288,18 @@ impl Queue {
         // Readers killed while reading leave stale LMDB reader slots; clear them.
         env.clear_stale_readers().map_err(|error| storage(error.into()))?;
         let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
-        Ok(Self {
-            env,
-            products,
-            signatures,
-            meta,
-            capacity,
-            notifier,
-            path: path.to_owned(),
-            release_pages: AtomicBool::new(false),
-        })
+        Ok(Self::assemble(env, (products, signatures, meta), capacity, notifier, path))
+    }
+
+    fn assemble(
+        env: Env<WithoutTls>,
+        (products, signatures, meta): (ProductsTable, SignaturesTable, MetaTable),
+        capacity: Capacity,
+        notifier: Notifier,
+        path: &Path,
+    ) -> Self {
+        let release_pages = AtomicBool::new(false);
+        Self { env, products, signatures, meta, capacity, notifier, path: path.to_owned(), release_pages }
     }
 
     /// The queue's directory.

@@ -188,8 +188,8 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
 /// Sends products from `from` on while the session is ready; returns where to go on. Products
 /// are read in batches under one read transaction; a primary feed's data is written straight
 /// from the queue as far as the socket takes it without blocking, and what remains is copied
-/// and written after the transaction is released, so a slow downstream never pins queue pages. When caught up, flushes and waits for the queue to
-/// change until the next session timeout.
+/// and written after the transaction is released, so a slow downstream never pins queue pages.
+/// When caught up, flushes and waits for the queue to change until the next session timeout.
 fn feed_products(
     shared: &Shared,
     session: &mut Upstream,
@@ -211,7 +211,8 @@ fn feed_products(
             // pieces are HEREIS heads (in `out`), product data in the snapshot, and padding.
             let vectored = session.sends_hereis();
             let mut pieces: Vec<Piece<'_>> = Vec::new();
-            let mut pending = out.len();
+            // Bytes of product data and padding in `pieces` (the rest is in `out`).
+            let mut piece_bytes = 0;
             let mut batch = 0;
             for product in snapshot.products_from(position).map_err(storage)? {
                 let product = product.map_err(storage)?;
@@ -224,11 +225,10 @@ fn feed_products(
                         pieces.push(Piece::Out(head_from..out.len()));
                         pieces.push(Piece::Data(product.data));
                         pieces.push(Piece::Pad(pad));
-                        pending = out.len() + pieces.iter().map(|piece| piece.data_len()).sum::<usize>();
+                        piece_bytes += product.data.len() + pad;
                     } else {
                         session.send_product(Clock::now(), &product.info, product.data)?;
                         session.take_output(out);
-                        pending = out.len();
                     }
                     if feed.notify {
                         tracing::info!(target: PRODUCT, "notifying: {}", product.info);
@@ -238,7 +238,7 @@ fn feed_products(
                     sent += 1;
                     batch += 1;
                 }
-                if !session.ready() || pending >= WRITE_BATCH || batch >= BATCH_MAX {
+                if !session.ready() || out.len() + piece_bytes >= WRITE_BATCH || batch >= BATCH_MAX {
                     caught_up = false;
                     break;
                 }
@@ -287,17 +287,6 @@ enum Piece<'s> {
     Out(std::ops::Range<usize>),
     Data(&'s [u8]),
     Pad(usize),
-}
-
-impl Piece<'_> {
-    /// Bytes outside the output buffer.
-    fn data_len(&self) -> usize {
-        match self {
-            Piece::Out(_) => 0,
-            Piece::Data(data) => data.len(),
-            Piece::Pad(pad) => *pad,
-        }
-    }
 }
 
 /// Writes `out` up to the first piece, then the pieces in order, as far as the socket takes
