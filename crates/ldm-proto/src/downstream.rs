@@ -117,6 +117,18 @@ impl Downstream {
         self.receive(now, bytes);
     }
 
+    /// Room to read the upstream's bytes into, without a copy: read from the socket into it,
+    /// then call [`Downstream::input_received`] (the alternative to
+    /// [`Downstream::handle_input`]). Products are handed out in the buffer they arrived in.
+    pub fn input_space(&mut self) -> &mut [u8] {
+        self.peer.input_space()
+    }
+
+    /// `len` bytes were read into [`Downstream::input_space`].
+    pub fn input_received(&mut self, now: Instant, len: usize) {
+        self.received(now, len);
+    }
+
     /// Answers the pending COMINGSOON: accept (OK) or not (DONT_SEND: duplicate, too big).
     pub fn answer_coming_soon(&mut self, now: Instant, accept: bool) -> Result<(), SessionError> {
         self.receive.answer(now, &mut self.peer, accept)

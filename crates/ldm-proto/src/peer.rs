@@ -11,7 +11,7 @@ use ldm7_types::Instant;
 
 use ldm7_xdr::codec::Decoder;
 use ldm7_xdr::ldm::{Call, LdmCall, Message, Proc, ReplyBody};
-use ldm7_xdr::rpc::{Header, LDM_PROGRAM, RecordReader, decode_header};
+use ldm7_xdr::rpc::{Header, LDM_PROGRAM, Record, RecordReader, decode_header};
 
 use crate::SessionError;
 use crate::receive::ReceivedData;
@@ -64,6 +64,16 @@ impl Peer {
         self.reader.push(bytes);
     }
 
+    /// Room for the next read from the socket ([`RecordReader::space`]).
+    pub fn input_space(&mut self) -> &mut [u8] {
+        self.reader.space()
+    }
+
+    /// `len` bytes were read into [`Peer::input_space`].
+    pub fn input_filled(&mut self, len: usize) {
+        self.reader.filled(len);
+    }
+
     /// The next whole record, decoded; replies are matched to the outstanding call (stray ones
     /// skipped). A HEREIS comes as [`Incoming::Hereis`], its data left in its record.
     pub fn next_incoming(&mut self, now: Instant) -> Result<Option<Incoming>, SessionError> {
@@ -71,7 +81,7 @@ impl Peer {
             let Some(record) = self.next_record(now)? else { return Ok(None) };
             if let Some(hereis) = ldm7_xdr::ldm::decode_hereis_in_place(&record) {
                 let (xid, info, range) = hereis?;
-                return Ok(Some(Incoming::Hereis { xid, info, data: ReceivedData::in_record(record, range) }));
+                return Ok(Some(Incoming::Hereis { xid, info, data: ReceivedData::in_record(&record, range) }));
             }
             let outstanding = self.outstanding;
             let message = ldm7_xdr::ldm::decode_message(&record, |xid| {
@@ -101,7 +111,7 @@ impl Peer {
     }
 
     /// The next whole record, undecoded (the LDM-7 sessions decode their own).
-    pub fn next_record(&mut self, now: Instant) -> Result<Option<Vec<u8>>, SessionError> {
+    pub fn next_record(&mut self, now: Instant) -> Result<Option<Record>, SessionError> {
         let record = self.reader.next_record()?;
         if record.is_some() {
             self.last_receive = now;
@@ -249,6 +259,20 @@ pub(crate) trait Receiving {
             return;
         }
         self.peer().push(bytes);
+        self.process(now);
+    }
+
+    /// `len` bytes were read into the peer's input space: handle what they complete.
+    fn received(&mut self, now: Instant, len: usize) {
+        if self.closed() {
+            return;
+        }
+        self.peer().input_filled(len);
+        self.process(now);
+    }
+
+    /// Handles every whole record received.
+    fn process(&mut self, now: Instant) {
         while !self.closed() {
             if self.yields_to_ldm7() {
                 return;

@@ -10,6 +10,7 @@ use ldm7_types::Instant;
 
 use ldm7_types::{ProdInfo, Signature};
 use ldm7_xdr::ldm::{LdmCall, LdmErr, ReplyBody};
+use ldm7_xdr::rpc::Record;
 
 use crate::SessionError;
 use crate::peer::Peer;
@@ -23,27 +24,21 @@ pub struct ReceivedProduct {
     pub data: ReceivedData,
 }
 
-/// A received product's bytes: where they lie in the record they arrived in, which is kept
-/// rather than copied out (a HEREIS's data is never copied by the session).
+/// A received product's bytes where they arrived: in the record, which shares the buffer the
+/// socket was read into (a HEREIS's data is never copied by the session).
 #[derive(Clone, PartialEq, Eq)]
-pub struct ReceivedData {
-    record: Vec<u8>,
-    range: std::ops::Range<usize>,
-}
+pub struct ReceivedData(Record);
 
 impl ReceivedData {
     /// Bytes at `range` of `record` (a range outside it is cut to what it holds).
-    pub fn in_record(record: Vec<u8>, range: std::ops::Range<usize>) -> Self {
-        let end = range.end.min(record.len());
-        let start = range.start.min(end);
-        Self { record, range: start..end }
+    pub fn in_record(record: &Record, range: std::ops::Range<usize>) -> Self {
+        Self(record.slice(range))
     }
 }
 
 impl From<Vec<u8>> for ReceivedData {
     fn from(data: Vec<u8>) -> Self {
-        let len = data.len();
-        Self { record: data, range: 0..len }
+        Self(Record::from(data))
     }
 }
 
@@ -51,7 +46,7 @@ impl std::ops::Deref for ReceivedData {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.record[self.range.clone()]
+        &self.0
     }
 }
 

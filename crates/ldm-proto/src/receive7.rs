@@ -46,29 +46,30 @@ pub(crate) trait Receiving7 {
                 Err(error) => return self.close(Err(error)),
             };
             let awaited = self.awaited_reply();
-            let result = match ldm7::decode_message(record, |xid| (Some(xid) == awaited).then_some(Proc::Subscribe)) {
-                Ok(Message::Call(call)) => self.on_call(now, call),
-                // A host the server does not allow at all gets its denial with xid 0
-                // (ldm6-protocol.md §11).
-                Ok(Message::Reply(reply))
-                    if awaited == Some(reply.xid)
-                        || (awaited.is_some() && reply.xid == 0 && matches!(reply.body, ReplyBody::Denied(_))) =>
-                {
-                    self.on_reply(now, reply)
-                }
-                Ok(Message::Reply(_)) | Err(XdrError::UnexpectedReply { .. }) => {
-                    self.peer().stray_replies += 1;
-                    Ok(())
-                }
-                Err(error) => match error.unserved_call_versions(ldm7::VERSION, ldm7::VERSION) {
-                    Some((xid, stat)) => {
-                        self.peer().send_reply(now, |out| ldm7::encode_reply(out, xid, &ReplyBody::Error(stat)));
-                        self.on_unserved(error.to_string());
+            let result =
+                match ldm7::decode_message(record.to_vec(), |xid| (Some(xid) == awaited).then_some(Proc::Subscribe)) {
+                    Ok(Message::Call(call)) => self.on_call(now, call),
+                    // A host the server does not allow at all gets its denial with xid 0
+                    // (ldm6-protocol.md §11).
+                    Ok(Message::Reply(reply))
+                        if awaited == Some(reply.xid)
+                            || (awaited.is_some() && reply.xid == 0 && matches!(reply.body, ReplyBody::Denied(_))) =>
+                    {
+                        self.on_reply(now, reply)
+                    }
+                    Ok(Message::Reply(_)) | Err(XdrError::UnexpectedReply { .. }) => {
+                        self.peer().stray_replies += 1;
                         Ok(())
                     }
-                    None => Err(SessionError::Malformed(error)),
-                },
-            };
+                    Err(error) => match error.unserved_call_versions(ldm7::VERSION, ldm7::VERSION) {
+                        Some((xid, stat)) => {
+                            self.peer().send_reply(now, |out| ldm7::encode_reply(out, xid, &ReplyBody::Error(stat)));
+                            self.on_unserved(error.to_string());
+                            Ok(())
+                        }
+                        None => Err(SessionError::Malformed(error)),
+                    },
+                };
             if let Err(error) = result {
                 self.close(Err(error));
             }

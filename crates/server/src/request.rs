@@ -127,7 +127,6 @@ fn session(
     config.resume_after = *resume_after;
     config.silence = shared.options.silence;
     let mut session = Downstream::new(Clock::now(), config);
-    let mut buf = vec![0u8; 1 << 20];
     let mut out = Vec::new();
     // The first resume point of a session is saved at once, later ones every SAVE_EVERY: a
     // downstream killed early in a session still resumes where it was.
@@ -191,8 +190,11 @@ fn session(
         if shared.stopping.load(Ordering::Relaxed) {
             break Ok(());
         }
-        match wait_input(&mut stream, &mut buf, session.poll_timeout(), Duration::from_millis(250)) {
-            Ok(Input::Bytes(n)) => session.handle_input(Clock::now(), &buf[..n]),
+        // Read straight into the session's buffer: products stay where they arrived until they
+        // are in the queue.
+        let timeout = session.poll_timeout();
+        match wait_input(&mut stream, session.input_space(), timeout, Duration::from_millis(250)) {
+            Ok(Input::Bytes(n)) => session.input_received(Clock::now(), n),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
             Err(error) => break Err(RequestError::Read(error)),

@@ -5,10 +5,14 @@
 //! ([`RecordReader`]); [`finish_record`] writes one fragment per record, as the reference does
 //! for every record the captures show.
 //!
-//! The reader copies each byte once from what it is given into the record it returns: the
-//! bytes of a fragment of at least [`DIRECT_FRAGMENT_MIN`] bytes that has not fully arrived are
-//! appended straight to the record as they come (a product of tens of MB is not gathered in a
-//! buffer first and copied out after).
+//! The reader keeps what arrives in a buffer that the caller reads into
+//! ([`RecordReader::space`] then [`RecordReader::filled`]), and hands out each one-fragment
+//! record as a [`Record`] that shares that buffer: a record is never copied out of it. The
+//! buffer is reused once no record refers to it any more, so a steady stream needs no new
+//! memory; a record that arrives in several fragments is joined (copied) into its own.
+
+use std::ops::Range;
+use std::sync::Arc;
 
 use crate::XdrError;
 use crate::codec::{Decoder, Encoder};
@@ -20,58 +24,167 @@ pub const RPC_VERSION: u32 = 2;
 
 const LAST_FRAGMENT: u32 = 0x8000_0000;
 
-/// Fragments at least this long are assembled in place as they arrive.
+/// Fragments at least this long are read to their end and no further: the record ends where a
+/// read ends, so nothing after it has to be moved to make room for the next one.
 pub const DIRECT_FRAGMENT_MIN: usize = 64 << 10;
+
+/// The size of a reader's buffer (it grows for records that do not fit).
+const CHUNK: usize = 1 << 20;
+/// The least room offered for a read when no large fragment is pending.
+const READ_MIN: usize = 64 << 10;
+/// A buffer grown larger than this for one large record is given up once that record is out.
+const CHUNK_KEPT_MAX: usize = 16 << 20;
+/// Buffers kept for reuse while records still refer to them.
+const SPARE_MAX: usize = 2;
+
+/// A whole record: its bytes where they arrived, shared with the reader's buffer (or, for a
+/// record of several fragments, joined into its own).
+#[derive(Clone)]
+pub struct Record {
+    buffer: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl Record {
+    /// Bytes `range` of this record, sharing its buffer (a range outside it is cut to what it
+    /// holds).
+    pub fn slice(&self, range: Range<usize>) -> Record {
+        let end = range.end.min(self.range.len());
+        let start = range.start.min(end);
+        Record { buffer: Arc::clone(&self.buffer), range: self.range.start + start..self.range.start + end }
+    }
+}
+
+impl From<Vec<u8>> for Record {
+    fn from(bytes: Vec<u8>) -> Self {
+        let range = 0..bytes.len();
+        Record { buffer: Arc::new(bytes), range }
+    }
+}
+
+impl std::ops::Deref for Record {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buffer[self.range.clone()]
+    }
+}
+
+impl AsRef<[u8]> for Record {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl PartialEq for Record {
+    fn eq(&self, other: &Record) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Record {}
+
+impl PartialEq<[u8]> for Record {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<Vec<u8>> for Record {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self == other[..]
+    }
+}
+
+impl std::fmt::Debug for Record {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, formatter)
+    }
+}
 
 /// Reassembles records from a TCP byte stream, whatever the fragmentation.
 #[derive(Debug)]
 pub struct RecordReader {
-    buffer: Vec<u8>,
-    /// Start of unconsumed bytes in `buffer`.
+    /// Where bytes arrive. Initialized throughout (its length is its capacity), so that reads
+    /// need no zeroing and no `unsafe`; bytes `start..filled` arrived and are not yet returned.
+    buffer: Arc<Vec<u8>>,
     start: usize,
-    /// The record being assembled.
-    record: Vec<u8>,
+    filled: usize,
+    /// The fragments so far of a record that came in several.
+    joined: Vec<u8>,
     /// A whole record already looked at by [`RecordReader::peek_record`].
-    peeked: Option<Vec<u8>>,
-    /// A large fragment being appended straight to `record`: whether it is the last one of its
-    /// record. `buffer` is empty while bytes of it are missing.
-    direct: Option<bool>,
-    /// Bytes of that fragment still to come.
-    direct_remaining: usize,
+    peeked: Option<Record>,
+    /// Earlier buffers that records still referred to when a read needed room, reused once
+    /// they no longer do.
+    spare: Vec<Arc<Vec<u8>>>,
     max: usize,
 }
 
 impl RecordReader {
     /// A reader refusing records longer than `max` bytes.
     pub fn new(max: usize) -> Self {
-        Self { buffer: Vec::new(), start: 0, record: Vec::new(), peeked: None, direct: None, direct_remaining: 0, max }
+        Self {
+            buffer: Arc::new(Vec::new()),
+            start: 0,
+            filled: 0,
+            joined: Vec::new(),
+            peeked: None,
+            spare: Vec::new(),
+            max,
+        }
     }
 
-    /// Bytes received from the stream.
-    pub fn push(&mut self, mut bytes: &[u8]) {
-        if self.direct_remaining > 0 {
-            let taken = self.direct_remaining.min(bytes.len());
-            self.record.extend_from_slice(&bytes[..taken]);
-            self.direct_remaining -= taken;
-            bytes = &bytes[taken..];
-        }
-        if bytes.is_empty() {
-            return;
-        }
-        if self.start > 0 && self.start == self.buffer.len() {
-            self.buffer.clear();
+    /// Room for the next read from the stream: read into it, then call
+    /// [`RecordReader::filled`] with the number of bytes read. While a large fragment is
+    /// arriving the room ends where it ends.
+    pub fn space(&mut self) -> &mut [u8] {
+        if self.start == self.filled {
             self.start = 0;
+            self.filled = 0;
         }
-        self.buffer.extend_from_slice(bytes);
+        let pending = self.filled - self.start;
+        // The rest of a large fragment whose header arrived: exactly that much room.
+        let large = self.fragment_len().filter(|&len| len > pending && len - pending >= DIRECT_FRAGMENT_MIN);
+        let room = large.unwrap_or(pending + READ_MIN);
+        let shrink = pending == 0 && self.buffer.len() > CHUNK_KEPT_MAX && room <= CHUNK;
+        if Arc::get_mut(&mut self.buffer).is_none() || room > self.buffer.len() || shrink {
+            // Records still refer to this buffer, or it is too small (or too large): carry what
+            // is pending into another.
+            self.replace_buffer(room);
+        } else if self.buffer.len() - self.start < room {
+            let (start, filled) = (self.start, self.filled);
+            Arc::get_mut(&mut self.buffer).expect("checked").copy_within(start..filled, 0);
+            self.start = 0;
+            self.filled = pending;
+        }
+        let end = large.map_or(self.buffer.len(), |len| self.start + len);
+        let filled = self.filled;
+        &mut Arc::get_mut(&mut self.buffer).expect("unique after the checks above")[filled..end]
+    }
+
+    /// `len` bytes were read into the room [`RecordReader::space`] gave.
+    pub fn filled(&mut self, len: usize) {
+        self.filled = (self.filled + len).min(self.buffer.len());
+    }
+
+    /// Bytes received from the stream (copied into the reader's buffer).
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let space = self.space();
+            let len = space.len().min(bytes.len());
+            space[..len].copy_from_slice(&bytes[..len]);
+            self.filled(len);
+            bytes = &bytes[len..];
+        }
     }
 
     /// Bytes buffered but not yet returned in a record.
     pub fn pending(&self) -> usize {
-        self.buffer.len() - self.start + self.record.len() + self.peeked.as_ref().map_or(0, Vec::len)
+        self.filled - self.start + self.joined.len() + self.peeked.as_ref().map_or(0, |record| record.len())
     }
 
     /// The next complete record, if the stream holds one.
-    pub fn next_record(&mut self) -> Result<Option<Vec<u8>>, XdrError> {
+    pub fn next_record(&mut self) -> Result<Option<Record>, XdrError> {
         if let Some(record) = self.peeked.take() {
             return Ok(Some(record));
         }
@@ -88,62 +201,62 @@ impl RecordReader {
         Ok(self.peeked.as_deref())
     }
 
-    fn assemble(&mut self) -> Result<Option<Vec<u8>>, XdrError> {
-        loop {
-            if let Some(last) = self.direct {
-                if self.direct_remaining > 0 {
-                    return Ok(None);
-                }
-                self.direct = None;
-                if last {
-                    return Ok(Some(std::mem::take(&mut self.record)));
-                }
+    /// The length (header included) of the fragment whose header is next, if it arrived and
+    /// is within the bound.
+    fn fragment_len(&self) -> Option<usize> {
+        let header = self.buffer.get(self.start..self.start + 4).filter(|_| self.filled - self.start >= 4)?;
+        let len = (u32::from_be_bytes([header[0], header[1], header[2], header[3]]) & !LAST_FRAGMENT) as usize;
+        (self.joined.len() + len <= self.max).then_some(4 + len)
+    }
+
+    /// Moves what is pending into another buffer with at least `room` bytes: a spare one no
+    /// record refers to any more, or a new one.
+    fn replace_buffer(&mut self, room: usize) {
+        let wanted = room.max(CHUNK);
+        let reusable = self.spare.iter().position(|spare| Arc::strong_count(spare) == 1 && spare.len() >= wanted);
+        let mut next = match reusable {
+            Some(at) => self.spare.swap_remove(at),
+            None => Arc::new(vec![0; wanted.div_ceil(CHUNK) * CHUNK]),
+        };
+        let pending = self.filled - self.start;
+        Arc::get_mut(&mut next).expect("a spare or new buffer is unique")[..pending]
+            .copy_from_slice(&self.buffer[self.start..self.filled]);
+        let previous = std::mem::replace(&mut self.buffer, next);
+        if Arc::strong_count(&previous) > 1 && previous.len() <= CHUNK_KEPT_MAX {
+            if self.spare.len() == SPARE_MAX {
+                self.spare.remove(0);
             }
-            let available = &self.buffer[self.start..];
+            self.spare.push(previous);
+        }
+        self.start = 0;
+        self.filled = pending;
+    }
+
+    fn assemble(&mut self) -> Result<Option<Record>, XdrError> {
+        loop {
+            let available = &self.buffer[self.start..self.filled];
             if available.len() < 4 {
-                self.compact();
                 return Ok(None);
             }
             let header = u32::from_be_bytes([available[0], available[1], available[2], available[3]]);
             let len = (header & !LAST_FRAGMENT) as usize;
             let last = header & LAST_FRAGMENT != 0;
-            if self.record.len() + len > self.max {
-                return Err(XdrError::RecordTooLong { len: self.record.len() + len, max: self.max });
+            if self.joined.len() + len > self.max {
+                return Err(XdrError::RecordTooLong { len: self.joined.len() + len, max: self.max });
             }
             if available.len() < 4 + len {
-                if len >= DIRECT_FRAGMENT_MIN {
-                    // The rest of this fragment goes straight into the record as it arrives.
-                    // Room for the whole fragment is made at once: no regrowing, which would
-                    // copy it again.
-                    self.record.reserve_exact(len);
-                    self.record.extend_from_slice(&available[4..]);
-                    self.direct_remaining = 4 + len - available.len();
-                    self.direct = Some(last);
-                    self.buffer.clear();
-                    self.start = 0;
-                } else {
-                    self.compact();
-                }
                 return Ok(None);
             }
-            if last && self.record.is_empty() {
-                // One-fragment record: hand it out directly.
-                let record = available[4..4 + len].to_vec();
-                self.start += 4 + len;
-                return Ok(Some(record));
+            let body = self.start + 4..self.start + 4 + len;
+            self.start = body.end;
+            if last && self.joined.is_empty() {
+                // One-fragment record: handed out where it lies.
+                return Ok(Some(Record { buffer: Arc::clone(&self.buffer), range: body }));
             }
-            self.record.extend_from_slice(&available[4..4 + len]);
-            self.start += 4 + len;
+            self.joined.extend_from_slice(&self.buffer[body]);
             if last {
-                return Ok(Some(std::mem::take(&mut self.record)));
+                return Ok(Some(Record::from(std::mem::take(&mut self.joined))));
             }
-        }
-    }
-
-    fn compact(&mut self) {
-        if self.start > 0 {
-            self.buffer.drain(..self.start);
-            self.start = 0;
         }
     }
 }
@@ -377,24 +490,57 @@ mod tests {
     }
 
     #[test]
-    fn a_large_fragment_is_assembled_in_place() {
+    fn a_large_fragment_is_read_to_its_end_and_stays_in_place() {
         let body: Vec<u8> = (0..DIRECT_FRAGMENT_MIN * 3).map(|k| k as u8).collect();
         let mut stream = Vec::new();
-        write_fragmented(&mut stream, &body, DIRECT_FRAGMENT_MIN * 2);
+        write_fragmented(&mut stream, &body, body.len());
         write_fragmented(&mut stream, b"next", 100);
         let mut reader = RecordReader::new(1 << 20);
-        let (head, tail) = stream.split_at(1000);
-        reader.push(head);
-        assert_eq!(reader.next_record().unwrap(), None);
-        assert!(reader.direct.is_some() && reader.buffer.is_empty(), "the fragment goes to the record");
-        for piece in tail.chunks(4096) {
-            reader.push(piece);
-            assert!(reader.buffer.len() <= 4096 + 8);
-            if let Some(record) = reader.next_record().unwrap() {
-                assert_eq!(record, body);
+        let mut rest = &stream[..];
+        let mut records = Vec::new();
+        while !rest.is_empty() {
+            let space = reader.space();
+            let len = space.len().min(rest.len()).min(100_000);
+            space[..len].copy_from_slice(&rest[..len]);
+            reader.filled(len);
+            rest = &rest[len..];
+            while let Some(record) = reader.next_record().unwrap() {
+                records.push(record);
+            }
+            if records.len() == 1 && reader.pending() == 0 {
+                // The reads stopped at the end of the large record.
+                assert_eq!(stream.len() - rest.len(), 4 + body.len());
             }
         }
-        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&b"next"[..]));
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0], body);
+        assert_eq!(records[1], b"next".to_vec());
         assert_eq!(reader.pending(), 0);
+    }
+
+    #[test]
+    fn records_share_the_buffer_and_it_is_reused_when_they_are_gone() {
+        let mut stream = Vec::new();
+        for n in 0..4u8 {
+            write_fragmented(&mut stream, &[n; 30_000], 100_000);
+        }
+        let mut reader = RecordReader::new(1 << 20);
+        reader.push(&stream);
+        let records: Vec<Record> = std::iter::from_fn(|| reader.next_record().unwrap()).collect();
+        assert_eq!(records.len(), 4);
+        let buffer = reader.buffer.as_ptr();
+        assert!(records.iter().all(|record| Arc::ptr_eq(&record.buffer, &records[0].buffer)), "no copies");
+        // Held records: the next read goes to another buffer.
+        reader.push(&stream[..10]);
+        assert_ne!(reader.buffer.as_ptr(), buffer);
+        drop(records);
+        // Given back: the old buffer is taken again when this one is held in turn.
+        let held = {
+            reader.push(&stream[10..]);
+            std::iter::from_fn(|| reader.next_record().unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(held.len(), 4);
+        reader.push(&stream[..10]);
+        assert_eq!(reader.buffer.as_ptr(), buffer);
     }
 }

@@ -53,7 +53,7 @@ fn records(stream: &[u8]) -> Vec<Vec<u8>> {
     }
     let mut records = Vec::new();
     while let Some(record) = reader.next_record().expect("valid record marking") {
-        records.push(record);
+        records.push(record.to_vec());
     }
     assert_eq!(reader.pending(), 0, "bytes left over");
     records

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     reader.push(data);
     let mut records = vec![data.to_vec()];
     while let Ok(Some(record)) = reader.next_record() {
-        records.push(record);
+        records.push(record.to_vec());
     }
     for record in records {
         for proc in [None, Some(Proc::Feedme), Some(Proc::Hiya), Some(Proc::ComingSoon), Some(Proc::IsAlive)] {
