@@ -7,6 +7,13 @@
 //! With `LDM_REF_BIN` pointing at a reference build, Unidata LDM 6.15 (`pqinsert`, `ldmd`,
 //! `pqmon`) runs the same measurement on the same files, queue sizes and configuration, the
 //! order alternating run by run; medians and the ratio are printed ([`crate::bench_ref`]).
+//!
+//! The page cache: by default the queues are timed as the machine leaves them after their
+//! creation (a machine that reclaims idle page cache reads some of their pages back from the
+//! disk during the run, more of whichever queue was created first or is larger). `--cache warm`
+//! reads every queue file of both systems, upstream and downstream, into the page cache just
+//! before each timed run: the state of a server whose queue fits in memory, as both systems
+//! recommend, and the same for both.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -34,6 +41,19 @@ pub struct BenchLdm6Args {
     /// Runs per measurement and system; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: u32,
+    /// The queues' page-cache state at the start of each run: `as-is` (as creating them left
+    /// it) or `warm` (every queue file read into memory first, for both systems).
+    #[arg(long, value_enum, default_value_t = CacheState::AsIs)]
+    pub cache: CacheState,
+}
+
+/// The queues' page-cache state at the start of a timed run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheState {
+    /// As creating and preloading them left it.
+    AsIs,
+    /// Every file of the upstream and downstream queues read into the page cache.
+    Warm,
 }
 
 /// How long one fan-out may take before the benchmark gives up.
@@ -61,11 +81,15 @@ pub fn run(args: &BenchLdm6Args) -> anyhow::Result<()> {
     let slots = args.products as u64 * 2;
     println!(
         "ldm7 bench ldm6: {} products of {} bytes preloaded upstream; {}; {} run(s) each, order alternating; \
-         medians of the time from the downstreams' start until all hold all",
+         page cache {}; medians of the time from the downstreams' start until all hold all",
         args.products,
         args.size,
         systems.iter().map(System::name).collect::<Vec<_>>().join(" vs "),
-        args.repeat
+        args.repeat,
+        match args.cache {
+            CacheState::AsIs => "as the queues' creation left it",
+            CacheState::Warm => "warm (every queue file read first)",
+        }
     );
     let mut upstreams = Vec::new();
     for (index, system) in systems.iter().enumerate() {
@@ -102,7 +126,8 @@ fn measure_all(
             for system in run_order(systems, run) {
                 let index = systems.iter().position(|s| std::ptr::eq(s, system)).unwrap_or(0);
                 let up_port = upstreams[index].1;
-                let seconds = fan_out(system, root, index, up_port, count, run, bytes, slots, args.products)?;
+                let seconds =
+                    fan_out(system, root, index, up_port, count, run, bytes, slots, args.products, args.cache)?;
                 times[index].push(seconds);
             }
         }
@@ -125,6 +150,7 @@ fn fan_out(
     bytes: u64,
     slots: u64,
     products: usize,
+    cache: CacheState,
 ) -> anyhow::Result<f64> {
     let config = format!("ALLOW ANY {LOCAL} .*\nREQUEST ANY \".*\" 127.0.0.1:{up_port}\n");
     let mut dirs = Vec::new();
@@ -134,6 +160,12 @@ fn fan_out(
         dirs.push(dir);
     }
     settle();
+    if cache == CacheState::Warm {
+        read_into_cache(&root.join(format!("up-{index}")).join("q.pq"))?;
+        for dir in &dirs {
+            read_into_cache(&dir.join("q.pq"))?;
+        }
+    }
     let started = Instant::now();
     let mut servers = Vec::new();
     for dir in &dirs {
@@ -172,6 +204,21 @@ fn fan_out(
         let _ = std::fs::remove_dir_all(dir);
     }
     Ok(seconds)
+}
+
+/// Reads a queue (a file, or a directory of files) to its end, so that its pages are in the
+/// page cache.
+fn read_into_cache(queue: &Path) -> anyhow::Result<()> {
+    let files = if queue.is_dir() {
+        std::fs::read_dir(queue)?.map(|entry| entry.map(|entry| entry.path())).collect::<Result<Vec<_>, _>>()?
+    } else {
+        vec![queue.to_owned()]
+    };
+    for file in files.iter().filter(|file| file.is_file()) {
+        let mut opened = std::fs::File::open(file).with_context(|| format!("read {}", file.display()))?;
+        std::io::copy(&mut opened, &mut std::io::sink()).with_context(|| format!("read {}", file.display()))?;
+    }
+    Ok(())
 }
 
 /// A server directory: the configuration file and a fresh queue `q.pq`.

@@ -30,6 +30,9 @@ const WRITE_BATCH: usize = 256 << 10;
 const BATCH_MAX: usize = 64;
 /// How often a blocked thread looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
+/// How long product data is written straight from a queue snapshot while the socket drains;
+/// what is still unwritten then is copied and the snapshot released.
+const SNAPSHOT_SEND_MAX: Duration = Duration::from_millis(100);
 
 /// Why a served connection ended before its peer closed it.
 #[derive(Debug, thiserror::Error)]
@@ -187,8 +190,9 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
 
 /// Sends products from `from` on while the session is ready; returns where to go on. Products
 /// are read in batches under one read transaction; a primary feed's data is written straight
-/// from the queue as far as the socket takes it without blocking, and what remains is copied
-/// and written after the transaction is released, so a slow downstream never pins queue pages.
+/// from the queue as the socket takes it, for at most [`SNAPSHOT_SEND_MAX`]; what remains then
+/// is copied and written after the transaction is released, so a slow downstream never pins
+/// queue pages for long.
 /// When caught up, flushes and waits for the queue to change until the next session timeout.
 fn feed_products(
     shared: &Shared,
@@ -244,9 +248,10 @@ fn feed_products(
                 }
             }
             if !pieces.is_empty() {
-                // What the socket takes at once goes straight from the queue; the rest is copied
-                // so that the snapshot is released before a blocking write.
-                let rest = send_without_blocking(stream, out, &pieces).map_err(ConnectionError::Write)?;
+                // What the socket takes soon goes straight from the queue; the rest is copied so
+                // that the snapshot is released before a long blocking write.
+                let deadline = std::time::Instant::now() + SNAPSHOT_SEND_MAX;
+                let rest = send_until(stream, out, &pieces, deadline).map_err(ConnectionError::Write)?;
                 out.clear();
                 out.extend_from_slice(&rest);
             }
@@ -289,9 +294,14 @@ enum Piece<'s> {
     Pad(usize),
 }
 
-/// Writes `out` up to the first piece, then the pieces in order, as far as the socket takes
-/// them without blocking (vectored); returns the bytes not written, copied.
-fn send_without_blocking(stream: &TcpStream, out: &[u8], pieces: &[Piece<'_>]) -> std::io::Result<Vec<u8>> {
+/// Writes `out` up to the first piece, then the pieces in order (vectored), as far as the
+/// socket takes them until `deadline`; returns the bytes not written, copied.
+fn send_until(
+    stream: &TcpStream,
+    out: &[u8],
+    pieces: &[Piece<'_>],
+    deadline: std::time::Instant,
+) -> std::io::Result<Vec<u8>> {
     const ZEROS: [u8; 4] = [0; 4];
     let first = match pieces.first() {
         Some(Piece::Out(range)) => range.start,
@@ -320,7 +330,11 @@ fn send_without_blocking(stream: &TcpStream, out: &[u8], pieces: &[Piece<'_>]) -
             Ok(0) => break,
             Ok(written) => std::io::IoSlice::advance_slices(&mut remaining, written),
             Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                if !wait_writable(stream, deadline) {
+                    break;
+                }
+            }
             Err(error) => return Err(error),
         }
     }
@@ -329,6 +343,27 @@ fn send_without_blocking(stream: &TcpStream, out: &[u8], pieces: &[Piece<'_>]) -
         rest.extend_from_slice(slice);
     }
     Ok(rest)
+}
+
+/// Waits until the socket takes more bytes or `deadline` passes; whether it does.
+fn wait_writable(stream: &TcpStream, deadline: std::time::Instant) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let timeout = PollTimeout::from(left.as_millis().clamp(1, u128::from(u16::MAX)) as u16);
+        let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => return false,
+            // Writable, or an error the next write reports.
+            Ok(_) => return true,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return true,
+        }
+    }
 }
 
 fn decide_request(shared: &Shared, peer: &PeerHost, class: &ProdClass) -> (RequestAnswer, access::ProductFilter) {
