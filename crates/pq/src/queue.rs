@@ -1033,15 +1033,22 @@ fn map_bytes(capacity: Capacity) -> usize {
 /// file: first writes into holes of a shared mapping cost a block allocation and a page fault
 /// each, which made a new queue fill at a third of its steady insert rate.
 /// `from` is the end of the pages LMDB has used: those are never touched.
+///
+/// The zeros are written from the end of the file backwards: a new queue fills from the front,
+/// so the pages it writes first are the newest in the page cache and the last a machine short
+/// of memory gives back (a page of a shared mapping whose cached copy was given back is read
+/// from the disk before it is written). Measured on four fresh downstream queues filled at once
+/// (`ldm7 bench ldm6 --products 40000 --downstreams 4`, alternating): 2.8–3.7 s backwards vs
+/// 3.2–4.0 s forwards, faster in each of four pairs.
 fn allocate_file(path: &Path, from: u64, len: u64) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let file = fs::OpenOptions::new().read(true).write(true).open(path)?;
     let zeros = vec![0u8; 1 << 20];
-    let mut offset = from;
-    while offset < len {
-        let chunk = (len - offset).min(zeros.len() as u64) as usize;
-        file.write_all_at(&zeros[..chunk], offset)?;
-        offset += chunk as u64;
+    let mut end = len;
+    while end > from {
+        let chunk = (end - from).min(zeros.len() as u64);
+        file.write_all_at(&zeros[..chunk as usize], end - chunk)?;
+        end -= chunk;
     }
     Ok(())
 }
