@@ -8,6 +8,7 @@
 //! installs the subscriber.
 
 pub mod access;
+pub mod act;
 pub mod client;
 pub mod config;
 mod conn;

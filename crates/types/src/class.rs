@@ -62,25 +62,34 @@ impl Pattern {
         Self { text: ".*".to_owned(), regex: None }
     }
 
-    /// Compiles a case-sensitive pattern (product classes, pqact).
+    /// Compiles a case-sensitive pattern (product classes).
     pub fn new(text: &str) -> Result<Self, PatternError> {
-        Self::build(text, false)
+        Self::build(text, false, true)
     }
 
     /// Compiles a case-insensitive pattern (host names in `ldmd.conf`).
     pub fn new_case_insensitive(text: &str) -> Result<Self, PatternError> {
-        Self::build(text, true)
+        Self::build(text, true, true)
     }
 
-    fn build(text: &str, case_insensitive: bool) -> Result<Self, PatternError> {
-        if text.len() > PATTERN_LEN_MAX {
+    /// Compiles a case-sensitive pattern whose match and groups are used
+    /// ([`Pattern::captures`]: pqact's back-references): leading `.*` pairs are kept, since they
+    /// are part of the whole match, and the wire's length limit does not apply. Groups follow
+    /// the `regex` crate's leftmost-first rule where POSIX takes the leftmost-longest match;
+    /// the two differ only for alternatives that are prefixes of each other (`(a|ab)`).
+    pub fn new_capturing(text: &str) -> Result<Self, PatternError> {
+        Self::build(text, false, false)
+    }
+
+    fn build(text: &str, case_insensitive: bool, for_classes: bool) -> Result<Self, PatternError> {
+        if for_classes && text.len() > PATTERN_LEN_MAX {
             return Err(PatternError::TooLong(text.len()));
         }
         if text == ".*" {
             return Ok(Self::everything());
         }
         let mut stripped = text;
-        if stripped.len() > 2 {
+        if for_classes && stripped.len() > 2 {
             while let Some(rest) = stripped.strip_prefix(".*") {
                 stripped = rest;
             }
@@ -107,6 +116,14 @@ impl Pattern {
     /// Whether the pattern matches anywhere in `subject`.
     pub fn is_match(&self, subject: &str) -> bool {
         self.regex.as_ref().is_none_or(|regex| regex.is_match(subject.as_bytes()))
+    }
+
+    /// Where the pattern matches `subject`, if it does: the whole match, then each group (`None`
+    /// for a group that took no part), as byte ranges of `subject`.
+    pub fn captures(&self, subject: &str) -> Option<Vec<Option<std::ops::Range<usize>>>> {
+        let Some(regex) = &self.regex else { return Some(vec![Some(0..subject.len())]) };
+        let captures = regex.captures(subject.as_bytes())?;
+        Some(captures.iter().map(|group| group.map(|found| found.range())).collect())
     }
 
     /// Whether this is the match-everything pattern `.*`.
