@@ -7,6 +7,7 @@
 //! global: every subcommand and classic name takes them, and one subscriber ([`logging`]) is
 //! installed before the subcommand runs.
 
+mod act_cmd;
 mod bench;
 mod bench_compare;
 mod bench_ldm6;
@@ -60,6 +61,8 @@ enum Command {
     Cat(cat::CatArgs),
     /// Follow the queue and print a line per new product (a local notifyme).
     Watch(watch::WatchArgs),
+    /// Product actions from a pqact.conf (pqact): check a configuration.
+    Act(act_cmd::ActArgs),
     /// Run the demo: LDM-7 multicast on loopback, a publisher and subscribers (no root).
     Demo(demo::DemoArgs),
     /// Measure performance.
@@ -157,6 +160,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Insert(args) => insert::run(&args, with_signature),
         Command::Cat(args) => cat::run(&args, with_signature),
         Command::Watch(args) => watch::run(&args, with_signature),
+        Command::Act(args) => act_cmd::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Insert(args)) => bench_ref::run_insert(&args).map_err(runtime),
