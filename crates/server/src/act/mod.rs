@@ -6,6 +6,7 @@
 //! picks the entries a product runs, in file order.
 
 pub mod conf;
+pub mod output;
 pub mod subst;
 
 pub use conf::{Action, ActionKind, Conf, ConfError, Entry, EntryPattern, Options, Source, parse, split_args};
