@@ -33,6 +33,113 @@ pub fn strip_control(data: &[u8]) -> Vec<u8> {
     data.iter().copied().filter(|&byte| byte == b'\n' || !(byte < 0x20 || byte == 0x7f)).collect()
 }
 
+/// `-removewmo`: the data without its SBN header and trailer and its WMO heading, as the
+/// reference finds them (ldm-formats.md §2, including its quirks: a heading it cannot finish
+/// parsing stays, only the bytes before it go).
+pub fn remove_wmo(data: &[u8]) -> &[u8] {
+    const SBN_HEADER: usize = 11;
+    const SBN_TRAILER: usize = 4;
+    if data.len() < 21 {
+        return data;
+    }
+    let mut data = data;
+    if data.starts_with(b"\x01\r\r\n")
+        && data[4..7].iter().all(u8::is_ascii_digit)
+        && &data[7..11] == b" \r\r\n"
+        && data.len() >= SBN_HEADER + SBN_TRAILER
+    {
+        data = &data[SBN_HEADER..data.len() - SBN_TRAILER];
+    }
+    match wmo_heading(data) {
+        Some((offset, len)) => &data[offset + len..],
+        None => data,
+    }
+}
+
+/// Where the WMO heading starts and how long the reference takes it to be.
+fn wmo_heading(buf: &[u8]) -> Option<(usize, usize)> {
+    let at = |index: usize| buf.get(index).copied().unwrap_or(0);
+    let is_space = |byte: u8| matches!(byte, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c);
+    // `TTAAii` followed by a blank or a letter; a `\r\r\n` before it ends the search.
+    let mut offset = None;
+    let mut p = 0;
+    while p + 6 < buf.len() {
+        if buf[p..p + 4].iter().all(u8::is_ascii_alphabetic) {
+            if buf[p + 4].is_ascii_digit()
+                && buf[p + 5].is_ascii_digit()
+                && (is_space(at(p + 6)) || at(p + 6).is_ascii_alphabetic())
+            {
+                offset = Some(p);
+                p += 6;
+                break;
+            }
+        } else if buf[p..].starts_with(b"\r\r\n") {
+            break;
+        }
+        p += 1;
+    }
+    let offset = offset?;
+    while p < buf.len() && is_space(buf[p]) {
+        p += 1;
+    }
+    // `CCCC`.
+    if p + 4 > buf.len()
+        || !(buf[p].is_ascii_alphabetic()
+            && buf[p + 1].is_ascii_alphanumeric()
+            && buf[p + 2].is_ascii_alphabetic()
+            && buf[p + 3].is_ascii_alphanumeric())
+    {
+        return None;
+    }
+    p += 4;
+    while p < buf.len() && is_space(buf[p]) {
+        p += 1;
+    }
+    // `YYGGgg`.
+    if p + 6 <= buf.len() && buf[p..p + 6].iter().all(u8::is_ascii_digit) {
+        p += 6;
+    }
+    // `[BBB]` and the end of the line.
+    let mut line_ends = 0;
+    let mut bbb_found = false;
+    while p < buf.len() {
+        let byte = buf[p];
+        if byte == b'\r' || byte == b'\n' {
+            line_ends += 1;
+            p += 1;
+            if line_ends == 3 {
+                break;
+            }
+        } else if line_ends > 0 {
+            p -= 1;
+            break;
+        } else if byte.is_ascii_alphabetic() {
+            if bbb_found {
+                return Some((offset, 0));
+            }
+            let mut run = 1;
+            while p + run < buf.len() && run < 3 && buf[p + run].is_ascii_alphabetic() {
+                run += 1;
+            }
+            if p + run < buf.len() && is_space(buf[p + run]) {
+                bbb_found = true;
+                p += run;
+            } else {
+                return Some((offset, 0));
+            }
+        } else if is_space(byte) {
+            p += 1;
+        } else {
+            return Some((offset, 0));
+        }
+    }
+    // An AWIPS `NNNXXX` line.
+    if p + 9 <= buf.len() && buf[p..p + 6].iter().all(u8::is_ascii_alphanumeric) && &buf[p + 6..p + 9] == b"\r\r\n" {
+        p += 9;
+    }
+    Some((offset, p - offset))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +176,21 @@ mod tests {
     #[test]
     fn strip_keeps_newlines_and_printable_bytes() {
         assert_eq!(strip_control(b"\x01\r\r\nSAUS43 KWBC\x03\t\x7f\xe9\n"), b"\nSAUS43 KWBC\xe9\n");
+    }
+
+    #[test]
+    fn removewmo_drops_the_sbn_header_and_trailer_and_the_heading() {
+        let product = b"\x01\r\r\n123 \r\r\nSAUS43 KWBC 231200 RRA\r\r\nMTRBOS\r\r\nMETAR KBOS 231154Z\r\r\n\x03END!";
+        // SBN header and its 4-byte trailer ("END!"), then heading and AWIPS line go.
+        assert_eq!(remove_wmo(product), b"METAR KBOS 231154Z\r\r\n\x03");
+        // Without an AWIPS line; bytes before the heading go too.
+        assert_eq!(remove_wmo(b"junk SDUS53 KDMX 231158\r\r\nbinary data here"), b"binary data here");
+        // No heading: all kept; too short: all kept.
+        assert_eq!(remove_wmo(b"no heading in this product at all"), b"no heading in this product at all");
+        assert_eq!(remove_wmo(b"SAUS43 KWBC 2312"), b"SAUS43 KWBC 2312");
+        // A heading the reference cannot finish parsing (a second BBB) stays; the prefix goes.
+        assert_eq!(remove_wmo(b"xxSAUS43 KWBC 231200 RRA CCB\r\r\ndata"), b"SAUS43 KWBC 231200 RRA CCB\r\r\ndata");
+        // A premature end of the line: the last CR/LF stays.
+        assert_eq!(remove_wmo(b"SAUS43 KWBC 231200\r\ndata that follows"), b"\ndata that follows");
     }
 }
