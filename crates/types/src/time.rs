@@ -134,8 +134,9 @@ impl FromStr for Timestamp {
     }
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (the civil-calendar algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+/// Days since 1970-01-01 of a proleptic Gregorian date (the civil-calendar algorithm). The
+/// month must be 1–12; the day may run past the month's end and then counts on into the next.
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let year = if month <= 2 { year - 1 } else { year };
     let era = year.div_euclid(400);
     let year_of_era = year - era * 400;
@@ -144,8 +145,8 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
-/// The proleptic Gregorian date of a day count since 1970-01-01.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
+/// The proleptic Gregorian date (year, month, day) of a day count since 1970-01-01.
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let days = days + 719_468;
     let era = days.div_euclid(146_097);
     let day_of_era = days - era * 146_097;
