@@ -565,7 +565,7 @@ pub fn encode_hereis_head(out: &mut Vec<u8>, xid: u32, info: &ProdInfo) -> usize
     }
     let head_len = out.len() - at - 4;
     let record_len = (head_len + data_len + pad) as u32;
-    out[at..at + 4].copy_from_slice(&(0x8000_0000 | record_len).to_be_bytes());
+    out[at..at + 4].copy_from_slice(&(crate::rpc::LAST_FRAGMENT | record_len).to_be_bytes());
     pad
 }
 

@@ -22,7 +22,7 @@ pub const LDM_PROGRAM: u32 = 300_029;
 /// RPC protocol version.
 pub const RPC_VERSION: u32 = 2;
 
-const LAST_FRAGMENT: u32 = 0x8000_0000;
+pub(crate) const LAST_FRAGMENT: u32 = 0x8000_0000;
 
 /// Fragments at least this long are read to their end and no further: the record ends where a
 /// read ends, so nothing after it has to be moved to make room for the next one.
@@ -201,11 +201,18 @@ impl RecordReader {
         Ok(self.peeked.as_deref())
     }
 
-    /// The length (header included) of the fragment whose header is next, if it arrived and
-    /// is within the bound.
-    fn fragment_len(&self) -> Option<usize> {
+    /// The header of the next fragment, if it arrived: its body's length and whether it is the
+    /// record's last.
+    fn fragment_header(&self) -> Option<(usize, bool)> {
         let header = self.buffer.get(self.start..self.start + 4).filter(|_| self.filled - self.start >= 4)?;
-        let len = (u32::from_be_bytes([header[0], header[1], header[2], header[3]]) & !LAST_FRAGMENT) as usize;
+        let word = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+        Some(((word & !LAST_FRAGMENT) as usize, word & LAST_FRAGMENT != 0))
+    }
+
+    /// The length (header included) of the next fragment, if its header arrived and it is
+    /// within the bound.
+    fn fragment_len(&self) -> Option<usize> {
+        let (len, _) = self.fragment_header()?;
         (self.joined.len() + len <= self.max).then_some(4 + len)
     }
 
@@ -234,17 +241,11 @@ impl RecordReader {
 
     fn assemble(&mut self) -> Result<Option<Record>, XdrError> {
         loop {
-            let available = &self.buffer[self.start..self.filled];
-            if available.len() < 4 {
-                return Ok(None);
-            }
-            let header = u32::from_be_bytes([available[0], available[1], available[2], available[3]]);
-            let len = (header & !LAST_FRAGMENT) as usize;
-            let last = header & LAST_FRAGMENT != 0;
+            let Some((len, last)) = self.fragment_header() else { return Ok(None) };
             if self.joined.len() + len > self.max {
                 return Err(XdrError::RecordTooLong { len: self.joined.len() + len, max: self.max });
             }
-            if available.len() < 4 + len {
+            if self.filled - self.start < 4 + len {
                 return Ok(None);
             }
             let body = self.start + 4..self.start + 4 + len;
