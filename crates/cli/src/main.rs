@@ -9,6 +9,7 @@
 
 mod act_cmd;
 mod bench;
+mod bench_act;
 mod bench_compare;
 mod bench_ldm6;
 mod bench_ref;
@@ -61,7 +62,7 @@ enum Command {
     Cat(cat::CatArgs),
     /// Follow the queue and print a line per new product (a local notifyme).
     Watch(watch::WatchArgs),
-    /// Product actions from a pqact.conf (pqact): check a configuration.
+    /// Run the actions of a pqact.conf on products as they arrive (pqact): FILE, PIPE, EXEC….
     Act(act_cmd::ActArgs),
     /// Run the demo: LDM-7 multicast on loopback, a publisher and subscribers (no root).
     Demo(demo::DemoArgs),
@@ -90,6 +91,8 @@ enum BenchCommand {
     Insert(bench_ref::BenchInsertArgs),
     /// LDM-6 fan-out on loopback: 1 and 4 downstream servers from a preloaded queue.
     Ldm6(bench_ldm6::BenchLdm6Args),
+    /// Product actions: `ldm7 act` through 20 FILE entries and one PIPE vs a plain loop.
+    Act(bench_act::BenchActArgs),
     /// LDM-6 unicast vs LDM-7 multicast on one lab path (root): throughput, latency, egress, CPU.
     Compare(bench_compare::BenchCompareArgs),
 }
@@ -115,6 +118,7 @@ fn main() {
     let parsed = match name.as_str() {
         "pqinsert" => legacy::<insert::InsertArgs>("pqinsert", argv).map(|(args, log)| (Command::Insert(args), log)),
         "pqcat" => legacy::<cat::CatArgs>("pqcat", argv).map(|(args, log)| (Command::Cat(args), log)),
+        "pqact" => legacy::<act_cmd::ActArgs>("pqact", argv).map(|(args, log)| (Command::Act(args), log)),
         "notifyme" => legacy::<remote::NotifyArgs>("notifyme", argv).map(|(args, log)| (Command::Notify(args), log)),
         "ldmsend" => legacy::<remote::SendArgs>("ldmsend", argv).map(|(args, log)| (Command::Send(args), log)),
         "ldmd" => legacy::<serve::ServeArgs>("ldmd", argv).map(|(args, log)| (Command::Serve(args), log)),
@@ -165,6 +169,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Insert(args)) => bench_ref::run_insert(&args).map_err(runtime),
         Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
+        Command::Bench(BenchCommand::Act(args)) => bench_act::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Compare(args)) => bench_compare::run(&args).map_err(runtime),
         Command::Lab(command) => lab_cmd::run(&command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),

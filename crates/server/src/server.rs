@@ -245,7 +245,7 @@ impl Server {
             );
         }
         let subscribers = start_subscribers(&shared, &config, local_addr.port())?;
-        let children = start_execs(&config);
+        let children = start_execs(&config, shared.queue.path());
         Ok(Self { shared, local_addr, threads, children, subscribers })
     }
 
@@ -375,11 +375,21 @@ fn start_subscribers(
     Ok(Some((runtime, stop)))
 }
 
-fn start_execs(config: &Config) -> Vec<Child> {
+/// The classic LDM programs this executable is when called by their names (`pqact`,
+/// `pqinsert`, …): an EXEC of one of them that is not on `PATH` runs this executable under that
+/// name, so `EXEC "pqact etc/pqact.conf"` works with nothing but `ldm7` installed.
+const OWN_PROGRAMS: [&str; 9] =
+    ["pqact", "pqinsert", "pqcat", "notifyme", "ldmsend", "pqcreate", "pqmon", "pqcheck", "ldmd"];
+
+/// Starts the EXEC entries, each with `LDM7_QUEUE` set to the server's queue (so a `pqact` or
+/// `pqinsert` without `-q` uses it, as the reference's read its queue from the registry).
+fn start_execs(config: &Config, queue: &std::path::Path) -> Vec<Child> {
     let mut children = Vec::new();
     for exec in &config.execs {
         let Some((program, args)) = exec.argv.split_first() else { continue };
-        match Command::new(program).args(args).spawn() {
+        let mut command = exec_command(program);
+        command.args(args).env("LDM7_QUEUE", queue);
+        match command.spawn() {
             Ok(child) => {
                 tracing::info!("EXEC {:?}: pid {}", exec.argv, child.id());
                 children.push(child);
@@ -388,6 +398,22 @@ fn start_execs(config: &Config) -> Vec<Child> {
         }
     }
     children
+}
+
+fn exec_command(program: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    if OWN_PROGRAMS.contains(&program) && !on_path(program) {
+        if let Ok(exe) = std::env::current_exe() {
+            let mut command = Command::new(exe);
+            command.arg0(program);
+            return command;
+        }
+    }
+    Command::new(program)
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 #[cfg(test)]

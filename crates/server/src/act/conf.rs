@@ -78,7 +78,7 @@ impl EntryPattern {
 pub const ELSE: &str = "^_ELSE_$";
 
 /// The kinds of action.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActionKind {
     /// Nothing (an entry that keeps `^_ELSE_$` from matching).
     Noop,
@@ -127,7 +127,7 @@ impl ActionKind {
 }
 
 /// An action's options (all off unless given).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[allow(clippy::struct_excessive_bools)]
 pub struct Options {
     /// `-overwrite`: truncate the file for each product instead of appending.

@@ -6,7 +6,12 @@
 //! picks the entries a product runs, in file order.
 
 pub mod conf;
+pub mod edex;
 pub mod output;
+pub mod outputs;
+pub mod pipe;
+pub mod run;
+pub mod state;
 pub mod subst;
 
 pub use conf::{Action, ActionKind, Conf, ConfError, Entry, EntryPattern, Options, Source, parse, split_args};
