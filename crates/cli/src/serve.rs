@@ -57,6 +57,13 @@ pub struct ServeArgs {
     /// Check the configuration and the settings, print what they define, and exit.
     #[arg(long = "check")]
     pub check: bool,
+    /// This server's name in its per-minute statistics products [default: the host name, with
+    /// :PORT when the port is not 388].
+    #[arg(long = "stats-name", value_name = "NAME")]
+    pub stats_name: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9388.
+    #[arg(long = "metrics", value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Runs the server until SIGTERM or SIGINT.
@@ -77,6 +84,8 @@ pub fn run(args: &ServeArgs) -> CmdResult {
     options.retry_min = options.retry_min.min(options.retry_max);
     options.max_clients = args.max_clients as usize;
     options.settings = std::sync::Arc::new(settings);
+    options.stats_name = args.stats_name.clone();
+    options.metrics_listen = args.metrics;
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(runtime)?;
     let server = Server::start(options).map_err(|error| match error {
         ldm7_server::ServerError::Config(_) | ldm7_server::ServerError::Queue { .. } => input(error),

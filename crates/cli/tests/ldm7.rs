@@ -69,6 +69,46 @@ fn assert_same_products(publisher: &Node, subscribers: &[Node]) {
     }
 }
 
+/// The sums of every statistics product in a node's queue (its per-minute delivery statistics),
+/// and the links they name.
+fn statistics(node: &Node) -> (ldm7_metrics::MinuteSums, Vec<ldm7_metrics::Link>) {
+    let queue = ldm7_pq::Queue::open(std::path::Path::new(&node.queue_path())).expect("queue");
+    let snapshot = queue.snapshot().expect("snapshot");
+    let mut rows = Vec::new();
+    for product in snapshot.products_from(ldm7_types::Timestamp::ZERO).expect("iterate") {
+        let product = product.expect("product");
+        if support::is_stats(&product.info.ident) {
+            rows.extend(ldm7_metrics::StatsProduct::parse(&product.info.ident, product.data).expect("parse").rows);
+        }
+    }
+    let mut links: Vec<_> = rows.iter().map(|row| row.link.clone()).collect();
+    links.dedup();
+    (ldm7_metrics::MinuteSums::total(rows.iter().map(|row| &row.sums)), links)
+}
+
+/// `GET /metrics` of a server's Prometheus endpoint (checks the status and content type).
+fn get_metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
+    body.to_owned()
+}
+
+/// A sample's value in exposition text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Blocks retransmitted, summed over a subscriber's `Received` lines.
+fn retransmitted_blocks(node: &Node) -> u64 {
+    node.log().lines().filter_map(|line| line.split("retrans: ").nth(1)?.split(',').next()?.parse::<u64>().ok()).sum()
+}
+
 #[test]
 fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
     let Some(trace) = shared_data_or_skip(TRACE) else { return };
@@ -103,6 +143,26 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
         node.stop();
     }
     publisher.stop();
+    // Each subscriber published its deliveries as statistics products (the minute in progress
+    // at shutdown too): every product, all by FMTP, the lossy one's repairs counted.
+    for node in &subscribers {
+        let (sums, links) = statistics(node);
+        assert_eq!((sums.n, sums.n_fmtp, sums.backstop, sums.backlog), (1500, 1500, 0, 0), "{}", node.dir.display());
+        assert_eq!(sums.retx_blocks, retransmitted_blocks(node));
+        assert_eq!(sums.n - sums.n_mc, repaired_count(node));
+        assert_eq!(links.len(), 1);
+        assert_eq!(
+            (links[0].feed.as_str(), links[0].publisher.clone()),
+            ("EXP", format!("127.0.0.1:{}", publisher.port))
+        );
+    }
+    let (lossy, _) = statistics(&subscribers[2]);
+    assert!(lossy.derived().mplr.is_some_and(|mplr| mplr > 0.0));
+}
+
+/// FMTP products that needed at least one retransmitted block, by the subscriber's log.
+fn repaired_count(node: &Node) -> u64 {
+    node.log().lines().filter(|line| line.contains("Received:") && !line.contains("retrans: 0,")).count() as u64
 }
 
 #[test]
@@ -112,8 +172,12 @@ fn the_backstop_fetches_what_fmtp_gave_up() {
     // the lossy subscriber does not get whole by multicast comes through the backstop.
     let root = tempfile::tempdir().expect("tempdir");
     let mut publisher = publisher(root.path(), 2, &allow_all(), "[multicast]\nretx_timeout = \"0\"\n");
+    let publisher_metrics = support::free_port();
+    publisher.extra = vec!["--metrics".into(), format!("127.0.0.1:{publisher_metrics}")];
     publisher.start();
     let mut lossy = subscriber(root.path(), "lossy", &publisher, 0.2);
+    let lossy_metrics = support::free_port();
+    lossy.extra = vec!["--metrics".into(), format!("127.0.0.1:{lossy_metrics}")];
     lossy.start();
     wait_subscribed(&lossy);
     replay(&publisher, &trace, 300, 11);
@@ -123,8 +187,29 @@ fn the_backstop_fetches_what_fmtp_gave_up() {
     assert!(inserted > 0, "products came through the backstop:\n{}", tail(&lossy.log()));
     assert_eq!(received + inserted + deliveries(&lossy, "Backlog"), 300, "{}", tail(&lossy.log()));
     assert!(publisher.log().contains("Missed product sent: index="));
+    // Prometheus: the same counts, by mode; the publisher's rejections.
+    let text = get_metrics(lossy_metrics);
+    let receive = "127.0.0.1 EXP";
+    assert_eq!(
+        metric(&text, &format!("ldm7_delivered_products_total{{receive=\"{receive}\",mode=\"backstop\"}}")),
+        Some(inserted as f64),
+        "{text}"
+    );
+    let fmtp: f64 = ["multicast", "retransmitted"]
+        .iter()
+        .filter_map(|mode| {
+            metric(&text, &format!("ldm7_delivered_products_total{{receive=\"{receive}\",mode=\"{mode}\"}}"))
+        })
+        .sum();
+    assert_eq!(fmtp, received as f64, "{text}");
+    let text = get_metrics(publisher_metrics);
+    assert!(metric(&text, "ldm7_fmtp_rejections_total{feed=\"EXP\"}").is_some_and(|value| value > 0.0), "{text}");
+    assert_eq!(metric(&text, "ldm7_publisher_products_multicast_total"), Some(300.0), "{text}");
     lossy.stop();
     publisher.stop();
+    let (sums, _) = statistics(&lossy);
+    assert_eq!((sums.n, sums.n_fmtp, sums.backstop), (300, received as u64, inserted as u64));
+    assert!(sums.derived().ffdr_count.is_some_and(|ffdr| ffdr < 1.0));
 }
 
 #[test]

@@ -349,6 +349,11 @@ impl FmtpSender {
         self.counters.borrow().clone()
     }
 
+    /// A handle that reads the protocol counters from anywhere (metrics).
+    pub fn counters_watch(&self) -> watch::Receiver<SenderCounters> {
+        self.counters.clone()
+    }
+
     /// The driver's counters now.
     pub fn driver_counters(&self) -> SenderDriverCounters {
         self.shared.snapshot()

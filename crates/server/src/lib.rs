@@ -13,10 +13,12 @@ pub mod client;
 pub mod config;
 mod conn;
 pub mod multicast;
+mod prometheus;
 pub mod receive;
 mod request;
 mod server;
 pub mod settings;
+pub mod stats;
 pub mod wait;
 
 pub use conn::ConnectionError;

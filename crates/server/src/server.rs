@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use ldm7_ldm_proto::FeedMode;
 use ldm7_pq::Queue;
+use ldm7_types::Timestamp;
 
 use crate::access::PeerHost;
 use crate::config::Config;
@@ -45,6 +46,11 @@ pub struct ServerOptions {
     pub max_clients: usize,
     /// The settings file (multicast, path service, subscribers).
     pub settings: Arc<Settings>,
+    /// This server's name in its statistics products [default: the host name, with `:port`
+    /// when the port is not 388].
+    pub stats_name: Option<String>,
+    /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServerOptions {
@@ -62,6 +68,8 @@ impl ServerOptions {
             retry_max: Duration::from_secs(60),
             max_clients: 256,
             settings: Arc::new(Settings::default()),
+            stats_name: None,
+            metrics_listen: None,
         }
     }
 }
@@ -101,12 +109,19 @@ pub struct Shared {
     config: RwLock<Arc<Config>>,
     pub(crate) stopping: AtomicBool,
     pub(crate) counters: Counters,
+    /// Per-minute delivery statistics, published as products.
+    pub(crate) stats: Arc<crate::stats::StatsPublisher>,
     active_connections: AtomicUsize,
     session_ids: AtomicU32,
     wake: (Mutex<()>, Condvar),
 }
 
 impl Shared {
+    /// Connections being served.
+    pub(crate) fn active_connections(&self) -> usize {
+        self.active_connections.load(Ordering::Relaxed)
+    }
+
     /// The current configuration.
     pub(crate) fn config(&self) -> Arc<Config> {
         self.config.read().map_or_else(|poisoned| poisoned.into_inner().clone(), |config| config.clone())
@@ -192,6 +207,8 @@ pub struct Server {
     children: Vec<Child>,
     /// The RECEIVE subscribers' runtime and their stop signal.
     subscribers: Option<(tokio::runtime::Runtime, tokio::sync::watch::Sender<bool>)>,
+    /// The Prometheus endpoint.
+    metrics: Option<crate::prometheus::Endpoint>,
 }
 
 impl Server {
@@ -215,7 +232,13 @@ impl Server {
             options.settings.clone(),
             local_addr.port(),
         ));
+        let stats_name = options.stats_name.clone().unwrap_or_else(|| {
+            let host =
+                hostname::get().ok().and_then(|name| name.into_string().ok()).unwrap_or_else(|| "localhost".into());
+            crate::stats::node_name(&host, local_addr.port())
+        });
         let shared = Arc::new(Shared {
+            stats: Arc::new(crate::stats::StatsPublisher::new(stats_name)),
             options,
             queue,
             multicaster,
@@ -236,6 +259,13 @@ impl Server {
                 .spawn(move || accept_loop(&acceptor, &listener))
                 .expect("spawn"),
         );
+        let publisher = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("statistics".into())
+                .spawn(move || publish_statistics(&publisher))
+                .expect("spawn"),
+        );
         let config = shared.config();
         for request in requests(&config, local_addr.port()) {
             let shared = shared.clone();
@@ -246,7 +276,14 @@ impl Server {
         }
         let subscribers = start_subscribers(&shared, &config, local_addr.port())?;
         let children = start_execs(&config, shared.queue.path());
-        Ok(Self { shared, local_addr, threads, children, subscribers })
+        let metrics = match shared.options.metrics_listen {
+            Some(listen) => Some(
+                crate::prometheus::Endpoint::start(shared.clone(), listen)
+                    .map_err(|source| ServerError::Listen { address: listen, source })?,
+            ),
+            None => None,
+        };
+        Ok(Self { shared, local_addr, threads, children, subscribers, metrics })
     }
 
     /// The address the server listens on.
@@ -268,10 +305,18 @@ impl Server {
         Ok(())
     }
 
+    /// Where the Prometheus metrics are served, if they are.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|endpoint| endpoint.address)
+    }
+
     /// Stops: no new connections, sessions end after their current product, downstreams save
-    /// their resume points, EXEC children get SIGTERM.
+    /// their resume points, statistics are published, EXEC children get SIGTERM.
     pub fn stop(mut self) {
         tracing::info!("Exiting");
+        if let Some(metrics) = self.metrics.take() {
+            metrics.stop();
+        }
         self.shared.stopping.store(true, Ordering::Relaxed);
         self.shared.wake.1.notify_all();
         for thread in self.threads.drain(..) {
@@ -282,6 +327,7 @@ impl Server {
             runtime.shutdown_timeout(Duration::from_secs(5));
         }
         self.shared.multicaster.stop();
+        self.shared.stats.publish_all(&self.shared.queue, Timestamp::from_system_time(std::time::SystemTime::now()));
         for child in &mut self.children {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
@@ -289,6 +335,15 @@ impl Server {
             );
             let _ = child.wait();
         }
+    }
+}
+
+/// Publishes each minute's statistics shortly after it ends, until the server stops.
+fn publish_statistics(shared: &Shared) {
+    while !shared.stopping.load(Ordering::Relaxed) {
+        shared.stats.publish_due(&shared.queue, Timestamp::from_system_time(std::time::SystemTime::now()));
+        let guard = shared.wake.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = shared.wake.1.wait_timeout(guard, Duration::from_secs(1));
     }
 }
 
@@ -362,6 +417,7 @@ fn start_subscribers(
             state_dir: shared.options.state_dir.clone(),
             server_port,
             stop: stop_rx.clone(),
+            stats: shared.stats.clone(),
         };
         let settings = shared.options.settings.receive(receive.feedtype).clone();
         let counters = Arc::new(SubscriberCounters::default());

@@ -79,6 +79,8 @@ pub struct ProductRecord {
 
 /// Reads every product of the queue at `queue` (checking each one's MD5) and, when `log` is
 /// given, joins each with its delivery line. Products come in insertion order.
+/// Statistics products (`ldm7-stats/…`) are left out: they are the server's own, not the data
+/// under test.
 pub fn read_records(queue: &Path, log: Option<&str>) -> Result<Vec<ProductRecord>> {
     let error = |message: String| TestbedError::Queue { path: queue.to_path_buf(), message };
     let lines = log.map(delivery_lines).unwrap_or_default();
@@ -87,6 +89,10 @@ pub fn read_records(queue: &Path, log: Option<&str>) -> Result<Vec<ProductRecord
     let mut records = Vec::new();
     for product in snapshot.products_from(Timestamp::ZERO).map_err(|e| error(e.to_string()))? {
         let product = product.map_err(|e| error(e.to_string()))?;
+        // A server's own statistics products are not part of the data under test.
+        if ldm7_metrics::StatsProduct::is_stats_ident(&product.info.ident) {
+            continue;
+        }
         let digest: [u8; 16] = Md5::digest(product.data).into();
         let info = product.info.to_string();
         let line = lines.get(info.as_str());

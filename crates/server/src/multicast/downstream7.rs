@@ -59,7 +59,7 @@ use ldm7_ldm_proto::{
     BacklogSpec, McastSubInfo, SessionError, Subscriber, SubscriberConfig, SubscriberEvent, VcEndPoint,
 };
 use ldm7_pq::{InsertError, InsertOutcome, Queue};
-use ldm7_types::{ProdInfo, Signature};
+use ldm7_types::{ProdInfo, Signature, Timestamp};
 use md5::{Digest, Md5};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -125,6 +125,8 @@ pub struct SubscriberContext {
     pub server_port: u16,
     /// Set when the server stops.
     pub stop: watch::Receiver<bool>,
+    /// The server's delivery statistics.
+    pub stats: Arc<crate::stats::StatsPublisher>,
 }
 
 impl std::fmt::Debug for SubscriberContext {
@@ -670,6 +672,23 @@ impl Session<'_> {
                     DeliveryMode::Backlog => &self.counters.backlog,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                let stats = &self.context.stats;
+                stats.record(&ldm7_metrics::DeliveryEvent {
+                    link: ldm7_metrics::Link::new(
+                        self.receive.feedtype,
+                        crate::stats::node_name(&self.receive.host, self.port),
+                        stats.name(),
+                    ),
+                    completed: Timestamp::from_system_time(SystemTime::now()),
+                    mode: match mode {
+                        DeliveryMode::Received => ldm7_metrics::Mode::fmtp(retransmitted_blocks.unwrap_or(0)),
+                        DeliveryMode::Inserted => ldm7_metrics::Mode::Backstop,
+                        DeliveryMode::Backlog => ldm7_metrics::Mode::Backlog,
+                    },
+                    size: u64::from(info.size),
+                    latency_us,
+                    retx_blocks: retransmitted_blocks.unwrap_or(0),
+                });
                 let delivery = Delivery {
                     mode,
                     latency_us,

@@ -193,6 +193,17 @@ impl Multicaster {
         &self.counters
     }
 
+    /// Each running feed's name, subscriber count and FMTP sender counters.
+    pub fn feed_counters(&self) -> Vec<(String, usize, ldm7_fmtp_proto::SenderCounters)> {
+        let feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        feeds
+            .values()
+            .map(|feed| {
+                (feed.name.clone(), feed.subscribers.load(Ordering::Relaxed), feed.sender_counters.borrow().clone())
+            })
+            .collect()
+    }
+
     /// Decides a SUBSCRIBE from `peer` for `feed` (see the module documentation).
     pub fn subscribe(
         self: &Arc<Self>,
@@ -483,6 +494,8 @@ pub struct Feed {
     reader: Mutex<Option<JoinHandle<()>>>,
     /// The task that owns the FMTP sender and reads its notices; aborting it stops FMTP.
     fmtp: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The FMTP sender's protocol counters.
+    sender_counters: tokio::sync::watch::Receiver<ldm7_fmtp_proto::SenderCounters>,
 }
 
 impl Feed {
@@ -563,6 +576,7 @@ impl Feed {
             stop: stop.clone(),
             reader: Mutex::new(None),
             fmtp: Mutex::new(None),
+            sender_counters: sender.counters_watch(),
         });
         let products = sender.product_sender();
         let mut notices = sender;

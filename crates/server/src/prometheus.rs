@@ -1,0 +1,295 @@
+//! Prometheus metrics of a running server: `GET /metrics` in the text exposition format
+//! (version 0.0.4), names after Prometheus conventions (`ldm7_` prefix, `_total` counters,
+//! base units: bytes, seconds). Served when `ldm7 serve --metrics ADDR` is given.
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `ldm7_connections_accepted_total` | | LDM connections accepted |
+//! | `ldm7_connections_refused_total` | `reason` = `busy`, `host` | refused connections |
+//! | `ldm7_connections_active` | | connections being served |
+//! | `ldm7_products_sent_total` | | products sent to LDM-6 downstreams |
+//! | `ldm7_products_received_total` | | products received over LDM-6 and inserted |
+//! | `ldm7_products_duplicate_total` | | LDM-6 products the queue already had |
+//! | `ldm7_insert_errors_total` | | products that could not be inserted |
+//! | `ldm7_malformed_total` | | malformed records and mismatched products |
+//! | `ldm7_delivered_products_total` | `receive`, `mode` = `multicast`, `retransmitted`, `backstop`, `backlog` | LDM-7 subscriber deliveries |
+//! | `ldm7_receive_retransmitted_blocks_total` | `receive` | FMTP blocks repaired over TCP |
+//! | `ldm7_receive_subscriptions_total`, `ldm7_receive_backstop_requests_total`, `ldm7_receive_corrupt_total`, `ldm7_receive_duplicates_total` | `receive` | |
+//! | `ldm7_publisher_subscriptions_total`, `ldm7_publisher_refusals_total`, `ldm7_publisher_products_multicast_total`, `ldm7_publisher_backstop_products_sent_total`, `ldm7_publisher_backlog_products_sent_total` | | publisher side |
+//! | `ldm7_fmtp_multicast_bytes_total`, `ldm7_fmtp_retransmitted_blocks_total`, `ldm7_fmtp_retransmitted_bytes_total`, `ldm7_fmtp_retransmission_requests_total`, `ldm7_fmtp_rejections_total`, `ldm7_fmtp_subscribers` | `feed` | each multicast feed's FMTP sender |
+//! | `ldm7_queue_products`, `ldm7_queue_bytes`, `ldm7_queue_capacity_bytes`, `ldm7_queue_capacity_slots`, `ldm7_queue_oldest_age_seconds` | | the product queue |
+//! | `ldm7_queue_inserted_total`, `ldm7_queue_evicted_total` | | |
+//! | `ldm7_statistics_products_total` | | per-minute statistics products published |
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+use crate::server::Shared;
+
+/// Text in the exposition format.
+#[derive(Debug, Default)]
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.text.push_str(name);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (index, (key, value)) in labels.iter().enumerate() {
+                if index > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{key}=\"{}\"", escape(value));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {value}");
+    }
+
+    fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+}
+
+/// A label value as the format wants it: `\`, `"` and newlines escaped.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// The metrics of `shared`, now.
+pub(crate) fn render(shared: &Shared) -> String {
+    let mut out = Exposition::default();
+    let counters = &shared.counters;
+    out.single("ldm7_connections_accepted_total", "counter", "LDM connections accepted.", load(&counters.connections));
+    out.family("ldm7_connections_refused_total", "counter", "LDM connections refused.");
+    out.sample("ldm7_connections_refused_total", &[("reason", "busy")], load(&counters.refused_busy));
+    out.sample("ldm7_connections_refused_total", &[("reason", "host")], load(&counters.refused_hosts));
+    out.single("ldm7_connections_active", "gauge", "LDM connections being served.", shared.active_connections());
+    out.single(
+        "ldm7_products_sent_total",
+        "counter",
+        "Products sent to LDM-6 downstreams.",
+        load(&counters.products_sent),
+    );
+    out.single(
+        "ldm7_products_received_total",
+        "counter",
+        "Products received over LDM-6 and inserted.",
+        load(&counters.products_received),
+    );
+    out.single(
+        "ldm7_products_duplicate_total",
+        "counter",
+        "LDM-6 products the queue already had.",
+        load(&counters.duplicates),
+    );
+    out.single(
+        "ldm7_insert_errors_total",
+        "counter",
+        "Products that could not be inserted.",
+        load(&counters.insert_errors),
+    );
+    out.single(
+        "ldm7_malformed_total",
+        "counter",
+        "Malformed records and mismatched products.",
+        load(&counters.malformed),
+    );
+
+    let receives = shared.subscriber_counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    out.family(
+        "ldm7_delivered_products_total",
+        "counter",
+        "Products an LDM-7 subscriber put in its queue, by how they came.",
+    );
+    for (name, counters) in &receives {
+        let received = load(&counters.received);
+        let multicast = load(&counters.multicast_only);
+        for (mode, value) in [
+            ("multicast", multicast),
+            ("retransmitted", received.saturating_sub(multicast)),
+            ("backstop", load(&counters.inserted)),
+            ("backlog", load(&counters.backlog)),
+        ] {
+            out.sample("ldm7_delivered_products_total", &[("receive", name), ("mode", mode)], value);
+        }
+    }
+    for (metric, help, pick) in [
+        ("ldm7_receive_retransmitted_blocks_total", "FMTP blocks repaired over TCP.", 0),
+        ("ldm7_receive_subscriptions_total", "Successful subscriptions.", 1),
+        ("ldm7_receive_backstop_requests_total", "Products asked for by the backstop.", 2),
+        ("ldm7_receive_corrupt_total", "FMTP products that failed their check.", 3),
+        ("ldm7_receive_duplicates_total", "Products that came twice.", 4),
+    ] {
+        out.family(metric, "counter", help);
+        for (name, counters) in &receives {
+            let value = match pick {
+                0 => load(&counters.retransmitted_blocks),
+                1 => load(&counters.subscriptions),
+                2 => load(&counters.requested),
+                3 => load(&counters.corrupt),
+                _ => load(&counters.duplicates),
+            };
+            out.sample(metric, &[("receive", name)], value);
+        }
+    }
+
+    let publisher = shared.multicaster.counters();
+    out.single("ldm7_publisher_subscriptions_total", "counter", "SUBSCRIBEs granted.", load(&publisher.subscriptions));
+    out.single("ldm7_publisher_refusals_total", "counter", "SUBSCRIBEs refused.", load(&publisher.refusals));
+    out.single(
+        "ldm7_publisher_products_multicast_total",
+        "counter",
+        "Products handed to FMTP.",
+        load(&publisher.products_multicast),
+    );
+    out.single(
+        "ldm7_publisher_backstop_products_sent_total",
+        "counter",
+        "Products sent by the backstop.",
+        load(&publisher.missed_products_sent),
+    );
+    out.single(
+        "ldm7_publisher_backlog_products_sent_total",
+        "counter",
+        "Products sent by backlogs.",
+        load(&publisher.backlog_products_sent),
+    );
+    let feeds = shared.multicaster.feed_counters();
+    for (metric, kind, help, pick) in [
+        ("ldm7_fmtp_multicast_bytes_total", "counter", "Bytes multicast (FMTP header and payload).", 0),
+        ("ldm7_fmtp_retransmitted_blocks_total", "counter", "Blocks retransmitted.", 1),
+        ("ldm7_fmtp_retransmitted_bytes_total", "counter", "Bytes sent on repair connections.", 2),
+        ("ldm7_fmtp_retransmission_requests_total", "counter", "Retransmission requests received.", 3),
+        ("ldm7_fmtp_rejections_total", "counter", "Retransmission requests rejected (past the deadline).", 4),
+        ("ldm7_fmtp_subscribers", "gauge", "Subscribers of the feed.", 5),
+    ] {
+        out.family(metric, kind, help);
+        for (feed, subscribers, counters) in &feeds {
+            let value = match pick {
+                0 => counters.multicast_bytes,
+                1 => counters.retx_data_blocks,
+                2 => counters.retx_bytes,
+                3 => counters.retx_requests,
+                4 => counters.rejects,
+                _ => *subscribers as u64,
+            };
+            out.sample(metric, &[("feed", feed)], value);
+        }
+    }
+
+    if let Ok(stats) = shared.queue.stats() {
+        out.single("ldm7_queue_products", "gauge", "Products in the queue.", stats.product_count);
+        out.single("ldm7_queue_bytes", "gauge", "Bytes of products in the queue.", stats.used_bytes);
+        out.single("ldm7_queue_capacity_bytes", "gauge", "The queue's byte capacity.", stats.capacity.bytes);
+        out.single("ldm7_queue_capacity_slots", "gauge", "The queue's product capacity.", stats.capacity.slots);
+        out.single(
+            "ldm7_queue_inserted_total",
+            "counter",
+            "Products inserted since the queue was made.",
+            stats.inserted_count,
+        );
+        out.single(
+            "ldm7_queue_evicted_total",
+            "counter",
+            "Products evicted since the queue was made.",
+            stats.evicted_count,
+        );
+        if let Some(oldest) = stats.oldest_insertion {
+            let now = ldm7_types::Timestamp::from_system_time(std::time::SystemTime::now());
+            let age = now.saturating_duration_since(oldest).as_secs_f64();
+            out.single("ldm7_queue_oldest_age_seconds", "gauge", "Age of the oldest product in the queue.", age);
+        }
+    }
+    out.single(
+        "ldm7_statistics_products_total",
+        "counter",
+        "Per-minute statistics products published.",
+        load(&shared.stats.published),
+    );
+    out.text
+}
+
+/// The metrics endpoint: a thread serving `GET /metrics` until `stop` is set.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    /// Where it listens.
+    pub(crate) address: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: JoinHandle<()>,
+}
+
+impl Endpoint {
+    /// Binds `listen` and starts serving.
+    pub(crate) fn start(shared: Arc<Shared>, listen: SocketAddr) -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind(listen)?;
+        listener.set_nonblocking(true)?;
+        let address = listener.local_addr()?;
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let thread = std::thread::Builder::new().name("metrics".into()).spawn(move || {
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+                let app = axum::Router::new().route(
+                    "/metrics",
+                    axum::routing::get(move || {
+                        let shared = shared.clone();
+                        async move {
+                            (
+                                [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                                render(&shared),
+                            )
+                        }
+                    }),
+                );
+                let shutdown = async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                };
+                if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                    tracing::error!("metrics endpoint: {error}");
+                }
+            });
+        })?;
+        tracing::info!("Prometheus metrics on http://{address}/metrics");
+        Ok(Self { address, stop, thread })
+    }
+
+    /// Stops serving.
+    pub(crate) fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_format() {
+        let mut out = Exposition::default();
+        out.family("ldm7_x_total", "counter", "What x counts.");
+        out.sample("ldm7_x_total", &[("receive", "host \"a\"\\b\nc"), ("mode", "multicast")], 7);
+        out.single("ldm7_y", "gauge", "Y.", 1.5);
+        assert_eq!(
+            out.text,
+            "# HELP ldm7_x_total What x counts.\n# TYPE ldm7_x_total counter\n\
+             ldm7_x_total{receive=\"host \\\"a\\\"\\\\b\\nc\",mode=\"multicast\"} 7\n\
+             # HELP ldm7_y Y.\n# TYPE ldm7_y gauge\nldm7_y 1.5\n"
+        );
+    }
+}
