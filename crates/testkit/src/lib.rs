@@ -12,8 +12,11 @@
 //!   iptables) skip when not root; CI runs as root, so they run there.
 //! - [`wait_until`]: synchronization by condition with a deadline, never by sleeping a guessed
 //!   time.
+//! - [`postgres::Postgres`]: a PostgreSQL server of the test's own.
 //! - [`capture_streams`]: the reassembled TCP byte streams of an annotated capture transcript
 //!   (`data/captures/*.txt`).
+
+pub mod postgres;
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -237,6 +240,12 @@ fn current_test(given: Option<&str>) -> String {
 fn record_skip(file: &Path, name: &str, reason: &str) -> std::io::Result<()> {
     let line = format!("{name}: {}\n", reason.replace('\n', " "));
     std::fs::OpenOptions::new().create(true).append(true).open(file)?.write_all(line.as_bytes())
+}
+
+/// A number unique within this process (for scratch names).
+pub fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 #[cfg(test)]

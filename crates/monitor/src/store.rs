@@ -1,0 +1,316 @@
+//! The monitor's database: SQLite (the embedded default, `sqlite:PATH`) or PostgreSQL
+//! (`postgres://…`), through the same queries (sqlx's `Any` driver) and the same migrations
+//! (`crates/monitor/migrations`, applied at open).
+//!
+//! Rows are per link and minute and hold sums: a row reported again (a late delivery published
+//! in a later product) is added to what is there, so longer windows are always sums of minutes.
+
+use ldm7_metrics::{Link, Minute, MinuteRow, MinuteSums, RtStats};
+use sqlx::AnyPool;
+use sqlx::Row;
+use sqlx::any::AnyPoolOptions;
+
+/// The database failed or cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL is neither `sqlite:PATH` nor `postgres://…`.
+    #[error("database {0:?}: give sqlite:PATH or postgres://USER@HOST/DB")]
+    Url(String),
+    /// The database failed.
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// The migrations failed.
+    #[error("database migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A node as the dashboard shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct NodeRow {
+    /// Its name (host, or host:port).
+    pub name: String,
+    /// Configured location, if any.
+    pub latitude: Option<f64>,
+    /// Configured location, if any.
+    pub longitude: Option<f64>,
+    /// Its last report (Unix seconds), if it ever reported.
+    pub last_report: Option<i64>,
+    /// `ldm7` (statistics products) or `ldm6` (rtstats), if it reported.
+    pub kind: Option<String>,
+}
+
+/// A link and its newest minute.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LinkRow {
+    /// The feed.
+    pub feed: String,
+    /// The publisher.
+    pub publisher: String,
+    /// The subscriber.
+    pub subscriber: String,
+    /// Its newest minute (minutes since 1970).
+    pub last_minute: i64,
+}
+
+/// The database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+}
+
+const SUM_COLUMNS: [&str; 13] = [
+    "n",
+    "n_fmtp",
+    "n_mc",
+    "s_all",
+    "s_fmtp",
+    "s_mc",
+    "l_all_us",
+    "l_fmtp_us",
+    "l_mc_us",
+    "retx_blocks",
+    "backstop",
+    "backlog",
+    "latency_max_us",
+];
+
+fn sums_values(sums: &MinuteSums) -> [i64; 13] {
+    let clamp = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    [
+        clamp(sums.n),
+        clamp(sums.n_fmtp),
+        clamp(sums.n_mc),
+        clamp(sums.s_all),
+        clamp(sums.s_fmtp),
+        clamp(sums.s_mc),
+        sums.l_all_us,
+        sums.l_fmtp_us,
+        sums.l_mc_us,
+        clamp(sums.retx_blocks),
+        clamp(sums.backstop),
+        clamp(sums.backlog),
+        sums.latency_max_us,
+    ]
+}
+
+fn sums_from(row: &sqlx::any::AnyRow) -> Result<MinuteSums, sqlx::Error> {
+    let unsigned = |name: &str| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(name)?.max(0) as u64) };
+    Ok(MinuteSums {
+        n: unsigned("n")?,
+        n_fmtp: unsigned("n_fmtp")?,
+        n_mc: unsigned("n_mc")?,
+        s_all: unsigned("s_all")?,
+        s_fmtp: unsigned("s_fmtp")?,
+        s_mc: unsigned("s_mc")?,
+        l_all_us: row.try_get("l_all_us")?,
+        l_fmtp_us: row.try_get("l_fmtp_us")?,
+        l_mc_us: row.try_get("l_mc_us")?,
+        retx_blocks: unsigned("retx_blocks")?,
+        backstop: unsigned("backstop")?,
+        backlog: unsigned("backlog")?,
+        latency_max_us: row.try_get("latency_max_us")?,
+    })
+}
+
+impl Store {
+    /// Opens (creating if needed) and migrates the database at `url`: `sqlite:PATH` or
+    /// `postgres://…`.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let url = if let Some(path) = url.strip_prefix("sqlite:") {
+            if path.is_empty() {
+                return Err(StoreError::Url(url.to_owned()));
+            }
+            if path.contains('?') { url.to_owned() } else { format!("sqlite:{path}?mode=rwc") }
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            url.to_owned()
+        } else {
+            return Err(StoreError::Url(url.to_owned()));
+        };
+        let pool = AnyPoolOptions::new().max_connections(4).connect(&url).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// Adds rows of per-minute sums (to what each link and minute holds already).
+    pub async fn add_rows(&self, rows: &[MinuteRow]) -> Result<(), StoreError> {
+        let columns = SUM_COLUMNS.join(", ");
+        let placeholders: Vec<String> = (1..=4 + SUM_COLUMNS.len()).map(|index| format!("${index}")).collect();
+        let updates: Vec<String> = SUM_COLUMNS
+            .iter()
+            .map(|column| {
+                if *column == "latency_max_us" {
+                    "latency_max_us = CASE WHEN excluded.latency_max_us > link_minutes.latency_max_us \
+                     THEN excluded.latency_max_us ELSE link_minutes.latency_max_us END"
+                        .to_owned()
+                } else {
+                    format!("{column} = link_minutes.{column} + excluded.{column}")
+                }
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO link_minutes (feed, publisher, subscriber, minute, {columns}) VALUES ({}) \
+             ON CONFLICT (feed, publisher, subscriber, minute) DO UPDATE SET {}",
+            placeholders.join(", "),
+            updates.join(", ")
+        );
+        let mut transaction = self.pool.begin().await?;
+        for row in rows {
+            let mut query = sqlx::query(&sql)
+                .bind(row.link.feed.clone())
+                .bind(row.link.publisher.clone())
+                .bind(row.link.subscriber.clone())
+                .bind(row.minute.0);
+            for value in sums_values(&row.sums) {
+                query = query.bind(value);
+            }
+            query.execute(&mut *transaction).await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// Notes a report from `node` at `at` (Unix seconds); the newest report is kept.
+    pub async fn note_report(&self, node: &str, at: i64, kind: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO reports (node, last_report, kind) VALUES ($1, $2, $3) \
+             ON CONFLICT (node) DO UPDATE SET \
+             kind = CASE WHEN excluded.last_report >= reports.last_report THEN excluded.kind ELSE reports.kind END, \
+             last_report = CASE WHEN excluded.last_report > reports.last_report THEN excluded.last_report ELSE reports.last_report END",
+        )
+        .bind(node.to_owned())
+        .bind(at)
+        .bind(kind.to_owned())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Keeps an rtstats report (the latest of its hourly bin).
+    pub async fn add_rtstats(&self, stats: &RtStats, reported: i64) -> Result<(), StoreError> {
+        let hour = stats.creation.secs.div_euclid(3600);
+        sqlx::query(
+            "INSERT INTO rtstats (host, feed, origin, hour, products, bytes, latency_mean_s, latency_max_s, reported) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (host, feed, origin, hour) DO UPDATE SET products = excluded.products, bytes = excluded.bytes, \
+             latency_mean_s = excluded.latency_mean_s, latency_max_s = excluded.latency_max_s, reported = excluded.reported",
+        )
+        .bind(stats.host.clone())
+        .bind(stats.feed.clone())
+        .bind(stats.origin.clone())
+        .bind(hour)
+        .bind(i64::try_from(stats.products).unwrap_or(i64::MAX))
+        .bind(i64::try_from(stats.bytes).unwrap_or(i64::MAX))
+        .bind(stats.latency_mean_s)
+        .bind(stats.latency_max_s)
+        .bind(reported)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Sets a node's location.
+    pub async fn set_location(&self, name: &str, latitude: f64, longitude: f64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO nodes (name, latitude, longitude) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET latitude = excluded.latitude, longitude = excluded.longitude",
+        )
+        .bind(name.to_owned())
+        .bind(latitude)
+        .bind(longitude)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every node: configured, reporting, or named by a link; sorted by name.
+    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        let mut nodes: std::collections::BTreeMap<String, NodeRow> = Default::default();
+        let blank = |name: &str| NodeRow {
+            name: name.to_owned(),
+            latitude: None,
+            longitude: None,
+            last_report: None,
+            kind: None,
+        };
+        for row in sqlx::query("SELECT DISTINCT publisher, subscriber FROM link_minutes").fetch_all(&self.pool).await? {
+            for column in ["publisher", "subscriber"] {
+                let name: String = row.try_get(column)?;
+                nodes.entry(name.clone()).or_insert_with(|| blank(&name));
+            }
+        }
+        for row in sqlx::query("SELECT DISTINCT host, origin FROM rtstats").fetch_all(&self.pool).await? {
+            for column in ["host", "origin"] {
+                let name: String = row.try_get(column)?;
+                nodes.entry(name.clone()).or_insert_with(|| blank(&name));
+            }
+        }
+        for row in sqlx::query("SELECT name, latitude, longitude FROM nodes").fetch_all(&self.pool).await? {
+            let name: String = row.try_get("name")?;
+            let node = nodes.entry(name.clone()).or_insert_with(|| blank(&name));
+            node.latitude = Some(row.try_get("latitude")?);
+            node.longitude = Some(row.try_get("longitude")?);
+        }
+        for row in sqlx::query("SELECT node, last_report, kind FROM reports").fetch_all(&self.pool).await? {
+            let name: String = row.try_get("node")?;
+            let node = nodes.entry(name.clone()).or_insert_with(|| blank(&name));
+            node.last_report = Some(row.try_get("last_report")?);
+            node.kind = Some(row.try_get("kind")?);
+        }
+        Ok(nodes.into_values().collect())
+    }
+
+    /// Every link (of `feed`, if given) with its newest minute.
+    pub async fn links(&self, feed: Option<&str>) -> Result<Vec<LinkRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT feed, publisher, subscriber, MAX(minute) AS last_minute FROM link_minutes \
+             WHERE ($1 = '' OR feed = $2) GROUP BY feed, publisher, subscriber ORDER BY feed, publisher, subscriber",
+        )
+        .bind(feed.unwrap_or_default().to_owned())
+        .bind(feed.unwrap_or_default().to_owned())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LinkRow {
+                    feed: row.try_get("feed")?,
+                    publisher: row.try_get("publisher")?,
+                    subscriber: row.try_get("subscriber")?,
+                    last_minute: row.try_get("last_minute")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    /// A link's minutes in `[from, to)`, oldest first.
+    pub async fn minutes(
+        &self,
+        link: &Link,
+        from: Minute,
+        to: Minute,
+    ) -> Result<Vec<(Minute, MinuteSums)>, StoreError> {
+        let sql = format!(
+            "SELECT minute, {} FROM link_minutes WHERE feed = $1 AND publisher = $2 AND subscriber = $3 \
+             AND minute >= $4 AND minute < $5 ORDER BY minute",
+            SUM_COLUMNS.join(", ")
+        );
+        let rows = sqlx::query(&sql)
+            .bind(link.feed.clone())
+            .bind(link.publisher.clone())
+            .bind(link.subscriber.clone())
+            .bind(from.0)
+            .bind(to.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((Minute(row.try_get("minute")?), sums_from(row)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::from)
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
