@@ -22,6 +22,7 @@ mod insert;
 mod insert_files;
 mod lab_cmd;
 mod logging;
+mod monitor_cmd;
 mod queue_cmd;
 mod remote;
 mod serve;
@@ -78,6 +79,8 @@ enum Command {
     Notify(remote::NotifyArgs),
     /// Push files to an LDM server (ldmsend).
     Send(remote::SendArgs),
+    /// The monitor: statistics of LDM-7 servers (and LDM 6 rtstats) into a database, and its API.
+    Monitor(monitor_cmd::MonitorArgs),
     /// Build and tear down the network-namespace test bed (root).
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
@@ -172,6 +175,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Bench(BenchCommand::Act(args)) => bench_act::run(&args).map_err(runtime),
         Command::Bench(BenchCommand::Compare(args)) => bench_compare::run(&args).map_err(runtime),
         Command::Lab(command) => lab_cmd::run(&command),
+        Command::Monitor(args) => monitor_cmd::run(&args),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
         Command::Serve(args) => serve::run(&args),
         Command::Notify(args) => remote::notify(&args, with_signature),

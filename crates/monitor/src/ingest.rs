@@ -20,6 +20,8 @@ pub struct IngestCounters {
     pub rtstats_bad: AtomicU64,
     /// Other products (ignored).
     pub other: AtomicU64,
+    /// Statistics products stored before (not counted again).
+    pub repeated: AtomicU64,
 }
 
 /// What became of one product.
@@ -33,13 +35,16 @@ pub enum Ingested {
     Refused,
     /// Not a statistics product.
     Ignored,
+    /// A statistics product stored before.
+    Repeated,
 }
 
-/// Stores what a product reports. `arrival` (Unix seconds) is the product's creation time: the
-/// time of the report.
+/// Stores what a product reports. `signature` identifies it (a statistics product seen before
+/// is not counted again); `arrival` (Unix seconds) is its creation time: the time of the report.
 pub async fn ingest(
     store: &Store,
     counters: &IngestCounters,
+    signature: &str,
     ident: &str,
     data: &[u8],
     arrival: i64,
@@ -47,8 +52,10 @@ pub async fn ingest(
     if StatsProduct::is_stats_ident(ident) {
         match StatsProduct::parse(ident, data) {
             Ok(product) => {
-                store.add_rows(&product.rows).await?;
-                store.note_report(&product.reporter, arrival, "ldm7").await?;
+                if !store.add_stats_product(signature, &product, arrival).await? {
+                    counters.repeated.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Ingested::Repeated);
+                }
                 counters.stats.fetch_add(1, Ordering::Relaxed);
                 Ok(Ingested::Stats)
             }

@@ -134,6 +134,13 @@ impl Store {
 
     /// Adds rows of per-minute sums (to what each link and minute holds already).
     pub async fn add_rows(&self, rows: &[MinuteRow]) -> Result<(), StoreError> {
+        let mut transaction = self.pool.begin().await?;
+        Self::add_rows_in(&mut transaction, rows).await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn add_rows_in(connection: &mut sqlx::AnyConnection, rows: &[MinuteRow]) -> Result<(), StoreError> {
         let columns = SUM_COLUMNS.join(", ");
         let placeholders: Vec<String> = (1..=4 + SUM_COLUMNS.len()).map(|index| format!("${index}")).collect();
         let updates: Vec<String> = SUM_COLUMNS
@@ -154,7 +161,6 @@ impl Store {
             placeholders.join(", "),
             updates.join(", ")
         );
-        let mut transaction = self.pool.begin().await?;
         for row in rows {
             let mut query = sqlx::query(&sql)
                 .bind(row.link.feed.clone())
@@ -164,14 +170,49 @@ impl Store {
             for value in sums_values(&row.sums) {
                 query = query.bind(value);
             }
-            query.execute(&mut *transaction).await?;
+            query.execute(&mut *connection).await?;
         }
-        transaction.commit().await?;
         Ok(())
+    }
+
+    /// Stores a statistics product once: `false` (and nothing changed) when a product with this
+    /// signature was stored before. Its rows, its reporter's report and the signature are
+    /// written in one transaction.
+    pub async fn add_stats_product(
+        &self,
+        signature: &str,
+        product: &ldm7_metrics::StatsProduct,
+        reported: i64,
+    ) -> Result<bool, StoreError> {
+        let mut transaction = self.pool.begin().await?;
+        let claimed =
+            sqlx::query("INSERT INTO ingested (signature, at) VALUES ($1, $2) ON CONFLICT (signature) DO NOTHING")
+                .bind(signature.to_owned())
+                .bind(reported)
+                .execute(&mut *transaction)
+                .await?
+                .rows_affected();
+        if claimed == 0 {
+            return Ok(false);
+        }
+        Self::add_rows_in(&mut transaction, &product.rows).await?;
+        Self::note_report_in(&mut transaction, &product.reporter, reported, "ldm7").await?;
+        transaction.commit().await?;
+        Ok(true)
     }
 
     /// Notes a report from `node` at `at` (Unix seconds); the newest report is kept.
     pub async fn note_report(&self, node: &str, at: i64, kind: &str) -> Result<(), StoreError> {
+        let mut connection = self.pool.acquire().await?;
+        Self::note_report_in(&mut connection, node, at, kind).await
+    }
+
+    async fn note_report_in(
+        connection: &mut sqlx::AnyConnection,
+        node: &str,
+        at: i64,
+        kind: &str,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO reports (node, last_report, kind) VALUES ($1, $2, $3) \
              ON CONFLICT (node) DO UPDATE SET \
@@ -181,7 +222,7 @@ impl Store {
         .bind(node.to_owned())
         .bind(at)
         .bind(kind.to_owned())
-        .execute(&self.pool)
+        .execute(&mut *connection)
         .await?;
         Ok(())
     }

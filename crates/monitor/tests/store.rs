@@ -39,32 +39,32 @@ async fn exercise(store: &Store) {
     };
     let counters = IngestCounters::default();
     let reported = minute.start_secs() + 62;
-    let stored = ingest(store, &counters, &product.ident(), product.body().as_bytes(), reported).await;
+    let stored = ingest(store, &counters, "sig1", &product.ident(), product.body().as_bytes(), reported).await;
     assert_eq!(stored.expect("ingest"), Ingested::Stats);
     // The same minute reported again later (a late delivery): added, not replaced.
     let late = StatsProduct {
         rows: vec![MinuteRow { link: link.clone(), minute, sums: sums(2, 2, 500, 40_000, 0) }],
         ..product.clone()
     };
-    ingest(store, &counters, &late.ident(), late.body().as_bytes(), reported + 60).await.expect("ingest");
+    ingest(store, &counters, "sig2", &late.ident(), late.body().as_bytes(), reported + 60).await.expect("ingest");
     let next = Minute(minute.0 + 1);
     let other = StatsProduct {
         reporter: "sub1".into(),
         minute: next,
         rows: vec![MinuteRow { link: link.clone(), minute: next, sums: sums(4, 4, 4_000, 8_000, 0) }],
     };
-    ingest(store, &counters, &other.ident(), other.body().as_bytes(), reported + 61).await.expect("ingest");
+    ingest(store, &counters, "sig3", &other.ident(), other.body().as_bytes(), reported + 61).await.expect("ingest");
     // Malformed products and rtstats lines are counted and skipped; other products ignored.
-    let refused = ingest(store, &counters, &product.ident(), b"garbage", 0).await.expect("ingest");
+    let refused = ingest(store, &counters, "sig4", &product.ident(), b"garbage", 0).await.expect("ingest");
     assert_eq!(refused, Ingested::Refused);
-    let refused = ingest(store, &counters, "rtstats-6.15.0/h/NGRID/o", b"bad line", 0).await.expect("ingest");
+    let refused = ingest(store, &counters, "sig5", "rtstats-6.15.0/h/NGRID/o", b"bad line", 0).await.expect("ingest");
     assert_eq!(refused, Ingested::Refused);
     let rtstats =
         "20261123213001 20261123213002 ldm6.example.edu NGRID ncep.example.gov 1234 98765432 1.5 0.87 3@3001 6.15.0\n";
     let ident = "rtstats-6.15.0/ldm6.example.edu/NGRID/ncep.example.gov";
-    let stored = ingest(store, &counters, ident, rtstats.as_bytes(), reported).await.expect("ingest");
+    let stored = ingest(store, &counters, "sig6", ident, rtstats.as_bytes(), reported).await.expect("ingest");
     assert_eq!(stored, Ingested::RtStats);
-    assert_eq!(ingest(store, &counters, "SAUS43 KWBC", b"x", 0).await.expect("ingest"), Ingested::Ignored);
+    assert_eq!(ingest(store, &counters, "sig7", "SAUS43 KWBC", b"x", 0).await.expect("ingest"), Ingested::Ignored);
     let counts = (
         counters.stats.load(Relaxed),
         counters.stats_bad.load(Relaxed),
@@ -72,6 +72,9 @@ async fn exercise(store: &Store) {
         counters.rtstats_bad.load(Relaxed),
     );
     assert_eq!(counts, (3, 1, 1, 1));
+    // The same product again (same signature): not counted twice.
+    let again = ingest(store, &counters, "sig1", &product.ident(), product.body().as_bytes(), reported).await;
+    assert_eq!(again.expect("ingest"), Ingested::Repeated);
 
     let minutes = store.minutes(&link, minute, Minute(minute.0 + 10)).await.expect("minutes");
     assert_eq!(minutes.len(), 2);

@@ -305,6 +305,11 @@ impl Server {
         Ok(())
     }
 
+    /// The server's product queue (one process opens a queue once: share this one).
+    pub fn queue(&self) -> Arc<Queue> {
+        self.shared.queue.clone()
+    }
+
     /// Where the Prometheus metrics are served, if they are.
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(|endpoint| endpoint.address)

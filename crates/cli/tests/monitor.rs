@@ -1,0 +1,154 @@
+//! `ldm7 monitor` as an operator runs it: an LDM server holds statistics products (and an LDM 6
+//! rtstats product, and a malformed one); the monitor requests them over LDM-6, stores them in
+//! a SQLite file and answers its JSON API from it.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ldm7_metrics::{Link, Minute, MinuteRow, MinuteSums, StatsProduct};
+use ldm7_pq::Queue;
+use ldm7_testkit::wait_until;
+use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
+use support::{LDM7, LOCAL, Node};
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.split_whitespace().nth(1).and_then(|code| code.parse().ok()).expect("status");
+    (status, body.to_owned())
+}
+
+fn json(port: u16, path: &str) -> serde_json::Value {
+    let (status, body) = get(port, path);
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|error| panic!("{path}: {error}: {body}"))
+}
+
+fn insert(queue: &Queue, ident: &str, body: &[u8], arrival: Timestamp) {
+    let info = ProdInfo {
+        arrival,
+        signature: Signature::md5_of(body),
+        origin: "test".into(),
+        feedtype: FeedType::EXP,
+        seqno: 0,
+        ident: ident.into(),
+        size: body.len() as u32,
+    };
+    queue.insert(&info, body).expect("insert");
+}
+
+#[test]
+fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let root = root.path();
+    let mut node = Node::new(root, "node", "20M", &format!("ALLOW ANY {LOCAL}\n"));
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let link = Link { feed: "NGRID".into(), publisher: "pub.example:1".into(), subscriber: "sub.example:2".into() };
+    {
+        let queue = Queue::open(Path::new(&node.queue_path())).expect("queue");
+        for (back, n) in [(3, 10u64), (2, 20)] {
+            let minute = Minute(Minute::of(now).0 - back);
+            let sums = MinuteSums {
+                n,
+                n_fmtp: n,
+                n_mc: n - 1,
+                s_all: n * 1000,
+                s_fmtp: n * 1000,
+                s_mc: (n - 1) * 1000,
+                l_all_us: n as i64 * 10_000,
+                l_fmtp_us: n as i64 * 10_000,
+                l_mc_us: (n - 1) as i64 * 10_000,
+                retx_blocks: 1,
+                backstop: 0,
+                backlog: 0,
+                latency_max_us: 20_000,
+            };
+            let product = StatsProduct {
+                reporter: "sub.example:2".into(),
+                minute,
+                rows: vec![MinuteRow { link: link.clone(), minute, sums }],
+            };
+            insert(&queue, &product.ident(), product.body().as_bytes(), now);
+        }
+        insert(&queue, "ldm7-stats/1/sub.example:2/209901010000", b"not a statistics product", now);
+        let rtstats = format!(
+            "{} {} ldm6.example.edu NGRID ncep.example.gov 1234 98765432 1.5 0.87 3@3001 6.15.0\n",
+            &now.to_string()[..14],
+            &now.to_string()[..14]
+        );
+        insert(&queue, "rtstats-6.15.0/ldm6.example.edu/NGRID/ncep.example.gov", rtstats.as_bytes(), now);
+        insert(&queue, "SAUS43 KWBC", b"not statistics", now);
+    }
+    node.start();
+
+    let dir = root.join("monitor");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("nodes.toml"),
+        "[[node]]\nname = \"sub.example:2\"\nlatitude = 40.0\nlongitude = -105.25\n",
+    )
+    .expect("nodes");
+    let port = support::free_port();
+    let log = std::fs::File::create(dir.join("log")).expect("log");
+    let mut monitor = Command::new(LDM7)
+        .args(["monitor", "--db"])
+        .arg(format!("sqlite:{}", dir.join("monitor.db").display()))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--upstream", &format!("127.0.0.1:{}", node.port)])
+        .arg("--state-dir")
+        .arg(&dir)
+        .arg("--nodes")
+        .arg(dir.join("nodes.toml"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start ldm7 monitor");
+    wait_until(Duration::from_secs(30), "the monitor to store the link's two minutes", || {
+        if !support::listening(port) {
+            return None;
+        }
+        let links = json(port, "/api/links");
+        let link = links.as_array()?.first()?.clone();
+        (link["last_minute"].as_i64()? == Minute::of(now).0 - 2).then_some(())
+    });
+    let nodes = json(port, "/api/nodes");
+    let nodes = nodes.as_array().expect("an array");
+    let find =
+        |name: &str| nodes.iter().find(|node| node["name"] == name).unwrap_or_else(|| panic!("{name}: {nodes:?}"));
+    let sub = find("sub.example:2");
+    assert_eq!(
+        (sub["color"].as_str(), sub["latitude"].as_f64(), sub["kind"].as_str()),
+        (Some("green"), Some(40.0), Some("ldm7"))
+    );
+    assert_eq!(find("pub.example:1")["color"], "grey", "a publisher that never reported");
+    assert_eq!(find("ldm6.example.edu")["kind"], "ldm6");
+    let from = (Minute::of(now).0 - 5) * 60;
+    let query = format!(
+        "/api/series?feed=NGRID&publisher=pub.example:1&subscriber=sub.example:2&metric=products&from={from}&to={}",
+        from + 300
+    );
+    let series = json(port, &query);
+    let values: Vec<Option<f64>> =
+        series["points"].as_array().expect("points").iter().map(|point| point[1].as_f64()).collect();
+    assert_eq!(values[..5], [None, None, Some(10.0), Some(20.0), None], "{series}");
+    // Two-minute steps: each the sum of its minutes.
+    let series = json(port, &format!("{query}&step=2").replace("metric=products", "metric=ffdr_count"));
+    assert_eq!(series["points"][1][1].as_f64(), Some(1.0), "{series}");
+    let (status, body) = get(port, &query.replace("metric=products", "metric=bogus"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("throughput_fmtp"), "{body}");
+
+    let _ = Command::new("kill").args(["-TERM", &monitor.id().to_string()]).status();
+    let status = wait_until(Duration::from_secs(15), "the monitor to exit", || monitor.try_wait().expect("wait"));
+    assert!(status.success());
+    let log = std::fs::read_to_string(dir.join("log")).expect("log");
+    assert!(log.contains("2 statistics products stored (1 refused, 0 seen before), 1 rtstats (0 refused)"), "{log}");
+    node.stop();
+}

@@ -1,0 +1,236 @@
+//! The monitor's JSON API (axum):
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /api/nodes` | every node: name, location, last report, its age and its color (`green` under 10 minutes, `yellow` under an hour, `red` older, `grey` never) |
+//! | `GET /api/links[?feed=F]` | every link (feed, publisher, subscriber) with its newest minute |
+//! | `GET /api/series?feed=&publisher=&subscriber=&metric=[&from=&to=&step=]` | a link's metric per step of minutes (`from`/`to`: Unix seconds, default the last hour; `step`: minutes, default 1), each step derived from its minutes' summed sums |
+//!
+//! Metrics: `throughput_fmtp`, `throughput_mc`, `throughput_retx` (bit/s), `ffdr_count`,
+//! `ffdr_size`, `mplr`, `latency_mean`, `latency_max` (seconds), `products` (N), `bytes` (ΣS),
+//! `backstop`, `backlog`. A step with no product, or a metric undefined in it, is `null`.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use ldm7_metrics::{Link, Minute, MinuteSums};
+use serde::{Deserialize, Serialize};
+
+use crate::store::Store;
+
+/// Reports younger than this are green.
+pub const GREEN_SECS: i64 = 600;
+/// Reports younger than this (and not green) are yellow; older ones red.
+pub const YELLOW_SECS: i64 = 3600;
+
+/// The metrics a series can show.
+pub const METRICS: [&str; 12] = [
+    "throughput_fmtp",
+    "throughput_mc",
+    "throughput_retx",
+    "ffdr_count",
+    "ffdr_size",
+    "mplr",
+    "latency_mean",
+    "latency_max",
+    "products",
+    "bytes",
+    "backstop",
+    "backlog",
+];
+
+/// A node with its color.
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    /// Its name.
+    pub name: String,
+    /// Latitude, if configured.
+    pub latitude: Option<f64>,
+    /// Longitude, if configured.
+    pub longitude: Option<f64>,
+    /// Its last report, Unix seconds.
+    pub last_report: Option<i64>,
+    /// Seconds since then.
+    pub age_s: Option<i64>,
+    /// `green`, `yellow`, `red` or `grey`.
+    pub color: &'static str,
+    /// `ldm7` or `ldm6`.
+    pub kind: Option<String>,
+}
+
+/// The color of a node whose last report is `age_s` old.
+pub fn color(age_s: Option<i64>) -> &'static str {
+    match age_s {
+        None => "grey",
+        Some(age) if age < GREEN_SECS => "green",
+        Some(age) if age < YELLOW_SECS => "yellow",
+        Some(_) => "red",
+    }
+}
+
+/// One metric's value of a set of sums.
+pub fn metric_value(metric: &str, sums: &MinuteSums) -> Option<f64> {
+    if sums.n == 0 {
+        return None;
+    }
+    let derived = sums.derived();
+    match metric {
+        "throughput_fmtp" => derived.throughput_fmtp_bps,
+        "throughput_mc" => derived.throughput_mc_bps,
+        "throughput_retx" => derived.throughput_retx_bps,
+        "ffdr_count" => derived.ffdr_count,
+        "ffdr_size" => derived.ffdr_size,
+        "mplr" => derived.mplr,
+        "latency_mean" => derived.latency_mean_us.map(|us| us / 1e6),
+        "latency_max" => Some(sums.latency_max_us as f64 / 1e6),
+        "products" => Some(sums.n as f64),
+        "bytes" => Some(sums.s_all as f64),
+        "backstop" => Some(sums.backstop as f64),
+        "backlog" => Some(sums.backlog as f64),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LinksQuery {
+    feed: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SeriesQuery {
+    feed: String,
+    publisher: String,
+    subscriber: String,
+    metric: String,
+    from: Option<i64>,
+    to: Option<i64>,
+    step: Option<i64>,
+}
+
+/// A series: `[step start (Unix seconds), value or null]` pairs.
+#[derive(Debug, Serialize)]
+struct Series {
+    metric: String,
+    step_minutes: i64,
+    points: Vec<(i64, Option<f64>)>,
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs() as i64)
+}
+
+async fn nodes(State(store): State<Store>) -> Response {
+    match store.nodes().await {
+        Ok(nodes) => {
+            let now = now_secs();
+            let nodes: Vec<NodeStatus> = nodes
+                .into_iter()
+                .map(|node| {
+                    let age_s = node.last_report.map(|at| (now - at).max(0));
+                    NodeStatus {
+                        name: node.name,
+                        latitude: node.latitude,
+                        longitude: node.longitude,
+                        last_report: node.last_report,
+                        age_s,
+                        color: color(age_s),
+                        kind: node.kind,
+                    }
+                })
+                .collect();
+            Json(nodes).into_response()
+        }
+        Err(failure) => error(StatusCode::INTERNAL_SERVER_ERROR, failure.to_string()),
+    }
+}
+
+async fn links(State(store): State<Store>, Query(query): Query<LinksQuery>) -> Response {
+    match store.links(query.feed.as_deref().filter(|feed| !feed.is_empty())).await {
+        Ok(links) => Json(links).into_response(),
+        Err(failure) => error(StatusCode::INTERNAL_SERVER_ERROR, failure.to_string()),
+    }
+}
+
+async fn series(State(store): State<Store>, Query(query): Query<SeriesQuery>) -> Response {
+    if !METRICS.contains(&query.metric.as_str()) {
+        return error(StatusCode::BAD_REQUEST, format!("metric {:?}: one of {}", query.metric, METRICS.join(", ")));
+    }
+    let to = query.to.unwrap_or_else(now_secs);
+    let from = query.from.unwrap_or(to - 3600);
+    let step = query.step.unwrap_or(1);
+    if !(1..=10_080).contains(&step) || from >= to || to - from > 366 * 86_400 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "need from < to (at most a year apart) and 1 ≤ step ≤ 10080 minutes".into(),
+        );
+    }
+    let link = Link { feed: query.feed, publisher: query.publisher, subscriber: query.subscriber };
+    let (first, last) = (Minute(from.div_euclid(60)), Minute(to.div_euclid(60) + 1));
+    let minutes = match store.minutes(&link, first, last).await {
+        Ok(minutes) => minutes,
+        Err(failure) => return error(StatusCode::INTERNAL_SERVER_ERROR, failure.to_string()),
+    };
+    let steps = ((last.0 - first.0) + step - 1) / step;
+    let mut sums = vec![MinuteSums::default(); steps as usize];
+    for (minute, minute_sums) in &minutes {
+        sums[((minute.0 - first.0) / step) as usize].merge(minute_sums);
+    }
+    let points = sums
+        .iter()
+        .enumerate()
+        .map(|(index, sums)| ((first.0 + index as i64 * step) * 60, metric_value(&query.metric, sums)))
+        .collect();
+    Json(Series { metric: query.metric, step_minutes: step, points }).into_response()
+}
+
+/// The API's routes over `store`.
+pub fn router(store: Store) -> Router {
+    Router::new()
+        .route("/api/nodes", axum::routing::get(nodes))
+        .route("/api/links", axum::routing::get(links))
+        .route("/api/series", axum::routing::get(series))
+        .with_state(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colors_follow_the_age_of_the_last_report() {
+        assert_eq!(color(None), "grey");
+        assert_eq!(color(Some(0)), "green");
+        assert_eq!(color(Some(599)), "green");
+        assert_eq!(color(Some(600)), "yellow");
+        assert_eq!(color(Some(3599)), "yellow");
+        assert_eq!(color(Some(3600)), "red");
+    }
+
+    #[test]
+    fn metric_values() {
+        let sums = MinuteSums {
+            n: 2,
+            n_fmtp: 2,
+            n_mc: 1,
+            s_all: 3000,
+            s_fmtp: 3000,
+            s_mc: 1000,
+            l_all_us: 2_000_000,
+            l_fmtp_us: 2_000_000,
+            l_mc_us: 1_000_000,
+            retx_blocks: 1,
+            backstop: 0,
+            backlog: 0,
+            latency_max_us: 1_500_000,
+        };
+        assert_eq!(metric_value("throughput_fmtp", &sums), Some(12_000.0));
+        assert_eq!(metric_value("latency_max", &sums), Some(1.5));
+        assert_eq!(metric_value("latency_mean", &sums), Some(1.0));
+        assert_eq!(metric_value("products", &MinuteSums::default()), None);
+    }
+}
