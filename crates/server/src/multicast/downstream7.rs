@@ -672,6 +672,15 @@ impl Session<'_> {
                     DeliveryMode::Backlog => &self.counters.backlog,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                let delivery = Delivery {
+                    mode,
+                    latency_us,
+                    index: index.map(ldm7_fmtp_proto::ProductIndex),
+                    retransmitted_blocks,
+                    info,
+                };
+                tracing::info!(target: PRODUCT, "{delivery}");
+                // After the line: a process killed in between leaves no product without its line.
                 let stats = &self.context.stats;
                 stats.record(&ldm7_metrics::DeliveryEvent {
                     link: ldm7_metrics::Link::new(
@@ -685,18 +694,10 @@ impl Session<'_> {
                         DeliveryMode::Inserted => ldm7_metrics::Mode::Backstop,
                         DeliveryMode::Backlog => ldm7_metrics::Mode::Backlog,
                     },
-                    size: u64::from(info.size),
+                    size: u64::from(delivery.info.size),
                     latency_us,
                     retx_blocks: retransmitted_blocks.unwrap_or(0),
                 });
-                let delivery = Delivery {
-                    mode,
-                    latency_us,
-                    index: index.map(ldm7_fmtp_proto::ProductIndex),
-                    retransmitted_blocks,
-                    info,
-                };
-                tracing::info!(target: PRODUCT, "{delivery}");
             }
             Ok(InsertOutcome::Duplicate { .. }) => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
