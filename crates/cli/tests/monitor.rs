@@ -152,3 +152,129 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
     assert!(log.contains("2 statistics products stored (1 refused, 0 seen before), 1 rtstats (0 refused)"), "{log}");
     node.stop();
 }
+
+/// The dashboard in the distribution's headless Chromium (playwright-core from the dashboard's
+/// npm packages): the nodes with the colors of their last reports, a click on a link draws its
+/// chart with points; the screenshot is saved as target/monitor-dashboard.png.
+#[test]
+fn the_dashboard_in_a_real_browser() {
+    let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("../monitor/web");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    if !Path::new(&chromium).is_file() {
+        ldm7_testkit::skip("no Chromium at /usr/bin/chromium (the distribution's chromium package; or set CHROMIUM)");
+        return;
+    }
+    if !web.join("node_modules/playwright-core").is_dir() {
+        ldm7_testkit::skip("the dashboard's npm packages are not installed (npm ci in crates/monitor/web)");
+        return;
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    let root = root.path();
+    let mut node = Node::new(root, "node", "20M", &format!("ALLOW ANY {LOCAL}\n"));
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    {
+        let queue = Queue::open(Path::new(&node.queue_path())).expect("queue");
+        let link = Link { feed: "NGRID".into(), publisher: "pub.example".into(), subscriber: "sub.example".into() };
+        for back in 2..12 {
+            let minute = Minute(Minute::of(now).0 - back);
+            let n = 10 + back as u64;
+            let sums = MinuteSums {
+                n,
+                n_fmtp: n,
+                n_mc: n - 1,
+                s_all: n * 1_000_000,
+                s_fmtp: n * 1_000_000,
+                s_mc: (n - 1) * 1_000_000,
+                l_all_us: n as i64 * 400_000,
+                l_fmtp_us: n as i64 * 400_000,
+                l_mc_us: (n - 1) as i64 * 300_000,
+                retx_blocks: 3,
+                backstop: 0,
+                backlog: 0,
+                latency_max_us: 900_000,
+            };
+            let product = StatsProduct {
+                reporter: "sub.example".into(),
+                minute,
+                rows: vec![MinuteRow { link: link.clone(), minute, sums }],
+            };
+            insert(&queue, &product.ident(), product.body().as_bytes(), now);
+        }
+        // A node whose last report is 20 minutes old (yellow).
+        let old = Timestamp { secs: now.secs - 1200, micros: 0 };
+        let minute = Minute::of(old);
+        let quiet = Link { feed: "NGRID".into(), publisher: "pub.example".into(), subscriber: "quiet.example".into() };
+        let product = StatsProduct {
+            reporter: "quiet.example".into(),
+            minute,
+            rows: vec![MinuteRow {
+                link: quiet,
+                minute,
+                sums: MinuteSums {
+                    n: 1,
+                    n_fmtp: 1,
+                    n_mc: 1,
+                    s_all: 10,
+                    s_fmtp: 10,
+                    s_mc: 10,
+                    l_all_us: 5,
+                    l_fmtp_us: 5,
+                    l_mc_us: 5,
+                    ..MinuteSums::default()
+                },
+            }],
+        };
+        insert(&queue, &product.ident(), product.body().as_bytes(), old);
+    }
+    node.start();
+    let dir = root.join("monitor");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(
+        dir.join("nodes.toml"),
+        "[[node]]\nname = \"pub.example\"\nlatitude = 40.015\nlongitude = -105.27\n\n\
+         [[node]]\nname = \"sub.example\"\nlatitude = 35.18\nlongitude = -97.44\n\n\
+         [[node]]\nname = \"quiet.example\"\nlatitude = 41.66\nlongitude = -91.53\n",
+    )
+    .expect("nodes");
+    let port = support::free_port();
+    let mut monitor = Command::new(LDM7)
+        .args(["monitor", "--db"])
+        .arg(format!("sqlite:{}", dir.join("monitor.db").display()))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--upstream", &format!("127.0.0.1:{}", node.port)])
+        .arg("--state-dir")
+        .arg(&dir)
+        .arg("--nodes")
+        .arg(dir.join("nodes.toml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ldm7 monitor");
+    wait_until(Duration::from_secs(30), "the monitor to store both links", || {
+        if !support::listening(port) {
+            return None;
+        }
+        (json(port, "/api/links").as_array()?.len() == 2).then_some(())
+    });
+    let screenshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/monitor-dashboard.png");
+    let output = Command::new("node")
+        .arg(web.join("test/browser.mjs"))
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .arg(&screenshot)
+        .arg("NGRID|pub.example|sub.example")
+        .env("CHROMIUM", &chromium)
+        .output()
+        .expect("run node");
+    let _ = Command::new("kill").args(["-TERM", &monitor.id().to_string()]).status();
+    let _ = monitor.wait();
+    node.stop();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "browser: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the browser's report");
+    assert_eq!(result["nodes"]["sub.example"], "green", "{result}");
+    assert_eq!(result["nodes"]["quiet.example"], "yellow", "{result}");
+    assert_eq!(result["nodes"]["pub.example"], "grey", "{result}");
+    assert!(result["points"].as_u64().is_some_and(|points| points >= 3), "{result}");
+    assert!(result["title"].as_str().is_some_and(|title| title.starts_with("pub.example → sub.example")), "{result}");
+    assert_eq!(result["errors"].as_array().map(Vec::len), Some(0), "{result}");
+    assert!(screenshot.is_file());
+}

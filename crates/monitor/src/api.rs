@@ -188,9 +188,22 @@ async fn series(State(store): State<Store>, Query(query): Query<SeriesQuery>) ->
     Json(Series { metric: query.metric, step_minutes: step, points }).into_response()
 }
 
-/// The API's routes over `store`.
+/// The dashboard, built from `web/` (`npm ci && npm run build`; the built files are kept in
+/// the repository so that building `ldm7` needs no npm) and served from the binary.
+const INDEX_HTML: &str = include_str!("../web/dist/index.html");
+const APP_JS: &str = include_str!("../web/dist/app.js");
+const STYLE_CSS: &str = include_str!("../web/dist/style.css");
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// The API's routes over `store`, and the dashboard.
 pub fn router(store: Store) -> Router {
     Router::new()
+        .route("/", axum::routing::get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
+        .route("/app.js", axum::routing::get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }))
+        .route("/style.css", axum::routing::get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }))
         .route("/api/nodes", axum::routing::get(nodes))
         .route("/api/links", axum::routing::get(links))
         .route("/api/series", axum::routing::get(series))
