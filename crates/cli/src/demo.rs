@@ -595,10 +595,14 @@ impl Follower {
             let mut cursor = queue.follow(Timestamp::ZERO);
             while !stop.load(Ordering::Relaxed) {
                 let next = cursor.next_with(Some(Duration::from_millis(200)), |product| {
+                    // A server's own per-minute statistics products are not part of the feed.
+                    if ldm7_metrics::StatsProduct::is_stats_ident(&product.info.ident) {
+                        return None;
+                    }
                     let intact = !check || Signature(Md5::digest(product.data).into()) == product.info.signature;
-                    (product.info.signature, product.data.len() as u64, intact)
+                    Some((product.info.signature, product.data.len() as u64, intact))
                 });
-                if let Ok(Some((signature, size, intact))) = next {
+                if let Ok(Some(Some((signature, size, intact)))) = next {
                     if !intact {
                         corrupt.fetch_add(1, Ordering::Relaxed);
                     }
