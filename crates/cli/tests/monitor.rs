@@ -141,6 +141,27 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
     // Two-minute steps: each the sum of its minutes.
     let series = json(port, &format!("{query}&step=2").replace("metric=products", "metric=ffdr_count"));
     assert_eq!(series["points"][1][1].as_f64(), Some(1.0), "{series}");
+    // The LDM 6 host's rtstats: a link from the products' origin to it, with hourly points.
+    let links = json(port, "/api/links");
+    let ldm6 =
+        links.as_array().expect("links").iter().find(|link| link["kind"] == "ldm6").expect("an ldm6 link").clone();
+    assert_eq!(
+        (ldm6["publisher"].as_str(), ldm6["subscriber"].as_str()),
+        (Some("ncep.example.gov"), Some("ldm6.example.edu"))
+    );
+    let series = json(
+        port,
+        &format!(
+            "/api/series?feed=NGRID&publisher=ncep.example.gov&subscriber=ldm6.example.edu&metric=products&from={}&to={}",
+            now.secs - 3600,
+            now.secs + 60
+        ),
+    );
+    assert_eq!(
+        (series["step_minutes"].as_i64(), series["points"][0][1].as_f64()),
+        (Some(60), Some(1234.0)),
+        "{series}"
+    );
     let (status, body) = get(port, &query.replace("metric=products", "metric=bogus"));
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("throughput_fmtp"), "{body}");

@@ -3,12 +3,14 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /api/nodes` | every node: name, location, last report, its age and its color (`green` under 10 minutes, `yellow` under an hour, `red` older, `grey` never) |
-//! | `GET /api/links[?feed=F]` | every link (feed, publisher, subscriber) with its newest minute |
+//! | `GET /api/links[?feed=F]` | every link (feed, publisher, subscriber) with its newest minute and its kind: `ldm7` (statistics products) or `ldm6` (rtstats: product origin → reporting host) |
 //! | `GET /api/series?feed=&publisher=&subscriber=&metric=[&from=&to=&step=]` | a link's metric per step of minutes (`from`/`to`: Unix seconds, default the last hour; `step`: minutes, default 1), each step derived from its minutes' summed sums |
 //!
 //! Metrics: `throughput_fmtp`, `throughput_mc`, `throughput_retx` (bit/s), `ffdr_count`,
 //! `ffdr_size`, `mplr`, `latency_mean`, `latency_max` (seconds), `products` (N), `bytes` (ΣS),
-//! `backstop`, `backlog`. A step with no product, or a metric undefined in it, is `null`.
+//! `backstop`, `backlog`. A step with no product, or a metric undefined in it, is `null`. An
+//! `ldm6` link has hourly points (`step_minutes` 60) of `products`, `bytes`, `latency_mean` and
+//! `latency_max`, as its host's rtstats reported them.
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -175,6 +177,28 @@ async fn series(State(store): State<Store>, Query(query): Query<SeriesQuery>) ->
         Ok(minutes) => minutes,
         Err(failure) => return error(StatusCode::INTERNAL_SERVER_ERROR, failure.to_string()),
     };
+    if minutes.is_empty() && ["products", "bytes", "latency_mean", "latency_max"].contains(&query.metric.as_str()) {
+        // An LDM 6 link: its hourly rtstats bins.
+        let hours = match store.rtstats_hours(&link, from.div_euclid(3600), to.div_euclid(3600) + 1).await {
+            Ok(hours) => hours,
+            Err(failure) => return error(StatusCode::INTERNAL_SERVER_ERROR, failure.to_string()),
+        };
+        if !hours.is_empty() {
+            let points = hours
+                .iter()
+                .map(|bin| {
+                    let value = match query.metric.as_str() {
+                        "products" => bin.products as f64,
+                        "bytes" => bin.bytes as f64,
+                        "latency_mean" => bin.latency_mean_s,
+                        _ => bin.latency_max_s,
+                    };
+                    (bin.hour * 3600, Some(value))
+                })
+                .collect();
+            return Json(Series { metric: query.metric, step_minutes: 60, points }).into_response();
+        }
+    }
     let steps = ((last.0 - first.0) + step - 1) / step;
     let mut sums = vec![MinuteSums::default(); steps as usize];
     for (minute, minute_sums) in &minutes {

@@ -48,8 +48,25 @@ pub struct LinkRow {
     pub publisher: String,
     /// The subscriber.
     pub subscriber: String,
-    /// Its newest minute (minutes since 1970).
+    /// Its newest minute (minutes since 1970; for an rtstats link, the start of its newest hour).
     pub last_minute: i64,
+    /// `ldm7` (statistics products, per minute) or `ldm6` (rtstats, per hour).
+    pub kind: String,
+}
+
+/// One hourly bin of an LDM 6 link (from rtstats).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RtStatsHour {
+    /// Hours since 1970.
+    pub hour: i64,
+    /// Products in the hour (as last reported).
+    pub products: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Mean latency, s.
+    pub latency_mean_s: f64,
+    /// Largest latency, s.
+    pub latency_max_s: f64,
 }
 
 /// The database.
@@ -311,13 +328,66 @@ impl Store {
         .bind(feed.unwrap_or_default().to_owned())
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        let mut links = rows
+            .iter()
             .map(|row| {
                 Ok(LinkRow {
                     feed: row.try_get("feed")?,
                     publisher: row.try_get("publisher")?,
                     subscriber: row.try_get("subscriber")?,
                     last_minute: row.try_get("last_minute")?,
+                    kind: "ldm7".into(),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        // LDM 6 hosts: a link from each product origin to the host that reported it.
+        let rows = sqlx::query(
+            "SELECT feed, origin, host, MAX(hour) AS last_hour FROM rtstats \
+             WHERE ($1 = '' OR feed = $2) GROUP BY feed, origin, host ORDER BY feed, origin, host",
+        )
+        .bind(feed.unwrap_or_default().to_owned())
+        .bind(feed.unwrap_or_default().to_owned())
+        .fetch_all(&self.pool)
+        .await?;
+        for row in &rows {
+            links.push(LinkRow {
+                feed: row.try_get("feed")?,
+                publisher: row.try_get("origin")?,
+                subscriber: row.try_get("host")?,
+                last_minute: row.try_get::<i64, _>("last_hour")? * 60,
+                kind: "ldm6".into(),
+            });
+        }
+        Ok(links)
+    }
+
+    /// An LDM 6 link's hourly bins in `[from_hour, to_hour)` (publisher = the products' origin,
+    /// subscriber = the reporting host), oldest first.
+    pub async fn rtstats_hours(
+        &self,
+        link: &Link,
+        from_hour: i64,
+        to_hour: i64,
+    ) -> Result<Vec<RtStatsHour>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT hour, products, bytes, latency_mean_s, latency_max_s FROM rtstats \
+             WHERE feed = $1 AND origin = $2 AND host = $3 AND hour >= $4 AND hour < $5 ORDER BY hour",
+        )
+        .bind(link.feed.clone())
+        .bind(link.publisher.clone())
+        .bind(link.subscriber.clone())
+        .bind(from_hour)
+        .bind(to_hour)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(RtStatsHour {
+                    hour: row.try_get("hour")?,
+                    products: row.try_get::<i64, _>("products")?.max(0) as u64,
+                    bytes: row.try_get::<i64, _>("bytes")?.max(0) as u64,
+                    latency_mean_s: row.try_get("latency_mean_s")?,
+                    latency_max_s: row.try_get("latency_max_s")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

@@ -97,8 +97,18 @@ async fn exercise(store: &Store) {
     assert_eq!(nodes[2].last_report, None, "a publisher that never reported");
 
     let links = store.links(None).await.expect("links");
-    assert_eq!(links.len(), 1);
-    assert_eq!((links[0].subscriber.as_str(), links[0].last_minute), ("sub1", next.0));
+    assert_eq!(links.len(), 2);
+    assert_eq!((links[0].subscriber.as_str(), links[0].last_minute, links[0].kind.as_str()), ("sub1", next.0, "ldm7"));
+    // The LDM 6 host's rtstats: a link from the products' origin to it, hourly.
+    assert_eq!(
+        (links[1].publisher.as_str(), links[1].subscriber.as_str(), links[1].kind.as_str()),
+        ("ncep.example.gov", "ldm6.example.edu", "ldm6")
+    );
+    let ldm6 =
+        Link { feed: "NGRID".into(), publisher: "ncep.example.gov".into(), subscriber: "ldm6.example.edu".into() };
+    let hour = links[1].last_minute / 60;
+    let hours = store.rtstats_hours(&ldm6, hour, hour + 1).await.expect("hours");
+    assert_eq!((hours.len(), hours[0].products, hours[0].bytes), (1, 1234, 98_765_432));
     assert!(store.links(Some("CONDUIT")).await.expect("links").is_empty());
 }
 
@@ -112,7 +122,7 @@ fn the_store_on_a_sqlite_file() {
         store.close().await;
         // Reopened: the migrations are not applied twice, the rows are there.
         let store = Store::open(&url).await.expect("reopen");
-        assert_eq!(store.links(None).await.expect("links").len(), 1);
+        assert_eq!(store.links(None).await.expect("links").len(), 2);
     });
 }
 
