@@ -52,40 +52,6 @@ pub enum ProductError {
     },
 }
 
-const KEYS: [&str; 13] = [
-    "n",
-    "n_fmtp",
-    "n_mc",
-    "s_all",
-    "s_fmtp",
-    "s_mc",
-    "l_all_us",
-    "l_fmtp_us",
-    "l_mc_us",
-    "retx_blocks",
-    "backstop",
-    "backlog",
-    "latency_max_us",
-];
-
-fn values(sums: &MinuteSums) -> [i128; 13] {
-    [
-        sums.n.into(),
-        sums.n_fmtp.into(),
-        sums.n_mc.into(),
-        sums.s_all.into(),
-        sums.s_fmtp.into(),
-        sums.s_mc.into(),
-        sums.l_all_us.into(),
-        sums.l_fmtp_us.into(),
-        sums.l_mc_us.into(),
-        sums.retx_blocks.into(),
-        sums.backstop.into(),
-        sums.backlog.into(),
-        sums.latency_max_us.into(),
-    ]
-}
-
 impl StatsProduct {
     /// The product's identifier.
     pub fn ident(&self) -> String {
@@ -100,7 +66,7 @@ impl StatsProduct {
                 "feed={} publisher={} subscriber={}",
                 row.link.feed, row.link.publisher, row.link.subscriber
             ));
-            for (key, value) in KEYS.iter().zip(values(&row.sums)) {
+            for (key, value) in MinuteSums::NAMES.iter().zip(row.sums.values()) {
                 text.push_str(&format!(" {key}={value}"));
             }
             text.push('\n');
@@ -167,33 +133,12 @@ impl StatsProduct {
                 subscriber: text_field("subscriber")?,
             };
             let mut numbers = [0i128; 13];
-            for (slot, key) in numbers.iter_mut().zip(KEYS) {
+            for (slot, key) in numbers.iter_mut().zip(MinuteSums::NAMES) {
                 let value = fields.get(key).ok_or_else(|| error(format!("no {key}")))?;
                 *slot = value.parse().map_err(|_| error(format!("{key}={value} is not an integer")))?;
             }
-            let unsigned = |index: usize| -> Result<u64, ProductError> {
-                u64::try_from(numbers[index])
-                    .map_err(|_| error(format!("{}={} is out of range", KEYS[index], numbers[index])))
-            };
-            let signed = |index: usize| -> Result<i64, ProductError> {
-                i64::try_from(numbers[index])
-                    .map_err(|_| error(format!("{}={} is out of range", KEYS[index], numbers[index])))
-            };
-            let sums = MinuteSums {
-                n: unsigned(0)?,
-                n_fmtp: unsigned(1)?,
-                n_mc: unsigned(2)?,
-                s_all: unsigned(3)?,
-                s_fmtp: unsigned(4)?,
-                s_mc: unsigned(5)?,
-                l_all_us: signed(6)?,
-                l_fmtp_us: signed(7)?,
-                l_mc_us: signed(8)?,
-                retx_blocks: unsigned(9)?,
-                backstop: unsigned(10)?,
-                backlog: unsigned(11)?,
-                latency_max_us: signed(12)?,
-            };
+            let sums = MinuteSums::from_values(numbers)
+                .map_err(|index| error(format!("{}={} is out of range", MinuteSums::NAMES[index], numbers[index])))?;
             if sums.n_mc > sums.n_fmtp || sums.n_fmtp > sums.n || sums.s_mc > sums.s_fmtp || sums.s_fmtp > sums.s_all {
                 return Err(error("inconsistent sums (N″ ≤ N′ ≤ N and S″ ≤ S′ ≤ ΣS must hold)".into()));
             }

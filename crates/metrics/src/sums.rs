@@ -152,6 +152,65 @@ pub struct MinuteSums {
 }
 
 impl MinuteSums {
+    /// The sums' names, in the order of [`MinuteSums::values`]: the statistics product's keys
+    /// and the monitor's columns.
+    pub const NAMES: [&'static str; 13] = [
+        "n",
+        "n_fmtp",
+        "n_mc",
+        "s_all",
+        "s_fmtp",
+        "s_mc",
+        "l_all_us",
+        "l_fmtp_us",
+        "l_mc_us",
+        "retx_blocks",
+        "backstop",
+        "backlog",
+        "latency_max_us",
+    ];
+
+    /// The sums, in the order of [`MinuteSums::NAMES`].
+    pub fn values(&self) -> [i128; 13] {
+        [
+            self.n.into(),
+            self.n_fmtp.into(),
+            self.n_mc.into(),
+            self.s_all.into(),
+            self.s_fmtp.into(),
+            self.s_mc.into(),
+            self.l_all_us.into(),
+            self.l_fmtp_us.into(),
+            self.l_mc_us.into(),
+            self.retx_blocks.into(),
+            self.backstop.into(),
+            self.backlog.into(),
+            self.latency_max_us.into(),
+        ]
+    }
+
+    /// Sums from values in the order of [`MinuteSums::NAMES`]; `Err(index)` names the first
+    /// value out of its field's range (negative counts, or beyond 64 bits).
+    pub fn from_values(values: [i128; 13]) -> Result<Self, usize> {
+        let unsigned = |index: usize| u64::try_from(values[index]).map_err(|_| index);
+        let signed = |index: usize| i64::try_from(values[index]).map_err(|_| index);
+        Ok(Self {
+            n: unsigned(0)?,
+            n_fmtp: unsigned(1)?,
+            n_mc: unsigned(2)?,
+            s_all: unsigned(3)?,
+            s_fmtp: unsigned(4)?,
+            s_mc: unsigned(5)?,
+            l_all_us: signed(6)?,
+            l_fmtp_us: signed(7)?,
+            l_mc_us: signed(8)?,
+            retx_blocks: unsigned(9)?,
+            backstop: unsigned(10)?,
+            backlog: unsigned(11)?,
+            latency_max_us: signed(12)?,
+        })
+    }
+
     /// Adds one event.
     pub fn add(&mut self, event: &DeliveryEvent) {
         self.n += 1;

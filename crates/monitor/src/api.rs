@@ -212,11 +212,12 @@ async fn series(State(store): State<Store>, Query(query): Query<SeriesQuery>) ->
     Json(Series { metric: query.metric, step_minutes: step, points }).into_response()
 }
 
-/// The dashboard, built from `web/` (`npm ci && npm run build`; the built files are kept in
-/// the repository so that building `ldm7` needs no npm) and served from the binary.
-const INDEX_HTML: &str = include_str!("../web/dist/index.html");
+/// The dashboard, served from the binary: its page and style as written (`web/src/`), its
+/// script as bundled from `web/src/app.js` (`npm ci && npm run build`; the bundle is kept in the
+/// repository so that building `ldm7` needs no npm).
+const INDEX_HTML: &str = include_str!("../web/src/index.html");
 const APP_JS: &str = include_str!("../web/dist/app.js");
-const STYLE_CSS: &str = include_str!("../web/dist/style.css");
+const STYLE_CSS: &str = include_str!("../web/src/style.css");
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()

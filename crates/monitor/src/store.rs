@@ -75,58 +75,18 @@ pub struct Store {
     pool: AnyPool,
 }
 
-const SUM_COLUMNS: [&str; 13] = [
-    "n",
-    "n_fmtp",
-    "n_mc",
-    "s_all",
-    "s_fmtp",
-    "s_mc",
-    "l_all_us",
-    "l_fmtp_us",
-    "l_mc_us",
-    "retx_blocks",
-    "backstop",
-    "backlog",
-    "latency_max_us",
-];
-
+/// The sums as the columns hold them (64-bit integers; a larger count is stored as the largest).
 fn sums_values(sums: &MinuteSums) -> [i64; 13] {
-    let clamp = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
-    [
-        clamp(sums.n),
-        clamp(sums.n_fmtp),
-        clamp(sums.n_mc),
-        clamp(sums.s_all),
-        clamp(sums.s_fmtp),
-        clamp(sums.s_mc),
-        sums.l_all_us,
-        sums.l_fmtp_us,
-        sums.l_mc_us,
-        clamp(sums.retx_blocks),
-        clamp(sums.backstop),
-        clamp(sums.backlog),
-        sums.latency_max_us,
-    ]
+    sums.values().map(|value| i64::try_from(value).unwrap_or(i64::MAX))
 }
 
 fn sums_from(row: &sqlx::any::AnyRow) -> Result<MinuteSums, sqlx::Error> {
-    let unsigned = |name: &str| -> Result<u64, sqlx::Error> { Ok(row.try_get::<i64, _>(name)?.max(0) as u64) };
-    Ok(MinuteSums {
-        n: unsigned("n")?,
-        n_fmtp: unsigned("n_fmtp")?,
-        n_mc: unsigned("n_mc")?,
-        s_all: unsigned("s_all")?,
-        s_fmtp: unsigned("s_fmtp")?,
-        s_mc: unsigned("s_mc")?,
-        l_all_us: row.try_get("l_all_us")?,
-        l_fmtp_us: row.try_get("l_fmtp_us")?,
-        l_mc_us: row.try_get("l_mc_us")?,
-        retx_blocks: unsigned("retx_blocks")?,
-        backstop: unsigned("backstop")?,
-        backlog: unsigned("backlog")?,
-        latency_max_us: row.try_get("latency_max_us")?,
-    })
+    let mut values = [0i128; 13];
+    for (value, column) in values.iter_mut().zip(MinuteSums::NAMES) {
+        *value = row.try_get::<i64, _>(column)?.into();
+    }
+    MinuteSums::from_values(values)
+        .map_err(|index| sqlx::Error::Decode(format!("{} is negative", MinuteSums::NAMES[index]).into()))
 }
 
 impl Store {
@@ -158,9 +118,9 @@ impl Store {
     }
 
     async fn add_rows_in(connection: &mut sqlx::AnyConnection, rows: &[MinuteRow]) -> Result<(), StoreError> {
-        let columns = SUM_COLUMNS.join(", ");
-        let placeholders: Vec<String> = (1..=4 + SUM_COLUMNS.len()).map(|index| format!("${index}")).collect();
-        let updates: Vec<String> = SUM_COLUMNS
+        let columns = MinuteSums::NAMES.join(", ");
+        let placeholders: Vec<String> = (1..=4 + MinuteSums::NAMES.len()).map(|index| format!("${index}")).collect();
+        let updates: Vec<String> = MinuteSums::NAMES
             .iter()
             .map(|column| {
                 if *column == "latency_max_us" {
@@ -404,7 +364,7 @@ impl Store {
         let sql = format!(
             "SELECT minute, {} FROM link_minutes WHERE feed = $1 AND publisher = $2 AND subscriber = $3 \
              AND minute >= $4 AND minute < $5 ORDER BY minute",
-            SUM_COLUMNS.join(", ")
+            MinuteSums::NAMES.join(", ")
         );
         let rows = sqlx::query(&sql)
             .bind(link.feed.clone())

@@ -111,12 +111,12 @@ impl Outputs {
     pub fn run(&mut self, entry: &Entry, args: Vec<String>, info: &ProdInfo, data: &[u8]) -> bool {
         let kind = entry.action.kind;
         let options = &entry.action.options;
+        let name = describe(kind, &args);
         let result = match kind {
             ActionKind::Noop => Ok(()),
-            _ if args.is_empty() => Err(format!("{}: {} has no arguments after expansion", entry.source, kind.name())),
+            _ if args.is_empty() => Err(format!("no arguments after expansion ({})", entry.source)),
             ActionKind::Exec => self.exec(&args, options.wait),
             ActionKind::File | ActionKind::StdioFile | ActionKind::DbFile | ActionKind::Pipe => {
-                let name = describe(kind, &args);
                 // A database is one output whatever the key an entry stores under (it can be
                 // opened once per process).
                 let key = if kind == ActionKind::DbFile {
@@ -124,25 +124,24 @@ impl Outputs {
                 } else {
                     Key { kind, options: options.clone(), args: args.clone() }
                 };
-                let result = self.put(&key, options, &args, info, data);
-                if result.is_ok() && self.failing.remove(&name) {
-                    tracing::info!("act: {name} works again");
-                }
-                result.map_err(|error| format!("{name}: {error}"))
+                self.put(&key, options, &args, info, data)
             }
         };
         match result {
             Ok(()) => {
                 self.counters.done += 1;
+                if self.failing.remove(&name) {
+                    tracing::info!("act: {name} works again");
+                }
                 true
             }
-            Err(message) => {
+            Err(error) => {
                 self.counters.failed += 1;
-                let name = message.split(": ").next().unwrap_or_default().to_owned();
+                let message = format!("act: {name}: {error} (product {})", info.ident);
                 if self.failing.insert(name) {
-                    tracing::error!("act: {message} (product {})", info.ident);
+                    tracing::error!("{message}");
                 } else {
-                    tracing::debug!("act: {message} (product {})", info.ident);
+                    tracing::debug!("{message}");
                 }
                 false
             }
@@ -152,8 +151,8 @@ impl Outputs {
     fn exec(&mut self, args: &[String], wait: bool) -> Result<(), String> {
         match self.programs.run(args, wait) {
             Ok(true) => Ok(()),
-            Ok(false) => Err(format!("EXEC {}: the program failed", args.join(" "))),
-            Err(error) => Err(format!("EXEC {}: {error}", args.join(" "))),
+            Ok(false) => Err("the program failed".to_owned()),
+            Err(error) => Err(error.to_string()),
         }
     }
 

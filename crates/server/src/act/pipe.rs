@@ -145,22 +145,27 @@ impl Decoder {
     /// Queues a product's bytes. Waits while the backlog is full; a decoder that takes nothing
     /// for `timeout` meanwhile is given up and `Err` returns the bytes.
     pub fn send(&self, bytes: Vec<u8>, timeout: Duration) -> Result<(), Vec<u8>> {
+        let fits = |backlog: &Backlog| backlog.bytes == 0 || backlog.bytes + bytes.len() <= BACKLOG_MAX;
+        let waited = self.wait_while(timeout, |backlog| backlog.dead.is_none() && !fits(backlog));
+        let Some(mut backlog) = waited.filter(|backlog| backlog.dead.is_none()) else {
+            return Err(bytes);
+        };
+        backlog.bytes += bytes.len();
+        backlog.messages.push_back(Message { bytes: Arc::new(bytes), tries: 0 });
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Waits while `waiting` holds of the backlog; a decoder that takes nothing for `timeout`
+    /// meanwhile is given up (`None`).
+    fn wait_while(&self, timeout: Duration, waiting: impl Fn(&Backlog) -> bool) -> Option<MutexGuard<'_, Backlog>> {
         let mut backlog = self.shared.lock();
-        loop {
-            if backlog.dead.is_some() {
-                return Err(bytes);
-            }
-            if backlog.bytes == 0 || backlog.bytes + bytes.len() <= BACKLOG_MAX {
-                backlog.bytes += bytes.len();
-                backlog.messages.push_back(Message { bytes: Arc::new(bytes), tries: 0 });
-                self.shared.changed.notify_all();
-                return Ok(());
-            }
+        while waiting(&backlog) {
             let stalled_for = backlog.last_progress.elapsed();
             if stalled_for >= timeout {
                 drop(backlog);
                 self.give_up(timeout);
-                return Err(bytes);
+                return None;
             }
             backlog = self
                 .shared
@@ -169,6 +174,7 @@ impl Decoder {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
+        Some(backlog)
     }
 
     /// Whether products have waited for `timeout` without the decoder taking a byte.
@@ -196,21 +202,7 @@ impl Decoder {
     /// Waits until the backlog is written (or the decoder is dead, or `timeout` passes without
     /// progress).
     pub fn drain(&self, timeout: Duration) {
-        let mut backlog = self.shared.lock();
-        while backlog.dead.is_none() && !backlog.messages.is_empty() {
-            let stalled_for = backlog.last_progress.elapsed();
-            if stalled_for >= timeout {
-                drop(backlog);
-                self.give_up(timeout);
-                return;
-            }
-            backlog = self
-                .shared
-                .changed
-                .wait_timeout(backlog, timeout - stalled_for)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
+        let _ = self.wait_while(timeout, |backlog| backlog.dead.is_none() && !backlog.messages.is_empty());
     }
 
     /// Ends a decoder: no more input (so it sees end of file), and what it did not take; then
