@@ -45,6 +45,40 @@ fn insert(queue: &Queue, ident: &str, body: &[u8], arrival: Timestamp) {
     queue.insert(&info, body).expect("insert");
 }
 
+/// One minute of a link where every product came by FMTP, all but one by multicast alone:
+/// `n` products of `size` bytes with `latency_us` each (`mc_latency_us` for the multicast-only).
+fn fmtp_sums(
+    n: u64,
+    size: u64,
+    latency_us: i64,
+    mc_latency_us: i64,
+    retx_blocks: u64,
+    latency_max_us: i64,
+) -> MinuteSums {
+    MinuteSums {
+        n,
+        n_fmtp: n,
+        n_mc: n - 1,
+        s_all: n * size,
+        s_fmtp: n * size,
+        s_mc: (n - 1) * size,
+        l_all_us: n as i64 * latency_us,
+        l_fmtp_us: n as i64 * latency_us,
+        l_mc_us: (n - 1) as i64 * mc_latency_us,
+        retx_blocks,
+        backstop: 0,
+        backlog: 0,
+        latency_max_us,
+    }
+}
+
+/// A statistics product of `reporter` for one link and minute, inserted with `arrival`.
+fn insert_stats(queue: &Queue, reporter: &str, link: &Link, minute: Minute, sums: MinuteSums, arrival: Timestamp) {
+    let product =
+        StatsProduct { reporter: reporter.into(), minute, rows: vec![MinuteRow { link: link.clone(), minute, sums }] };
+    insert(queue, &product.ident(), product.body().as_bytes(), arrival);
+}
+
 #[test]
 fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -56,27 +90,8 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
         let queue = Queue::open(Path::new(&node.queue_path())).expect("queue");
         for (back, n) in [(3, 10u64), (2, 20)] {
             let minute = Minute(Minute::of(now).0 - back);
-            let sums = MinuteSums {
-                n,
-                n_fmtp: n,
-                n_mc: n - 1,
-                s_all: n * 1000,
-                s_fmtp: n * 1000,
-                s_mc: (n - 1) * 1000,
-                l_all_us: n as i64 * 10_000,
-                l_fmtp_us: n as i64 * 10_000,
-                l_mc_us: (n - 1) as i64 * 10_000,
-                retx_blocks: 1,
-                backstop: 0,
-                backlog: 0,
-                latency_max_us: 20_000,
-            };
-            let product = StatsProduct {
-                reporter: "sub.example:2".into(),
-                minute,
-                rows: vec![MinuteRow { link: link.clone(), minute, sums }],
-            };
-            insert(&queue, &product.ident(), product.body().as_bytes(), now);
+            let sums = fmtp_sums(n, 1000, 10_000, 10_000, 1, 20_000);
+            insert_stats(&queue, "sub.example:2", &link, minute, sums, now);
         }
         insert(&queue, "ldm7-stats/1/sub.example:2/209901010000", b"not a statistics product", now);
         let rtstats = format!(
@@ -199,53 +214,32 @@ fn the_dashboard_in_a_real_browser() {
         for back in 2..12 {
             let minute = Minute(Minute::of(now).0 - back);
             let n = 10 + back as u64;
-            let sums = MinuteSums {
-                n,
-                n_fmtp: n,
-                n_mc: n - 1,
-                s_all: n * 1_000_000,
-                s_fmtp: n * 1_000_000,
-                s_mc: (n - 1) * 1_000_000,
-                l_all_us: n as i64 * 400_000,
-                l_fmtp_us: n as i64 * 400_000,
-                l_mc_us: (n - 1) as i64 * 300_000,
-                retx_blocks: 3,
-                backstop: 0,
-                backlog: 0,
-                latency_max_us: 900_000,
-            };
-            let product = StatsProduct {
-                reporter: "sub.example".into(),
+            insert_stats(
+                &queue,
+                "sub.example",
+                &link,
                 minute,
-                rows: vec![MinuteRow { link: link.clone(), minute, sums }],
-            };
-            insert(&queue, &product.ident(), product.body().as_bytes(), now);
+                fmtp_sums(n, 1_000_000, 400_000, 300_000, 3, 900_000),
+                now,
+            );
         }
         // A node whose last report is 20 minutes old (yellow).
         let old = Timestamp { secs: now.secs - 1200, micros: 0 };
         let minute = Minute::of(old);
         let quiet = Link { feed: "NGRID".into(), publisher: "pub.example".into(), subscriber: "quiet.example".into() };
-        let product = StatsProduct {
-            reporter: "quiet.example".into(),
-            minute,
-            rows: vec![MinuteRow {
-                link: quiet,
-                minute,
-                sums: MinuteSums {
-                    n: 1,
-                    n_fmtp: 1,
-                    n_mc: 1,
-                    s_all: 10,
-                    s_fmtp: 10,
-                    s_mc: 10,
-                    l_all_us: 5,
-                    l_fmtp_us: 5,
-                    l_mc_us: 5,
-                    ..MinuteSums::default()
-                },
-            }],
+        let sums = MinuteSums {
+            n: 1,
+            n_fmtp: 1,
+            n_mc: 1,
+            s_all: 10,
+            s_fmtp: 10,
+            s_mc: 10,
+            l_all_us: 5,
+            l_fmtp_us: 5,
+            l_mc_us: 5,
+            ..MinuteSums::default()
         };
-        insert(&queue, &product.ident(), product.body().as_bytes(), old);
+        insert_stats(&queue, "quiet.example", &quiet, minute, sums, old);
     }
     node.start();
     let dir = root.join("monitor");

@@ -436,36 +436,43 @@ fn open_file(path: &Path, overwrite: bool) -> Result<File, String> {
     opened.map_err(|error| format!("cannot open: {error}"))
 }
 
-fn write_file(file: &mut File, options: &Options, info: &ProdInfo, body: &[u8]) -> std::io::Result<()> {
+/// Writes a product to a FILE or STDIOFILE output: from the start and truncated after it with
+/// `-overwrite` (`truncate` cuts the file at the position given), the metadata record first with
+/// `-metadata`.
+fn write_product<W: Write + Seek>(
+    out: &mut W,
+    options: &Options,
+    info: &ProdInfo,
+    body: &[u8],
+    truncate: impl FnOnce(&mut W, u64) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     if options.overwrite {
-        file.seek(SeekFrom::Start(0))?;
+        out.seek(SeekFrom::Start(0))?;
     }
     if options.metadata {
-        file.write_all(&metadata_record(info, body.len() as u32))?;
+        out.write_all(&metadata_record(info, body.len() as u32))?;
     }
-    file.write_all(body)?;
+    out.write_all(body)?;
     if options.overwrite {
-        let end = file.stream_position()?;
-        file.set_len(end)?;
+        let end = out.stream_position()?;
+        truncate(out, end)?;
     }
+    Ok(())
+}
+
+/// FILE: `-flush` syncs to the disk.
+fn write_file(file: &mut File, options: &Options, info: &ProdInfo, body: &[u8]) -> std::io::Result<()> {
+    write_product(file, options, info, body, |file, end| file.set_len(end))?;
     if options.flush {
         file.sync_all()?;
     }
     Ok(())
 }
 
+/// STDIOFILE: `-flush` (and `-close`) empty the buffer.
 fn write_stdio(writer: &mut BufWriter<File>, options: &Options, info: &ProdInfo, body: &[u8]) -> std::io::Result<()> {
-    if options.overwrite {
-        writer.seek(SeekFrom::Start(0))?;
-    }
-    if options.metadata {
-        writer.write_all(&metadata_record(info, body.len() as u32))?;
-    }
-    writer.write_all(body)?;
-    if options.overwrite {
-        let end = writer.stream_position()?;
-        writer.get_ref().set_len(end)?;
-    }
+    // `stream_position` on a buffered writer writes its buffer out first.
+    write_product(writer, options, info, body, |writer, end| writer.get_ref().set_len(end))?;
     if options.flush || options.close {
         writer.flush()?;
     }
