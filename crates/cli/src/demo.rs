@@ -134,6 +134,11 @@ fn run_in(
         lab.subscribers.iter().map(|s| format!("{} pid {}", s.name, s.pid())).collect::<Vec<_>>().join(", ")
     );
     println!(
+        "dashboard {} (ldm7 monitor pid {}): the servers report at the end of each minute",
+        lab.monitor.url,
+        lab.monitor.process.pid()
+    );
+    println!(
         "directory {}{}",
         dir.path().display(),
         if args.keep { " (kept)" } else { " (removed at the end, also on Ctrl-C)" }
@@ -202,6 +207,7 @@ fn drive(
         }
         if killed && !restarted && elapsed >= restart_at {
             lab.subscribers[victim].start()?;
+            lab.monitor.latest_start = Instant::now();
             println!(
                 "[{elapsed:5.1} s] {} restarted: it resubscribes and asks for its backlog",
                 lab.subscribers[victim].name
@@ -222,6 +228,7 @@ fn drive(
             lab.subscribers[victim].kill();
         }
         lab.subscribers[victim].start()?;
+        lab.monitor.latest_start = Instant::now();
     }
     let published = summary.inserted;
     println!(
@@ -249,6 +256,7 @@ fn drive(
         std::thread::sleep(Duration::from_millis(100));
     }
     lab.print_live(replay_started.elapsed().as_secs_f64(), &expected, &checks);
+    lab.monitor.wait_and_tell(interrupt)?;
     stop.store(true, Ordering::Relaxed);
     lab.stop();
     let complete = lab.summary(published, &expected, &checks);
@@ -270,6 +278,7 @@ fn loss_arg(text: &str) -> Result<f64, String> {
 struct Lab {
     publisher: Process,
     subscribers: Vec<Process>,
+    monitor: Monitor,
     group: String,
 }
 
@@ -320,9 +329,12 @@ impl Lab {
         // the first.
         let lossy = if args.subscribers >= 3 { 1 } else { 0 };
         let mut subscribers = Vec::new();
+        // Every server's statistics name and port, the publisher first: the monitor's upstreams.
+        let mut reporters = vec![(format!("127.0.0.1:{port}"), port)];
         for (k, name) in names.iter().enumerate() {
             let dir = root.join(name);
-            write(dir.join("ldmd.conf"), format!("RECEIVE NGRID 127.0.0.1:{port}\n"))?;
+            // The monitor requests the subscriber's statistics (feed EXP) from it.
+            write(dir.join("ldmd.conf"), format!("ALLOW EXP ^127\\.0\\.0\\.1$\nRECEIVE NGRID 127.0.0.1:{port}\n"))?;
             let drop = if k == lossy { args.loss } else { 0.0 };
             write(
                 dir.join("ldm7.toml"),
@@ -331,16 +343,22 @@ impl Lab {
                     args.rate
                 ),
             )?;
-            let mut process = Process::new(&exe, &dir, name, 0);
+            let subscriber_port = free_port()?;
+            let mut process = Process::server(&exe, &dir, name, subscriber_port, name);
             process.lossy = drop > 0.0;
             subscribers.push(process);
+            reporters.push((name.clone(), subscriber_port));
         }
+        // The subscribers name their publisher by the address they receive from.
+        let publisher = Process::server(&exe, &pub_dir, "publisher", port, &reporters[0].0);
+        let monitor = Monitor::prepare(&exe, root, &reporters)?;
         // Started as members of the lab at once, so that a failed start stops those started.
-        let mut lab = Self { publisher: Process::new(&exe, &pub_dir, "publisher", port), subscribers, group };
+        let mut lab = Self { publisher, subscribers, monitor, group };
         lab.publisher.start()?;
         for subscriber in &mut lab.subscribers {
             subscriber.start()?;
         }
+        lab.monitor.process.start()?;
         Ok(lab)
     }
 
@@ -389,11 +407,13 @@ impl Lab {
     /// Stops every process: SIGTERM to all, then SIGKILL to those still running after
     /// [`STOP_GRACE`].
     fn stop(&mut self) {
-        for process in self.subscribers.iter().chain(std::iter::once(&self.publisher)) {
+        let processes = || self.subscribers.iter().chain([&self.publisher, &self.monitor.process]);
+        for process in processes() {
             process.signal_terminate();
         }
         let deadline = Instant::now() + STOP_GRACE;
-        for process in self.subscribers.iter_mut().chain(std::iter::once(&mut self.publisher)) {
+        let processes = self.subscribers.iter_mut().chain([&mut self.publisher, &mut self.monitor.process]);
+        for process in processes {
             process.reap(deadline);
         }
     }
@@ -438,12 +458,13 @@ impl Lab {
     }
 }
 
-/// One `ldm7 serve` process of the demo.
+/// One `ldm7` process of the demo: a server, or the monitor.
 struct Process {
     exe: PathBuf,
     dir: PathBuf,
     name: String,
-    port: u16,
+    /// Its arguments (run in `dir`; standard error into `dir/stderr`).
+    args: Vec<String>,
     child: Option<Child>,
     lossy: bool,
     log_offset: u64,
@@ -461,12 +482,23 @@ struct Modes {
 }
 
 impl Process {
-    fn new(exe: &Path, dir: &Path, name: &str, port: u16) -> Self {
+    /// `ldm7 serve` on `port`, its statistics under `stats_name`.
+    fn server(exe: &Path, dir: &Path, name: &str, port: u16, stats_name: &str) -> Self {
+        let args = ["serve", "-c", "ldmd.conf", "-q", "q.pq", "--state-dir", "state", "-v", "-l", "log"]
+            .iter()
+            .map(ToString::to_string)
+            .chain(["-P".into(), port.to_string(), "-I".into(), "127.0.0.1".into()])
+            .chain(["--stats-name".into(), stats_name.to_owned()])
+            .collect();
+        Self::new(exe, dir, name, args)
+    }
+
+    fn new(exe: &Path, dir: &Path, name: &str, args: Vec<String>) -> Self {
         Self {
             exe: exe.to_path_buf(),
             dir: dir.to_path_buf(),
             name: name.to_owned(),
-            port,
+            args,
             child: None,
             lossy: false,
             log_offset: 0,
@@ -483,13 +515,14 @@ impl Process {
     }
 
     fn start(&mut self) -> CmdResult {
+        let stderr = std::fs::File::create(self.dir.join("stderr"))
+            .map_err(|error| runtime(anyhow::anyhow!("cannot start {}: {error}", self.name)))?;
         let child = Command::new(&self.exe)
-            .args(["serve", "-c", "ldmd.conf", "-q", "q.pq", "--state-dir", "state", "-v", "-l", "log"])
-            .args(["-P", &self.port.to_string(), "-I", "127.0.0.1"])
+            .args(&self.args)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .map_err(|error| runtime(anyhow::anyhow!("cannot start {}: {error}", self.name)))?;
         self.child = Some(child);
@@ -636,6 +669,135 @@ impl Follower {
 
     fn signatures(&self) -> HashSet<Signature> {
         self.state.lock().map(|set| set.clone()).unwrap_or_default()
+    }
+}
+
+/// Where the demo's nodes are on the dashboard's map (latitude, longitude): the publisher in
+/// Boulder, the subscribers at universities across the country.
+const PLACES: [(f64, f64); 17] = [
+    (40.015, -105.27),  // Boulder, CO
+    (43.073, -89.401),  // Madison, WI
+    (47.655, -122.303), // Seattle, WA
+    (25.721, -80.279),  // Miami, FL
+    (35.209, -97.445),  // Norman, OK
+    (42.686, -73.824),  // Albany, NY
+    (40.763, -111.848), // Salt Lake City, UT
+    (40.820, -96.700),  // Lincoln, NE
+    (38.987, -76.943),  // College Park, MD
+    (32.232, -110.951), // Tucson, AZ
+    (40.110, -88.228),  // Urbana, IL
+    (33.584, -101.875), // Lubbock, TX
+    (33.948, -83.377),  // Athens, GA
+    (39.544, -119.816), // Reno, NV
+    (46.818, -92.085),  // Duluth, MN
+    (40.798, -77.860),  // State College, PA
+    (44.565, -123.276), // Corvallis, OR
+];
+
+/// How long after the monitor or a server starts the demo waits, at most, for every server's
+/// first report: servers report at the end of each minute (plus a grace of two seconds), and the
+/// monitor reconnects to a restarted server within seconds.
+const FIRST_REPORTS_WITHIN: Duration = Duration::from_secs(70);
+
+/// The demo's `ldm7 monitor`: it requests the statistics products of the publisher and of each
+/// subscriber, stores them in SQLite and serves the dashboard.
+struct Monitor {
+    process: Process,
+    url: String,
+    /// The servers' statistics names, the publisher first.
+    nodes: Vec<String>,
+    /// The latest start of the monitor or of a server: each server reports at the end of the
+    /// minute it runs in, so every one has reported within [`FIRST_REPORTS_WITHIN`] after it.
+    latest_start: Instant,
+}
+
+impl Monitor {
+    /// Writes its node placements; `reporters` are the servers' statistics names and ports.
+    fn prepare(exe: &Path, root: &Path, reporters: &[(String, u16)]) -> CmdResult<Self> {
+        let dir = root.join("monitor");
+        std::fs::create_dir_all(&dir).map_err(runtime)?;
+        let mut places = String::from("# Where the demo's servers are on the map.\n");
+        for ((name, _), (latitude, longitude)) in reporters.iter().zip(PLACES.iter().cycle()) {
+            places.push_str(&format!("[[node]]\nname = \"{name}\"\nlatitude = {latitude}\nlongitude = {longitude}\n"));
+        }
+        std::fs::write(dir.join("nodes.toml"), places).map_err(runtime)?;
+        let listen = format!("127.0.0.1:{}", free_port()?);
+        let mut args: Vec<String> =
+            ["monitor", "--db", "sqlite:monitor.db", "--state-dir", ".", "--nodes", "nodes.toml"]
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+        args.extend(["--listen".to_owned(), listen.clone()]);
+        for (_, port) in reporters {
+            args.extend(["--upstream".to_owned(), format!("127.0.0.1:{port}")]);
+        }
+        Ok(Self {
+            process: Process::new(exe, &dir, "monitor", args),
+            url: format!("http://{listen}/"),
+            nodes: reporters.iter().map(|(name, _)| name.clone()).collect(),
+            latest_start: Instant::now(),
+        })
+    }
+
+    /// The nodes that have reported, and the publisher's links with delivery statistics.
+    fn reports(&self) -> Result<(Vec<String>, usize), String> {
+        let get = |path: &str| -> Result<serde_json::Value, String> {
+            let url = format!("{}{path}", self.url);
+            let response = ureq::get(&url).timeout(Duration::from_secs(5)).call().map_err(|error| error.to_string())?;
+            response.into_json().map_err(|error| format!("{url}: {error}"))
+        };
+        let nodes = get("api/nodes")?;
+        let reported = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|node| !node["last_report"].is_null())
+            .filter_map(|node| node["name"].as_str().map(str::to_owned))
+            .collect();
+        let links = get("api/links")?;
+        let publisher = &self.nodes[0];
+        let links = links.as_array().into_iter().flatten().filter(|link| link["publisher"] == *publisher).count();
+        Ok((reported, links))
+    }
+
+    /// Waits until every node has reported to the monitor (at most until
+    /// [`FIRST_REPORTS_WITHIN`] after the latest start), and says what the dashboard shows.
+    fn wait_and_tell(&self, interrupt: &Interrupt) -> CmdResult {
+        let deadline = self.latest_start + FIRST_REPORTS_WITHIN;
+        let mut told = false;
+        let (reported, links) = loop {
+            interrupt.check()?;
+            let reports = self.reports();
+            let all = reports.as_ref().is_ok_and(|(reported, _)| self.nodes.iter().all(|node| reported.contains(node)));
+            if all || Instant::now() >= deadline {
+                break reports.unwrap_or_default();
+            }
+            if !told {
+                println!(
+                    "waiting up to {:.0} s for every server's first per-minute report to reach the monitor",
+                    deadline.saturating_duration_since(Instant::now()).as_secs_f64()
+                );
+                told = true;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let missing: Vec<&str> =
+            self.nodes.iter().filter(|node| !reported.contains(node)).map(String::as_str).collect();
+        if missing.is_empty() {
+            println!(
+                "dashboard {}: every server reported ({}), {links} links from the publisher with delivery statistics",
+                self.url,
+                self.nodes.join(", ")
+            );
+        } else {
+            println!(
+                "dashboard {}: NOT REPORTED {} (see {})",
+                self.url,
+                missing.join(", "),
+                self.process.dir.join("stderr").display()
+            );
+        }
+        Ok(())
     }
 }
 

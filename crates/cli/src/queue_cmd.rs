@@ -83,7 +83,9 @@ fn create(args: &CreateArgs) -> CmdResult {
         }
     }
     let queue = Queue::create(&path, Capacity { bytes, slots }, args.force).map_err(|error| match error {
-        CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) => input(error),
+        CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) | CreateError::NoSpace { .. } => {
+            input(error)
+        }
         CreateError::Storage { .. } => runtime(error),
     })?;
     let capacity = queue.capacity();

@@ -1,4 +1,5 @@
-//! `ldm7 demo` interrupted: SIGINT (Ctrl-C) or SIGTERM once its servers run stops them and
+//! `ldm7 demo`: a short one runs to its end, every product checked and every server on its
+//! dashboard; interrupted, SIGINT (Ctrl-C) or SIGTERM once its servers run stops them and
 //! removes its temporary directory (queues included); `--keep` keeps the directory, and the
 //! servers are stopped all the same. Each test gives the demo its own `TMPDIR`, so that what is
 //! left behind is found by directory, and looks for survivors by their working directory.
@@ -14,6 +15,43 @@ use nix::sys::signal::Signal;
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 const TRACE: &str = "traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt";
+
+#[test]
+fn a_short_demo_delivers_every_product_and_every_server_reports_to_its_dashboard() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut demo = Command::new(LDM7)
+        .args(["demo", "--span", "3min", "--speed", "6", "--queue-size", "100M", "--trace"])
+        .arg(&trace)
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ldm7 demo");
+    let lines = read_lines(&mut demo);
+    let mut seen = Vec::new();
+    let url = wait_until(Duration::from_secs(60), "the demo to print its dashboard's address", || {
+        seen.extend(lines.try_iter());
+        let line = seen.iter().find(|line| line.starts_with("dashboard http://"))?;
+        line.split_whitespace().nth(1).map(str::to_owned)
+    });
+    // The publisher and the three subscribers are on the map from the start.
+    let nodes: serde_json::Value = wait_until(Duration::from_secs(20), "the monitor to answer", || {
+        ureq::get(&format!("{url}api/nodes")).call().ok()?.into_json().ok()
+    });
+    let placed = nodes.as_array().expect("an array").iter().filter(|node| node["latitude"].is_number()).count();
+    assert_eq!(placed, 4, "{nodes}");
+    let status = wait_until(Duration::from_secs(240), "the demo to end", || demo.try_wait().expect("wait"));
+    seen.extend(lines.iter());
+    let output = seen.join("\n");
+    assert!(status.success(), "{output}");
+    assert!(output.contains("every product reached every subscriber's queue"), "{output}");
+    let reported = seen.iter().find(|line| line.contains(": every server reported (")).expect(&output);
+    assert!(reported.contains("sub1, sub2, sub3), 3 links from the publisher"), "{reported}");
+    let left: Vec<PathBuf> =
+        std::fs::read_dir(tmp.path()).expect("read TMPDIR").map(|e| e.expect("entry").path()).collect();
+    assert!(left.is_empty(), "the demo left {left:?} behind");
+}
 
 #[test]
 fn sigint_stops_the_servers_and_removes_the_directory() {

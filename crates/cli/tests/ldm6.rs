@@ -25,12 +25,13 @@ fn request(from: &Node) -> String {
 fn four_downstreams_get_every_product_intact_and_once() {
     let Some(trace) = support::ngrid_trace() else { return };
     let root = tempfile::tempdir().expect("tempdir");
-    let mut upstream = Node::new(root.path(), "up", "2G", &allow_local());
+    // 10,000 NGRID-sized products take 1.43 GB.
+    let mut upstream = Node::new(root.path(), "up", "1600M", &allow_local());
     replay(&upstream, &trace, 10_000, 1);
     assert_eq!(upstream.count(), 10_000);
     upstream.start();
     let mut downstreams: Vec<Node> =
-        (0..4).map(|k| Node::new(root.path(), &format!("down{k}"), "2G", &request(&upstream))).collect();
+        (0..4).map(|k| Node::new(root.path(), &format!("down{k}"), "1600M", &request(&upstream))).collect();
     let started = Instant::now();
     for node in &mut downstreams {
         node.start();

@@ -22,7 +22,8 @@ fn group(test: u8) -> String {
 
 fn publisher(root: &std::path::Path, test: u8, allow: &str, settings: &str) -> Node {
     let config = format!("{allow}\nMULTICAST EXP {} 127.0.0.1:0 24 0 dummy dummy\n", group(test));
-    let node = Node::new(root, "pub", "1G", &config);
+    // The most a test inserts, 1,500 NGRID-sized products, takes 350 MB.
+    let node = Node::new(root, "pub", "600M", &config);
     std::fs::write(node.dir.join("ldm7.toml"), settings).expect("settings");
     node
 }
@@ -32,7 +33,7 @@ fn allow_all() -> String {
 }
 
 fn subscriber(root: &std::path::Path, name: &str, publisher: &Node, drop: f64) -> Node {
-    let node = Node::new(root, name, "1G", &format!("RECEIVE EXP 127.0.0.1:{}\n", publisher.port));
+    let node = Node::new(root, name, "600M", &format!("RECEIVE EXP 127.0.0.1:{}\n", publisher.port));
     let settings = format!("[receive]\nretry_min = \"100ms\"\nretry_max = \"1s\"\ndrop = {drop}\n");
     std::fs::write(node.dir.join("ldm7.toml"), settings).expect("settings");
     node

@@ -95,6 +95,19 @@ pub enum CreateError {
     /// A capacity is zero or too large.
     #[error("invalid capacity: {0}")]
     Capacity(String),
+    /// The file system has less room than the queue's file takes (it is written out in full).
+    #[error(
+        "cannot create product queue {path}: its file takes {needed} bytes and the file system has {free} \
+         free: choose a smaller --size or another file system"
+    )]
+    NoSpace {
+        /// The queue path.
+        path: PathBuf,
+        /// Bytes the data file takes.
+        needed: u64,
+        /// Bytes available to this user on the file system.
+        free: u64,
+    },
     /// Filesystem or LMDB failure.
     #[error("cannot create product queue {path}: {source}")]
     Storage {
@@ -229,6 +242,23 @@ impl Queue {
             remove_queue_files(path)?;
         }
         fs::create_dir_all(path).map_err(|error| storage(error.into()))?;
+        // What a failed creation made is removed: a half-written file would hold the very
+        // space whose lack made it fail.
+        Self::create_in(path, capacity).inspect_err(|_| {
+            if remove_queue_files(path).is_ok() {
+                let _ = fs::remove_dir(path);
+            }
+        })
+    }
+
+    /// [`Queue::create`] in an existing, empty directory.
+    fn create_in(path: &Path, capacity: Capacity) -> Result<Self, CreateError> {
+        let storage = |source: StorageError| CreateError::Storage { path: path.to_owned(), source };
+        let needed = map_bytes(capacity) as u64;
+        let free = available_bytes(path).map_err(|error| storage(error.into()))?;
+        if free < needed {
+            return Err(CreateError::NoSpace { path: path.to_owned(), needed, free });
+        }
         let env = open_env(path, Some(capacity)).map_err(storage)?;
         let mut txn = env.write_txn().map_err(|error| storage(error.into()))?;
         let created = (|| -> Result<_, heed::Error> {
@@ -1029,6 +1059,25 @@ fn map_bytes(capacity: Capacity) -> usize {
     usize::try_from(bytes.div_ceil(PAGE) * PAGE).unwrap_or(usize::MAX)
 }
 
+/// Bytes of the file system holding `path` that this user may still write.
+fn available_bytes(path: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a NUL-terminated string and `stats` is writable for one statvfs,
+    // which the call fills when it returns 0.
+    #[allow(unsafe_code)]
+    let stats = unsafe {
+        if libc::statvfs(c_path.as_ptr(), stats.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        stats.assume_init()
+    };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between platforms
+    Ok((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
+}
+
 /// Writes the data file's unused tail with zeros once, as LDM's `pqcreate` writes its whole
 /// file: first writes into holes of a shared mapping cost a block allocation and a page fault
 /// each, which made a new queue fill at a third of its steady insert rate.
@@ -1053,8 +1102,8 @@ fn allocate_file(path: &Path, from: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Removes the files of the queue at `path` (and the directory if it then is empty). Refuses
-/// anything that is not a queue.
+/// Removes the files of the queue at `path`, not the directory. Refuses anything that is not a
+/// queue.
 fn remove_queue_files(path: &Path) -> Result<(), CreateError> {
     let storage = |error: io::Error| CreateError::Storage { path: path.to_owned(), source: error.into() };
     if !path.is_dir() {

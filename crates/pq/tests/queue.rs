@@ -97,6 +97,18 @@ fn create_refuses_to_overwrite_and_open_reports_missing() {
 }
 
 #[test]
+fn a_queue_larger_than_the_free_space_is_refused_and_leaves_nothing() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("q");
+    let capacity = Capacity { bytes: 1 << 45, slots: 10 };
+    let error = Queue::create(&path, capacity, false).unwrap_err();
+    let CreateError::NoSpace { needed, free, .. } = error else { panic!("{error}") };
+    assert!(needed > free && needed > 1 << 45, "{needed} {free}");
+    assert!(error.to_string().contains("choose a smaller --size"), "{error}");
+    assert!(!path.exists(), "nothing is left behind");
+}
+
+#[test]
 fn too_big_and_invalid_products_are_refused_and_nothing_changes() {
     let directory = tempfile::tempdir().unwrap();
     let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1000, slots: 10 }, false).unwrap();

@@ -127,6 +127,13 @@ impl Shared {
         self.config.read().map_or_else(|poisoned| poisoned.into_inner().clone(), |config| config.clone())
     }
 
+    /// Whether the configuration has LDM-7 feeds (MULTICAST or RECEIVE): such a server
+    /// publishes a statistics product every minute (its heartbeat).
+    fn has_ldm7_feeds(&self) -> bool {
+        let config = self.config();
+        !config.multicasts.is_empty() || !config.receives.is_empty()
+    }
+
     pub(crate) fn next_session_id(&self) -> u32 {
         std::process::id().wrapping_mul(1000).wrapping_add(self.session_ids.fetch_add(1, Ordering::Relaxed))
     }
@@ -332,7 +339,12 @@ impl Server {
             runtime.shutdown_timeout(Duration::from_secs(5));
         }
         self.shared.multicaster.stop();
-        self.shared.stats.publish_all(&self.shared.queue, Timestamp::from_system_time(std::time::SystemTime::now()));
+        let heartbeat = self.shared.has_ldm7_feeds();
+        self.shared.stats.publish_all(
+            &self.shared.queue,
+            Timestamp::from_system_time(std::time::SystemTime::now()),
+            heartbeat,
+        );
         for child in &mut self.children {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
@@ -346,7 +358,8 @@ impl Server {
 /// Publishes each minute's statistics shortly after it ends, until the server stops.
 fn publish_statistics(shared: &Shared) {
     while !shared.stopping.load(Ordering::Relaxed) {
-        shared.stats.publish_due(&shared.queue, Timestamp::from_system_time(std::time::SystemTime::now()));
+        let heartbeat = shared.has_ldm7_feeds();
+        shared.stats.publish_due(&shared.queue, Timestamp::from_system_time(std::time::SystemTime::now()), heartbeat);
         let guard = shared.wake.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let _ = shared.wake.1.wait_timeout(guard, Duration::from_secs(1));
     }

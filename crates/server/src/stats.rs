@@ -3,8 +3,11 @@
 //! each minute, shortly after it ends, the minute's sums are inserted into the server's own
 //! queue as one statistics product (`ldm7_metrics::product`, feed EXP, identifier
 //! `ldm7-stats/1/<this host>/<YYYYMMDDhhmm>`), so whoever requests EXP `^ldm7-stats/` from this
-//! server — a monitor, an upstream — receives them like any product. A minute with no delivery
-//! publishes nothing. At shutdown the minute in progress is published too.
+//! server — a monitor, an upstream — receives them like any product. At shutdown the minute in
+//! progress is published too. A server with LDM-7 feeds (MULTICAST or RECEIVE) publishes every
+//! minute from its start, an empty product when nothing was delivered: its heartbeat, so that a
+//! monitor shows a publisher (which receives nothing) and an idle subscriber as alive. A server
+//! with LDM-6 feeds only publishes nothing then (LDM 6 hosts report by rtstats).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -24,6 +27,8 @@ pub struct StatsPublisher {
     name: String,
     aggregator: Mutex<Aggregator>,
     seqno: AtomicU32,
+    /// The first minute whose heartbeat is still owed (set by the first publication).
+    next_heartbeat: Mutex<Option<Minute>>,
     /// Statistics products inserted.
     pub published: AtomicU64,
 }
@@ -36,6 +41,7 @@ impl StatsPublisher {
             name: name.into(),
             aggregator: Mutex::new(Aggregator::new()),
             seqno: AtomicU32::new(0),
+            next_heartbeat: Mutex::new(None),
             published: AtomicU64::new(0),
         }
     }
@@ -54,20 +60,40 @@ impl StatsPublisher {
         self.aggregator().record(event);
     }
 
-    /// Publishes every minute that ended at least [`GRACE`] before `now`.
-    pub fn publish_due(&self, queue: &Queue, now: Timestamp) {
-        let rows = self.aggregator().take_before(Minute::of(now.saturating_sub(GRACE)));
-        self.publish(queue, rows, now);
+    /// Publishes every minute that ended at least [`GRACE`] before `now`; with `heartbeat`,
+    /// each such minute since the first call, delivered to or not.
+    pub fn publish_due(&self, queue: &Queue, now: Timestamp, heartbeat: bool) {
+        let due = Minute::of(now.saturating_sub(GRACE));
+        let rows = self.aggregator().take_before(due);
+        self.publish(queue, rows, now, heartbeat.then_some(due));
     }
 
-    /// Publishes everything (at shutdown).
-    pub fn publish_all(&self, queue: &Queue, now: Timestamp) {
+    /// Publishes everything (at shutdown); with `heartbeat`, the minute in progress too.
+    pub fn publish_all(&self, queue: &Queue, now: Timestamp, heartbeat: bool) {
         let rows = self.aggregator().take_all();
-        self.publish(queue, rows, now);
+        self.publish(queue, rows, now, heartbeat.then_some(Minute(Minute::of(now).0 + 1)));
     }
 
-    fn publish(&self, queue: &Queue, rows: Vec<ldm7_metrics::MinuteRow>, now: Timestamp) {
+    /// Inserts the products of `rows`, and with `heartbeat_until` an empty one for each minute
+    /// before it that owes a heartbeat and has no rows.
+    fn publish(
+        &self,
+        queue: &Queue,
+        rows: Vec<ldm7_metrics::MinuteRow>,
+        now: Timestamp,
+        heartbeat_until: Option<Minute>,
+    ) {
         let mut by_minute: std::collections::BTreeMap<Minute, Vec<ldm7_metrics::MinuteRow>> = Default::default();
+        if let Some(until) = heartbeat_until {
+            let mut next = self.next_heartbeat.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The first call owes nothing before it: a server does not report for minutes it
+            // did not run.
+            let from = next.unwrap_or(until);
+            for minute in from.0..until.0 {
+                by_minute.insert(Minute(minute), Vec::new());
+            }
+            *next = Some(until.max(from));
+        }
         for row in rows {
             by_minute.entry(row.minute).or_default().push(row);
         }
@@ -76,7 +102,9 @@ impl StatsPublisher {
             let body = product.body();
             let info = ProdInfo {
                 arrival: now,
-                signature: Signature::md5_of(body.as_bytes()),
+                // Of the identifier and the data: two minutes with the same sums (or two empty
+                // ones) are two products.
+                signature: Signature::md5_of(format!("{}\n{body}", product.ident()).as_bytes()),
                 origin: self.name.clone(),
                 feedtype: FeedType::EXP,
                 seqno: self.seqno.fetch_add(1, Ordering::Relaxed) % 1000,
@@ -106,6 +134,48 @@ mod tests {
     use ldm7_metrics::{Link, Mode};
 
     #[test]
+    fn with_a_heartbeat_every_minute_since_the_start_is_published_once() {
+        let dir = tempfile::tempdir().expect("dir");
+        let queue = Queue::create(&dir.path().join("q"), ldm7_pq::Capacity { bytes: 10 << 20, slots: 100 }, false)
+            .expect("queue");
+        let stats = StatsPublisher::new("pub.example");
+        let at = |secs: i64| Timestamp { secs, micros: 0 };
+        let published = || stats.published.load(Ordering::Relaxed);
+        // Started at 00:10:30: nothing owed before minute 10.
+        stats.publish_due(&queue, at(630), true);
+        assert_eq!(published(), 0);
+        stats.publish_due(&queue, at(661), true);
+        assert_eq!(published(), 0, "minute 10 is not over for the grace yet");
+        stats.publish_due(&queue, at(662), true);
+        stats.publish_due(&queue, at(663), true);
+        assert_eq!(published(), 1, "minute 10, once");
+        // A stalled thread catches up: minutes 11 and 12.
+        stats.publish_due(&queue, at(785), true);
+        assert_eq!(published(), 3);
+        // At shutdown, the minute in progress (13).
+        stats.publish_all(&queue, at(790), true);
+        assert_eq!(published(), 4);
+        let snapshot = queue.snapshot().expect("snapshot");
+        let idents: Vec<String> = snapshot
+            .products_from(Timestamp::ZERO)
+            .expect("range")
+            .map(|product| product.expect("product").info.ident.clone())
+            .collect();
+        let minutes: Vec<&str> = idents.iter().map(|ident| &ident[ident.len() - 4..]).collect();
+        assert_eq!(minutes, ["0010", "0011", "0012", "0013"]);
+        for ident in &idents {
+            let product = snapshot.products_from(Timestamp::ZERO).expect("range").find_map(|p| {
+                let p = p.expect("product");
+                (&p.info.ident == ident).then(|| p.to_owned_product())
+            });
+            let product = product.expect("product");
+            let parsed = StatsProduct::parse(&product.info.ident, &product.data).expect("parses");
+            assert!(parsed.rows.is_empty());
+            assert_eq!(parsed.reporter, "pub.example");
+        }
+    }
+
+    #[test]
     fn a_minute_is_published_once_it_is_over_and_reads_back() {
         let dir = tempfile::tempdir().expect("dir");
         let queue = Queue::create(&dir.path().join("q"), ldm7_pq::Capacity { bytes: 10 << 20, slots: 100 }, false)
@@ -126,11 +196,11 @@ mod tests {
             });
         }
         // 11:01 — minute 10 ended less than the grace ago: nothing yet.
-        stats.publish_due(&queue, at(661));
+        stats.publish_due(&queue, at(661), false);
         assert_eq!(stats.published.load(Ordering::Relaxed), 0);
-        stats.publish_due(&queue, at(662));
+        stats.publish_due(&queue, at(662), false);
         assert_eq!(stats.published.load(Ordering::Relaxed), 1);
-        stats.publish_all(&queue, at(700));
+        stats.publish_all(&queue, at(700), false);
         assert_eq!(stats.published.load(Ordering::Relaxed), 2);
         let snapshot = queue.snapshot().expect("snapshot");
         let products: Vec<_> = snapshot

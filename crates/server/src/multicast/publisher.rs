@@ -626,7 +626,7 @@ impl Feed {
         let mut follower = queue.follow(start);
         while !self.stop.load(Ordering::Relaxed) {
             let next = follower.next_with(Some(READER_POLL), |product| {
-                self.feedtype.intersects(product.info.feedtype).then(|| (product.insertion, product.info.clone()))
+                super::goes_out_on(self.feedtype, &product.info).then(|| (product.insertion, product.info.clone()))
             });
             let (insertion, info) = match next {
                 Ok(Some(Some(found))) => found,

@@ -223,7 +223,7 @@ fn send_backlog(
             return Ok(true);
         }
         backlog.position = Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1);
-        if feedtype.intersects(product.info.feedtype) && subscription.filter.allows(&product.info) {
+        if super::goes_out_on(feedtype, &product.info) && subscription.filter.allows(&product.info) {
             publisher.deliver_backlog_product(Clock::now(), &product.info, product.data)?;
             backlog.sent += 1;
             batch += 1;
