@@ -18,8 +18,10 @@
 //!   not needed (the reference waits for it and asks for it when lost). Completion sends
 //!   RETX_END and emits [`ReceiverEvent::Delivered`].
 //! * Blocks that arrive before their product's BOP are kept (bounded by
-//!   [`ReceiverConfig::early_bytes_max`]) while BOP_REQ is outstanding, and used when the
-//!   RETX_BOP arrives (RESEARCH.md §3: dropping them multiplied retransmissions). Holes of a
+//!   [`ReceiverConfig::early_bytes_max`], and within [`ReceiverConfig::in_flight_bytes_max`]
+//!   with everything else held; a block that does not fit is dropped and requested later)
+//!   while BOP_REQ is outstanding, and used when the RETX_BOP arrives (RESEARCH.md §3: dropping
+//!   them multiplied retransmissions). Holes of a
 //!   product are requested only once its size is known.
 //! * A jump in product indexes sends BOP_REQ for every skipped index (at most
 //!   [`ReceiverConfig::index_gap_max`]; older skipped ones are reported as one
@@ -674,6 +676,7 @@ impl Receiver {
     fn on_data(&mut self, key: i64, offset: u32, data: &[u8], retransmitted: bool) {
         let now = self.now;
         let early_bytes_max = self.config.early_bytes_max;
+        let in_flight_bytes_max = self.config.in_flight_bytes_max;
         let Some(product) = self.products.get_mut(&key) else { return };
         let start = u64::from(offset);
         let end = start + data.len() as u64;
@@ -686,11 +689,21 @@ impl Receiver {
             // BOP unknown: keep the block (bounded) until the RETX_BOP arrives.
             if product.received.contains(start, end) {
                 self.counters.duplicates += 1;
-            } else if self.early_bytes + data.len() as u64 > early_bytes_max {
+            } else if self.early_bytes + data.len() as u64 > early_bytes_max
+                || self.in_flight_bytes + data.len() as u64 > in_flight_bytes_max
+            {
+                // Dropped, not held: it is requested again once the BOP is known. (Evicting a
+                // product whose BOP is known for a block of one whose size is not would be
+                // no better a bet.)
+                let bound = if self.early_bytes + data.len() as u64 > early_bytes_max {
+                    ReceiverBound::EarlyBytes
+                } else {
+                    ReceiverBound::InFlightBytes
+                };
                 let (index, first) = (product.index, !product.early_bound_hit);
                 product.early_bound_hit = true;
                 if first {
-                    self.bound_hit(ReceiverBound::EarlyBytes, Some(index));
+                    self.bound_hit(bound, Some(index));
                 } else {
                     self.counters.bound_hits += 1;
                 }

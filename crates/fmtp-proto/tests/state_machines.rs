@@ -864,6 +864,44 @@ mod receiver_alone {
     }
 
     #[test]
+    fn early_blocks_never_take_the_receiver_over_its_byte_bound() {
+        let config =
+            ReceiverConfig { in_flight_bytes_max: 5_000, product_size_max: 5_000, ..ReceiverConfig::default() };
+        let mut receiver = Receiver::new(config).unwrap();
+        // Product 0 holds the whole bound (a block of it still missing).
+        receiver.handle_datagram(T, &datagram(0, Body::Bop(bop(5_000, b"m"))));
+        receiver.handle_datagram(T, &datagram(0, Body::MemData { offset: 0, data: &[0; 1448] }));
+        assert_eq!(receiver.in_flight_bytes(), 5_000);
+        // Product 1's BOP was lost: its block does not fit, is dropped and counted.
+        receiver.handle_datagram(T, &datagram(1, Body::MemData { offset: 0, data: &[1; 1448] }));
+        assert_eq!(receiver.in_flight_bytes(), 5_000);
+        let (_, events) = drain(&mut receiver);
+        assert!(
+            events.contains(&ReceiverEvent::BoundHit {
+                bound: ReceiverBound::InFlightBytes,
+                index: Some(ProductIndex(1))
+            }),
+            "{events:?}"
+        );
+        // Its RETX_BOP takes product 0's memory; product 1 is then whole from its blocks again.
+        receiver.handle_stream(T, &Message { index: ProductIndex(1), body: Body::RetxBop(bop(1_448, b"m")) });
+        receiver.handle_stream(
+            T,
+            &Message { index: ProductIndex(1), body: Body::RetxData { offset: 0, data: &[1; 1448] } },
+        );
+        let (_, events) = drain(&mut receiver);
+        assert!(
+            events.contains(&ReceiverEvent::Missed { index: ProductIndex(0), reason: MissReason::Evicted }),
+            "{events:?}"
+        );
+        assert!(
+            events.iter().any(|e| matches!(e, ReceiverEvent::Delivered(d) if d.index == ProductIndex(1))),
+            "{events:?}"
+        );
+        assert!(receiver.in_flight_bytes() <= 5_000);
+    }
+
+    #[test]
     fn latency_uses_the_wall_clock_anchor() {
         let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
         receiver.set_wall_clock(Instant::from_nanos(1_000), WallTime { secs: 10, nanos: 500 });
