@@ -560,7 +560,7 @@ fn summarize(plans: &[RunPlan], results: &[RunResult]) -> String {
 /// DejaVu Sans, embedded so the plot needs no system font (license: assets/DejaVuSans-LICENSE.txt).
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
-fn register_font() -> anyhow::Result<()> {
+pub(crate) fn register_font() -> anyhow::Result<()> {
     plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("the embedded font could not be loaded"))
 }

@@ -23,10 +23,12 @@ mod insert_files;
 mod lab_cmd;
 mod logging;
 mod monitor_cmd;
+mod plan_cmd;
 mod queue_cmd;
 mod remote;
 mod serve;
 mod trace;
+mod trace_cmd;
 mod watch;
 
 use std::ffi::OsString;
@@ -84,6 +86,11 @@ enum Command {
     /// Build and tear down the network-namespace test bed (root).
     #[command(subcommand)]
     Lab(lab_cmd::LabCommand),
+    /// Plan a feed's path rate and sender buffer from a trace or a queue (per holding interval).
+    Plan(plan_cmd::PlanArgs),
+    /// Product traces: generate IDD-like traces from the workload model.
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -176,6 +183,8 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Bench(BenchCommand::Compare(args)) => bench_compare::run(&args).map_err(runtime),
         Command::Lab(command) => lab_cmd::run(&command),
         Command::Monitor(args) => monitor_cmd::run(&args),
+        Command::Plan(args) => plan_cmd::run(&args),
+        Command::Trace(command) => trace_cmd::run(&command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
         Command::Serve(args) => serve::run(&args),
         Command::Notify(args) => remote::notify(&args, with_signature),
