@@ -12,7 +12,12 @@
 //! * the loss-free sender buffer `B_k = max_i q(a_i)` and each product's waiting
 //!   `w'_i = q(a_i) / R_k`;
 //! * the ideal rate: the smallest `R_k` with `w'_i ≤ W` for every product of the interval.
+//!
+//! [`violation`] is the research's online monitor: from the latencies subscribers see, whether
+//! the feed's path rate should step up for the next interval (or back down after calm ones).
 
 pub mod interval;
+pub mod violation;
 
 pub use interval::{Arrival, IntervalPlan, Occupancy, PlanConfig, PlanError, occupancy, plan, sweep};
+pub use violation::{Decision, Delivery, MonitorConfig, ViolationMonitor};
