@@ -76,6 +76,12 @@ impl TokenBucket {
         }
     }
 
+    /// Paces at `rate_bits_per_s` from `now` on; what was earned at the old rate is kept.
+    pub(crate) fn set_rate(&mut self, now: Instant, rate_bits_per_s: u64) {
+        self.refill(now);
+        self.rate_bits_per_s = u128::from(rate_bits_per_s.max(1));
+    }
+
     /// Takes the cost of a `len`-byte message if the bucket holds it.
     pub(crate) fn try_take(&mut self, len: usize) -> bool {
         let cost = self.cost(len);

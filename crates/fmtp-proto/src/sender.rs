@@ -414,6 +414,29 @@ impl Sender {
         })
     }
 
+    /// Changes the path rate from `now` on (a path service changed the feed's rate): multicast
+    /// and repair pacing, and the retransmission deadlines of products multicast from now on.
+    /// Refused without pacing or for a rate of 0.
+    pub fn set_rate(&mut self, now: Instant, rate_bits_per_s: u64) -> Result<(), ConfigError> {
+        if rate_bits_per_s == 0 {
+            return Err(ConfigError("a rate of 0 bits/s: give a positive rate".into()));
+        }
+        if self.multicast_bucket.is_none() && self.retx_bucket.is_none() {
+            return Err(ConfigError("the sender is not paced: there is no rate to change".into()));
+        }
+        self.now = self.now.max(now);
+        for (pacing, bucket) in [
+            (&mut self.config.multicast_pacing, &mut self.multicast_bucket),
+            (&mut self.config.retx_pacing, &mut self.retx_bucket),
+        ] {
+            if let (Some(pacing), Some(bucket)) = (pacing.as_mut(), bucket.as_mut()) {
+                pacing.rate_bits_per_s = rate_bits_per_s;
+                bucket.set_rate(self.now, rate_bits_per_s);
+            }
+        }
+        Ok(())
+    }
+
     /// Anchors wall-clock time (BOP start times) to the monotonic clock: `wall` was read at
     /// `now`. Call at start and now and then (the default maps `Instant::ZERO` to the epoch).
     pub fn set_wall_clock(&mut self, now: Instant, wall: WallTime) {

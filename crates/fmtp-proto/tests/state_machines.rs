@@ -427,6 +427,16 @@ fn receiver_in_flight_products_bound_abandons_the_oldest() {
 }
 
 #[test]
+fn the_rate_changes_only_for_a_paced_sender_and_to_a_positive_rate() {
+    let mut sender = Sender::new(SenderConfig::with_rate(10_000_000), Instant::ZERO).unwrap();
+    assert!(sender.set_rate(Instant::ZERO, 0).is_err());
+    sender.set_rate(Instant::ZERO + Duration::from_millis(5), 100_000_000).unwrap();
+    let mut unpaced = Sender::new(SenderConfig::default(), Instant::ZERO).unwrap();
+    let error = unpaced.set_rate(Instant::ZERO, 100_000_000).unwrap_err();
+    assert!(error.0.contains("not paced"), "{error:?}");
+}
+
+#[test]
 fn receiver_size_and_byte_bounds() {
     let small = ReceiverConfig { product_size_max: 1_000, in_flight_bytes_max: 1_000, ..ReceiverConfig::default() };
     let tight = ReceiverConfig { product_size_max: 20_000, in_flight_bytes_max: 20_000, ..ReceiverConfig::default() };

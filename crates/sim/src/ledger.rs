@@ -209,6 +209,11 @@ impl Ledger {
         Ok(())
     }
 
+    /// The size of the product with `index`, if it was enqueued.
+    pub(crate) fn size_of(&self, index: ProductIndex) -> Option<u32> {
+        self.products.get(index.0.wrapping_sub(self.first_index.0) as usize).map(|record| record.size)
+    }
+
     pub(crate) fn product_count(&self) -> usize {
         self.products.len()
     }

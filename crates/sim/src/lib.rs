@@ -22,6 +22,7 @@
 //! assert_eq!(report.delivered(), 3 * 21); // 20 products and the liveness sentinel
 //! ```
 
+pub mod control;
 pub mod ledger;
 pub mod net;
 mod queue;
@@ -33,8 +34,8 @@ pub mod workload;
 pub use ledger::{ReceiverTally, Violation};
 pub use net::{Bottleneck, LossModel, Reset, Stall, TcpSpec};
 pub use sim::{
-    ContentMode, DropFilter, Failure, Liveness, ReceiverReport, ReceiverSpec, Report, SimConfig, SimConfigError,
-    Simulation,
+    ContentMode, DeliveryRecord, DropFilter, Failure, Liveness, ReceiverReport, ReceiverSpec, Report, SimConfig,
+    SimConfigError, Simulation,
 };
 pub use stats::LatencyStats;
 pub use workload::{ProductSpec, TraceError, Workload};

@@ -200,6 +200,21 @@ impl SimConfig {
     }
 }
 
+/// One delivery at one receiver (kept with [`Simulation::with_delivery_log`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    /// The receiver.
+    pub receiver: usize,
+    /// When it completed.
+    pub at: Instant,
+    /// From the product's creation to its completion.
+    pub latency: Duration,
+    /// Its size.
+    pub bytes: u32,
+    /// Blocks of it that came by repair.
+    pub retransmitted_blocks: u32,
+}
+
 /// Why a configuration cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum SimConfigError {
@@ -356,6 +371,8 @@ pub struct Simulation {
     backlog: VecDeque<ProductSpec>,
     ledger: Ledger,
     drop_filter: Option<DropFilter>,
+    /// Deliveries for [`Simulation::take_deliveries`], when kept.
+    delivery_log: Option<Vec<DeliveryRecord>>,
     /// Nodes with stream messages held back by the sender's backpressure.
     held_nodes: Vec<usize>,
     buf: Vec<u8>,
@@ -453,6 +470,7 @@ impl Simulation {
             next_arrival: 0,
             backlog: VecDeque::new(),
             drop_filter: None,
+            delivery_log: None,
             held_nodes: Vec::new(),
             buf: Vec::with_capacity(2048),
             healed: false,
@@ -461,6 +479,34 @@ impl Simulation {
             events_now: 0,
             last_active: now,
         })
+    }
+
+    /// Keeps a record of every delivery, for [`Simulation::take_deliveries`] (a rate-control
+    /// loop reads them; see [`crate::control`]).
+    pub fn with_delivery_log(mut self) -> Self {
+        self.delivery_log = Some(Vec::new());
+        self
+    }
+
+    /// The deliveries recorded since the last call (none without
+    /// [`Simulation::with_delivery_log`]).
+    pub fn take_deliveries(&mut self) -> Vec<DeliveryRecord> {
+        self.delivery_log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Changes the sender's path rate now (as a path service would).
+    pub fn set_rate(&mut self, rate_bits_per_s: u64) -> Result<(), Failure> {
+        let changed = self
+            .sender
+            .set_rate(self.now, rate_bits_per_s)
+            .map_err(|error| Violation::Sender(format!("cannot change the rate: {}", error.0)))
+            .and_then(|()| self.drain_sender());
+        changed.map_err(|violation| self.failure(violation))
+    }
+
+    /// A receiver's round-trip time to the sender (its two TCP delays).
+    pub fn receiver_rtt(&self, receiver: usize) -> Option<Duration> {
+        self.nodes.get(receiver).map(|node| node.rtt)
     }
 
     /// Adds scripted multicast losses (active until the liveness phase).
@@ -956,6 +1002,15 @@ impl Simulation {
             }
         }
         while let Some(event) = node.receiver.poll_event() {
+            if let (Some(log), ldm7_fmtp_proto::ReceiverEvent::Delivered(delivery)) = (&mut self.delivery_log, &event) {
+                log.push(DeliveryRecord {
+                    receiver,
+                    at: self.now,
+                    latency: Duration::from_nanos(delivery.latency_ns.max(0) as u64),
+                    bytes: self.ledger.size_of(delivery.index).unwrap_or(0),
+                    retransmitted_blocks: delivery.retransmitted_blocks,
+                });
+            }
             self.ledger.receiver_event(receiver, event)?;
         }
         if node.receiver.in_flight_products() > node.in_flight_products_max

@@ -332,3 +332,41 @@ fn receivers_stay_within_their_bounds_when_repairs_cannot_keep_up() {
         assert_eq!(receiver.tally.delivered + receiver.tally.missed, 301, "receiver {n}: {report}");
     }
 }
+
+/// The research's online monitor (RESEARCH.md §4) in the loop: a steady 4 Mbit/s feed on a
+/// 10 Mbit/s path, then a four-second burst at 64 Mbit/s. Products of the burst wait for the
+/// sender, every subscriber violates, and the rate steps up each one-second interval until
+/// the burst fits; after three calm intervals at a time it steps back down to the first step.
+#[test]
+fn the_online_monitor_raises_the_rate_under_a_burst_and_lowers_it_after() {
+    use ldm7_plan::{MonitorConfig, ViolationMonitor};
+    let seed = seed_from_env(24);
+    let mut config = SimConfig::new(seed, (0..10).map(|_| rtt30()).collect());
+    config.content = ContentMode::Pattern;
+    let mut products = Vec::new();
+    let mut at = Duration::ZERO;
+    for (count, size, gap) in [(50, 50_000, 100 * MS), (80, 400_000, 50 * MS), (200, 50_000, 100 * MS)] {
+        for _ in 0..count {
+            products.push(ldm7_sim::ProductSpec { at, size });
+            at += gap;
+        }
+    }
+    let steps = vec![10e6, 20e6, 50e6, 100e6];
+    let mut monitor = ViolationMonitor::new(MonitorConfig::research(steps)).expect("monitor");
+    let simulation = Simulation::new(config, Workload { products }).expect("valid configuration").with_delivery_log();
+    let run = ldm7_sim::control::run_with_rate_control(simulation, &mut monitor, Duration::from_secs(1))
+        .unwrap_or_else(|failure| panic!("{failure} (seed {seed})"));
+    let secs = |at: Instant| at.saturating_duration_since(Instant::ZERO).as_secs_f64();
+    let rates: Vec<String> =
+        run.rates.iter().map(|(at, rate)| format!("{:.0} s: {} Mbit/s", secs(*at), rate / 1e6)).collect();
+    assert_eq!(run.rates[0].1, 10e6);
+    assert_eq!(run.peak_rate_bps(), 100e6, "the burst takes the rate up: {rates:?}");
+    assert_eq!(run.final_rate_bps(), 10e6, "and calm brings it back: {rates:?}");
+    // Up while the burst lasts (it starts at 5 s and ends at 9 s), down only after it.
+    let first_raise = secs(run.rates[1].0);
+    assert!((5.0..=7.0).contains(&first_raise), "{rates:?}");
+    assert!(run.rates.windows(2).all(|pair| pair[0].1 < pair[1].1 || secs(pair[1].0) >= 9.0), "{rates:?}");
+    let counters = monitor.counters();
+    assert_eq!((counters.raises, counters.lowers), (3, 3), "{rates:?}");
+    assert_all_delivered(&run.report, 330);
+}
