@@ -32,7 +32,7 @@ pub mod stats;
 pub mod workload;
 
 pub use ledger::{ReceiverTally, Violation};
-pub use net::{Bottleneck, LossModel, Reset, Stall, TcpSpec};
+pub use net::{Bottleneck, LossModel, Reset, Stall, TcpSpec, Uplink};
 pub use sim::{
     ContentMode, DeliveryRecord, DropFilter, Failure, Liveness, ReceiverReport, ReceiverSpec, Report, SimConfig,
     SimConfigError, Simulation,

@@ -223,7 +223,14 @@ impl Channel {
 
     /// Writes `len` bytes at `now`: when they arrive at the other end.
     pub(crate) fn send(&mut self, now: Instant, len: usize) -> Instant {
-        let mut start = self.free_at.max(now);
+        self.send_after(now, now, len)
+    }
+
+    /// Like [`Channel::send`] for a message written at `now` that can leave no earlier than
+    /// `ready` (it waits in the publisher's uplink first); it counts against the socket buffer
+    /// from `now`.
+    pub(crate) fn send_after(&mut self, now: Instant, ready: Instant, len: usize) -> Instant {
+        let mut start = self.free_at.max(ready);
         if !self.healed {
             for &(stall_start, stall_end) in &self.stalls {
                 if start >= stall_start && start < stall_end {
@@ -277,6 +284,47 @@ impl Channel {
 }
 
 /// The time `bytes` take at `rate_bits_per_s`.
+/// The publisher's uplink for repair traffic: every repair connection's bytes go through it
+/// in the order they are written, at `rate_bits_per_s`, before each subscriber's own path
+/// ([`TcpSpec`]: delay, rate, socket buffer). Without it, repairs are limited only by the
+/// sender's repair pacing and each subscriber's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Uplink {
+    /// Its rate.
+    pub rate_bits_per_s: u64,
+}
+
+/// An uplink in a run.
+#[derive(Debug)]
+pub(crate) struct UplinkState {
+    rate_bits_per_s: u64,
+    free_at: Instant,
+    /// Bytes through it.
+    pub(crate) bytes: u64,
+    /// The longest a message waited in it.
+    pub(crate) wait_max: Duration,
+}
+
+impl UplinkState {
+    pub(crate) fn new(uplink: Uplink) -> Self {
+        Self {
+            rate_bits_per_s: uplink.rate_bits_per_s.max(1),
+            free_at: Instant::ZERO,
+            bytes: 0,
+            wait_max: Duration::ZERO,
+        }
+    }
+
+    /// When a `len`-byte message written at `now` has left the uplink.
+    pub(crate) fn pass(&mut self, now: Instant, len: usize) -> Instant {
+        let start = self.free_at.max(now);
+        self.wait_max = self.wait_max.max(start.saturating_duration_since(now));
+        self.free_at = start + transmission_time(len as u64, self.rate_bits_per_s);
+        self.bytes += len as u64;
+        self.free_at
+    }
+}
+
 pub(crate) fn transmission_time(bytes: u64, rate_bits_per_s: u64) -> Duration {
     if rate_bits_per_s == 0 {
         return Duration::ZERO;

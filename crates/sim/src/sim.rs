@@ -32,7 +32,9 @@ use ldm7_fmtp_proto::{
 use ldm7_types::Signature;
 
 use crate::ledger::{Content, Ledger, ProductRecord, ReceiverTally, Violation};
-use crate::net::{Bottleneck, BottleneckState, Channel, LossModel, LossProcess, Reset, Stall, TcpSpec};
+use crate::net::{
+    Bottleneck, BottleneckState, Channel, LossModel, LossProcess, Reset, Stall, TcpSpec, Uplink, UplinkState,
+};
 use crate::queue::EventQueue;
 use crate::rng::{SimRng, mix64};
 use crate::stats::LatencyStats;
@@ -175,6 +177,9 @@ pub struct SimConfig {
     pub shared_loss: LossModel,
     /// A bottleneck on the multicast path, before the fan-out.
     pub bottleneck: Option<Bottleneck>,
+    /// The publisher's uplink for repairs, shared by every repair connection (`None`: repairs
+    /// are limited only by the sender's repair pacing and each receiver's path).
+    pub repair_uplink: Option<Uplink>,
     /// The receivers.
     pub receivers: Vec<ReceiverSpec>,
     /// The liveness phase.
@@ -193,6 +198,7 @@ impl SimConfig {
             content: ContentMode::Memory,
             shared_loss: LossModel::None,
             bottleneck: None,
+            repair_uplink: None,
             receivers,
             liveness: Liveness::default(),
             time_limit: Duration::from_secs(7 * 24 * 3600),
@@ -257,6 +263,8 @@ pub struct Report {
     pub multicast_datagrams: u64,
     /// Of those, lost before the fan-out (shared loss, bottleneck queue).
     pub multicast_lost_shared: u64,
+    /// Bytes through the repair uplink, and the longest a repair waited in it (zero without one).
+    pub repair_uplink: (u64, Duration),
     /// Receiver deliveries of multicast datagrams (after per-receiver loss).
     pub datagram_deliveries: u64,
     /// The sender's counters.
@@ -345,7 +353,12 @@ impl fmt::Display for Report {
             self.multicast_datagrams,
             self.multicast_lost_shared,
             self.events
-        )
+        )?;
+        let (bytes, wait_max) = self.repair_uplink;
+        if bytes > 0 {
+            write!(f, "; repair uplink {bytes} bytes, longest wait {wait_max:?}")?;
+        }
+        Ok(())
     }
 }
 
@@ -365,6 +378,7 @@ pub struct Simulation {
     groups: Vec<Group>,
     shared_loss: LossProcess,
     bottleneck: Option<BottleneckState>,
+    repair_uplink: Option<UplinkState>,
     jitter_rng: SimRng,
     workload: Workload,
     next_arrival: usize,
@@ -465,6 +479,7 @@ impl Simulation {
             groups,
             shared_loss: LossProcess::new(&config.shared_loss, SimRng::new(seed, u64::MAX)),
             bottleneck: config.bottleneck.map(BottleneckState::new),
+            repair_uplink: config.repair_uplink.map(UplinkState::new),
             jitter_rng: SimRng::new(seed, u64::MAX - 2),
             workload,
             next_arrival: 0,
@@ -567,6 +582,10 @@ impl Simulation {
             events: self.counters.events,
             multicast_datagrams: self.counters.multicast_datagrams,
             multicast_lost_shared: self.counters.multicast_lost_shared,
+            repair_uplink: self
+                .repair_uplink
+                .as_ref()
+                .map_or((0, Duration::ZERO), |uplink| (uplink.bytes, uplink.wait_max)),
             datagram_deliveries: self.counters.datagram_deliveries,
             sender: self.sender.counters().clone(),
             receivers: (0..self.nodes.len())
@@ -953,7 +972,11 @@ impl Simulation {
             .get_mut(receiver)
             .filter(|node| node.id == id && node.connected)
             .ok_or_else(|| Violation::Sender(format!("repair for {id}, which is not connected")))?;
-        let arrival = node.to_receiver.send(self.now, self.buf.len());
+        let ready = match &mut self.repair_uplink {
+            Some(uplink) => uplink.pass(self.now, self.buf.len()),
+            None => self.now,
+        };
+        let arrival = node.to_receiver.send_after(self.now, ready, self.buf.len());
         let generation = node.to_receiver.generation;
         self.queue.push(arrival, Event::ToReceiver { receiver, generation, frame: self.buf.clone() });
         if let Err(at) = node.to_receiver.writable(self.now) {

@@ -370,3 +370,30 @@ fn the_online_monitor_raises_the_rate_under_a_burst_and_lowers_it_after() {
     assert_eq!((counters.raises, counters.lowers), (3, 3), "{rates:?}");
     assert_all_delivered(&run.report, 330);
 }
+
+/// Repairs over the publisher's own uplink (the issue's "repair capacity modelled apart from the
+/// multicast path"): ten receivers at 5% loss share a 2 Mbit/s uplink for their repairs. Every
+/// product still arrives, but repairs queue behind each other there, so the lossy receivers'
+/// latency grows; without the uplink (repairs limited by the sender's pacing and each receiver's
+/// path) they do not wait.
+#[test]
+fn repairs_share_the_publishers_uplink() {
+    let seed = seed_from_env(25);
+    let simulate = |uplink: Option<ldm7_sim::Uplink>| {
+        let specs = (0..10).map(|_| rtt30().loss(LossModel::Bernoulli(0.05))).collect();
+        let mut config = SimConfig::new(seed, specs);
+        config.content = ContentMode::Pattern;
+        config.repair_uplink = uplink;
+        let workload = Workload::generated(seed, 200, 1_000, 200_000, 50 * MS);
+        let report = run(config, workload);
+        assert_all_delivered(&report, 200);
+        report
+    };
+    let open = simulate(None);
+    let narrow = simulate(Some(ldm7_sim::Uplink { rate_bits_per_s: 2_000_000 }));
+    assert_eq!(open.repair_uplink, (0, Duration::ZERO));
+    let (bytes, wait_max) = narrow.repair_uplink;
+    assert!(bytes > 0 && wait_max > 10 * MS, "{narrow}");
+    let latency = |report: &Report| report.latency_of(0..10).mean();
+    assert!(latency(&narrow) > latency(&open), "narrow: {narrow}\nopen: {open}");
+}
