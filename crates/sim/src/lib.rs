@@ -26,6 +26,7 @@ pub mod control;
 pub mod ledger;
 pub mod net;
 mod queue;
+pub mod relay;
 pub mod rng;
 pub mod sim;
 pub mod stats;
