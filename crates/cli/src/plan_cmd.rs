@@ -14,11 +14,17 @@ use crate::exit::{CmdResult, bad_input, runtime};
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
     /// A trace: `SIZE YYYYMMDDhhmmss.fff [FEED]` per line.
-    #[arg(long, value_name = "FILE", required_unless_present = "queue", conflicts_with = "queue")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["queue", "idd"], conflicts_with_all = ["queue", "idd"])]
     pub trace: Option<PathBuf>,
     /// A product queue: the creation times and sizes of its products.
-    #[arg(short = 'q', long, value_name = "PATH")]
+    #[arg(short = 'q', long, value_name = "PATH", conflicts_with = "idd")]
     pub queue: Option<PathBuf>,
+    /// Every feed of a generated IDD stretch (the workload model: --set, --only, --duration,
+    /// --scale, --seed as `ldm7 trace generate` takes them), one plan per feed.
+    #[arg(long)]
+    pub idd: bool,
+    #[command(flatten)]
+    pub model: crate::trace_cmd::IddArgs,
     /// Only the products of this feed (a trace's feed column, or the queue's products).
     #[arg(short = 'f', long, value_name = "FEED")]
     pub feed: Option<FeedType>,
@@ -57,6 +63,8 @@ struct Offered {
     arrivals: Vec<Arrival>,
     /// How many came before the product before them (put in order).
     reordered: usize,
+    /// The feed's name, when planning several.
+    feed: Option<&'static str>,
 }
 
 /// Runs `ldm7 plan`.
@@ -71,7 +79,14 @@ pub fn run(args: &PlanArgs) -> CmdResult {
     let offered = match (&args.trace, &args.queue) {
         (Some(trace), _) => from_trace(trace, args.feed)?,
         (None, Some(queue)) => from_queue(queue, args.feed)?,
-        (None, None) => return Err(bad_input("give --trace FILE or --queue PATH")),
+        (None, None) if args.idd => {
+            let mut feeds = from_model(&args.model)?;
+            if feeds.len() > 1 {
+                return plan_feeds(args, &config, &feeds);
+            }
+            feeds.pop().ok_or_else(|| bad_input("no feeds to plan for"))?
+        }
+        (None, None) => return Err(bad_input("give --trace FILE, --queue PATH or --idd")),
     };
     if offered.arrivals.is_empty() {
         return Err(bad_input(format!("{}: no products to plan for", offered.what)));
@@ -81,7 +96,7 @@ pub fn run(args: &PlanArgs) -> CmdResult {
     let sweep = ldm7_plan::sweep(&offered.arrivals, &rates).map_err(bad_input)?;
     print!("{}", summary(&offered, args, &plans, &sweep));
     if let Some(path) = &args.csv {
-        write_csv(path, offered.start, &plans).map_err(runtime)?;
+        write_csv(path, &[(None, offered.start, &plans)]).map_err(runtime)?;
         println!("intervals written to {}", path.display());
     }
     if let Some(path) = &args.png {
@@ -100,9 +115,127 @@ fn from_trace(path: &Path, feed: Option<FeedType>) -> CmdResult<Offered> {
         .filter(|product| feed.is_none_or(|feed| product.feed.or(named).is_none_or(|own| feed.intersects(own))))
         .map(|product| (product.created.as_unix_micros(), u64::from(product.size)))
         .collect();
-    let about = feed.or(named).map_or_else(|| "products".to_owned(), |feed| feed.to_string());
+    // Else the feed every product's column names, if they all name one.
+    let column = products
+        .first()
+        .and_then(|first| first.feed)
+        .filter(|&only| products.iter().all(|product| product.feed == Some(only)));
+    let about = feed.or(named).or(column).map_or_else(|| "products".to_owned(), |feed| feed.to_string());
     let name = path.file_name().map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned());
     Ok(offered(format!("{about} of trace {name}"), times))
+}
+
+/// Each feed of a generated IDD stretch (ldm7_sim::idd).
+fn from_model(args: &crate::trace_cmd::IddArgs) -> CmdResult<Vec<Offered>> {
+    let config = args.config()?;
+    let trace = ldm7_sim::idd::IddTrace::generate(&config);
+    let start = Timestamp::from_unix_micros(MODEL_START_UNIX_S * 1_000_000);
+    Ok(trace
+        .feeds
+        .iter()
+        .enumerate()
+        .map(|(index, (model, _))| {
+            let times = trace
+                .workload(index)
+                .products
+                .iter()
+                .map(|product| {
+                    let micros = i64::try_from(product.at.as_micros()).unwrap_or(i64::MAX);
+                    (start.as_unix_micros().saturating_add(micros), u64::from(product.size))
+                })
+                .collect();
+            let what = format!(
+                "{} of a generated {} stretch ({}, seed {})",
+                model.name,
+                args.set.name(),
+                ldm7_types::units::format_duration(args.duration),
+                args.seed
+            );
+            let mut offered = offered(what, times);
+            offered.feed = Some(model.name);
+            offered
+        })
+        .collect())
+}
+
+/// Where generated stretches start: 2018-11-13 13:00:00Z, the hour of the all-feed window.
+const MODEL_START_UNIX_S: i64 = 1_542_114_000;
+
+/// `ldm7 plan --idd` over several feeds: a line per feed (its busiest interval), then the sum.
+fn plan_feeds(args: &PlanArgs, config: &PlanConfig, feeds: &[Offered]) -> CmdResult {
+    if args.png.is_some() {
+        return Err(bad_input("--png draws one feed: add --only FEED"));
+    }
+    let mut planned = Vec::new();
+    for feed in feeds {
+        let plans = if feed.arrivals.is_empty() {
+            Vec::new()
+        } else {
+            ldm7_plan::plan(&feed.arrivals, config).map_err(bad_input)?
+        };
+        planned.push(plans);
+    }
+    println!(
+        "plan      every feed of a generated {} stretch ({}, seed {}{}): W = {}; holding interval {}; rates {} to {} in steps of {}",
+        args.model.set.name(),
+        ldm7_types::units::format_duration(args.model.duration),
+        args.model.seed,
+        if args.model.scale == 1.0 { String::new() } else { format!(", rates ×{}", args.model.scale) },
+        ldm7_types::units::format_duration(args.wait),
+        ldm7_types::units::format_duration(args.interval),
+        args.rate_min,
+        args.rate_max,
+        args.rate_step
+    );
+    println!("(per feed, the busiest holding interval: the largest R_k and B_k over the intervals)");
+    println!("feed         products        GB   offered Mbit/s   R_k Mbit/s   B_k MB   longest wait");
+    let (mut products, mut bytes, mut rate_sum, mut buffer_sum, mut unmet) = (0usize, 0u64, 0.0f64, 0.0f64, 0usize);
+    for (feed, plans) in feeds.iter().zip(&planned) {
+        let feed_bytes: u64 = feed.arrivals.iter().map(|arrival| arrival.bytes).sum();
+        let span = plans.last().map_or(0.0, |plan| plan.end_s);
+        let rate = plans.iter().map(|plan| plan.held_rate_bps).fold(0.0, f64::max);
+        let buffer = plans.iter().map(|plan| plan.buffer_bytes).fold(0.0, f64::max);
+        let wait = plans.iter().map(|plan| plan.wait_max_s).fold(0.0, f64::max);
+        let feed_unmet = plans.iter().filter(|plan| plan.rate_bps.is_none()).count();
+        products += feed.arrivals.len();
+        bytes += feed_bytes;
+        rate_sum += rate;
+        buffer_sum += buffer;
+        unmet += feed_unmet;
+        println!(
+            "{:<11} {:>9} {:>9.3} {:>16.2} {:>12} {:>8.2} {:>14}",
+            feed.feed.unwrap_or("?"),
+            feed.arrivals.len(),
+            feed_bytes as f64 / 1e9,
+            if span > 0.0 { feed_bytes as f64 * 8.0 / span / 1e6 } else { 0.0 },
+            if feed_unmet > 0 { format!("> {}", mbit(rate)) } else { mbit(rate) },
+            buffer / 1e6,
+            seconds(wait)
+        );
+    }
+    println!(
+        "{:<11} {:>9} {:>9.3} {:>16} {:>12} {:>8.2}",
+        "all feeds",
+        products,
+        bytes as f64 / 1e9,
+        "",
+        if unmet > 0 { format!("> {}", mbit(rate_sum)) } else { mbit(rate_sum) },
+        buffer_sum / 1e6
+    );
+    if unmet > 0 {
+        println!(
+            "{unmet} feed interval(s) cannot meet W under the ceiling {}: their figures are at the ceiling (a product \
+             arriving just behind a large one waits for it at any rate; give a larger --wait or --rate-max)",
+            args.rate_max
+        );
+    }
+    if let Some(path) = &args.csv {
+        let rows: Vec<(Option<&str>, Timestamp, &[IntervalPlan])> =
+            feeds.iter().zip(&planned).map(|(feed, plans)| (feed.feed, feed.start, plans.as_slice())).collect();
+        write_csv(path, &rows).map_err(runtime)?;
+        println!("intervals written to {}", path.display());
+    }
+    Ok(())
 }
 
 fn from_queue(path: &Path, feed: Option<FeedType>) -> CmdResult<Offered> {
@@ -130,7 +263,7 @@ fn offered(what: String, mut times: Vec<(i64, u64)>) -> Offered {
     let first = times.first().map_or(0, |&(micros, _)| micros);
     let arrivals =
         times.iter().map(|&(micros, bytes)| Arrival { at_s: (micros - first) as f64 / 1e6, bytes }).collect();
-    Offered { what, start: Timestamp::from_unix_micros(first), arrivals, reordered }
+    Offered { what, start: Timestamp::from_unix_micros(first), arrivals, reordered, feed: None }
 }
 
 fn summary(offered: &Offered, args: &PlanArgs, plans: &[IntervalPlan], sweep: &[(f64, Occupancy)]) -> String {
@@ -218,31 +351,38 @@ fn utc(time: Timestamp) -> String {
     }
 }
 
-fn write_csv(path: &Path, start: Timestamp, plans: &[IntervalPlan]) -> anyhow::Result<()> {
+/// The intervals as CSV: one feed's (`None`: no feed column), or several feeds' with a first
+/// column naming the feed.
+fn write_csv(path: &Path, feeds: &[(Option<&str>, Timestamp, &[IntervalPlan])]) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(path).map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display()))?,
     );
+    let named = feeds.iter().any(|(feed, _, _)| feed.is_some());
     writeln!(
         out,
-        "start_unix_s,start_s,end_s,products,bytes,offered_bps,rate_bps,held_rate_bps,buffer_bytes,wait_max_s,backlog_in_bytes"
+        "{}start_unix_s,start_s,end_s,products,bytes,offered_bps,rate_bps,held_rate_bps,buffer_bytes,wait_max_s,backlog_in_bytes",
+        if named { "feed," } else { "" }
     )?;
-    let origin = start.as_unix_micros() as f64 / 1e6;
-    for plan in plans {
-        writeln!(
-            out,
-            "{:.3},{},{},{},{},{:.0},{},{:.0},{:.0},{:.6},{:.0}",
-            origin + plan.start_s,
-            plan.start_s,
-            plan.end_s,
-            plan.products,
-            plan.bytes,
-            plan.offered_bps(),
-            plan.rate_bps.map_or_else(String::new, |rate| format!("{rate:.0}")),
-            plan.held_rate_bps,
-            plan.buffer_bytes,
-            plan.wait_max_s,
-            plan.backlog_in_bytes
-        )?;
+    for &(feed, start, plans) in feeds {
+        let origin = start.as_unix_micros() as f64 / 1e6;
+        let prefix = if named { format!("{},", feed.unwrap_or("")) } else { String::new() };
+        for plan in plans {
+            writeln!(
+                out,
+                "{prefix}{:.3},{},{},{},{},{:.0},{},{:.0},{:.0},{:.6},{:.0}",
+                origin + plan.start_s,
+                plan.start_s,
+                plan.end_s,
+                plan.products,
+                plan.bytes,
+                plan.offered_bps(),
+                plan.rate_bps.map_or_else(String::new, |rate| format!("{rate:.0}")),
+                plan.held_rate_bps,
+                plan.buffer_bytes,
+                plan.wait_max_s,
+                plan.backlog_in_bytes
+            )?;
+        }
     }
     out.flush()?;
     Ok(())

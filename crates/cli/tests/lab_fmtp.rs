@@ -7,6 +7,9 @@ use std::process::{Command, Output, Stdio};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
+/// What the lab runs (skipped with a message where one is missing).
+const LAB_TOOLS: &[&str] = &["ip", "tc", "iptables", "vde_switch", "wirefilter"];
+
 fn run(args: &[&str]) -> Output {
     Command::new(LDM7).args(args).output().expect("run ldm7")
 }
@@ -29,7 +32,7 @@ fn address(lab: &str, host: &str, interface: &str) -> String {
 
 #[test]
 fn four_subscribers_two_lossy_all_products_intact() {
-    if !ldm7_testkit::skip_unless_root("four_subscribers_two_lossy_all_products_intact") {
+    if !ldm7_testkit::skip_unless_root_and_tools("four_subscribers_two_lossy_all_products_intact", LAB_TOOLS) {
         return;
     }
     let Some(trace) = ldm7_testkit::shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else {

@@ -40,6 +40,9 @@ const SUBSCRIBERS: [&str; 4] = ["s1", "s2", "s3", "s4"];
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(60);
 const DELIVERY_WAIT: Duration = Duration::from_secs(300);
 
+/// What the lab runs (skipped with a message where one is missing).
+const LAB_TOOLS: &[&str] = &["ip", "tc", "iptables", "vde_switch", "wirefilter"];
+
 fn spec(name: &str) -> String {
     format!(
         r#"name = "{name}"
@@ -130,7 +133,10 @@ fn modes(records: &[ProductRecord]) -> String {
 
 #[test]
 fn ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts() {
-    if !ldm7_testkit::skip_unless_root("ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts") {
+    if !ldm7_testkit::skip_unless_root_and_tools(
+        "ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts",
+        LAB_TOOLS,
+    ) {
         return;
     }
     if ldm7_testkit::shared_data_or_skip(TRACE).is_none() {

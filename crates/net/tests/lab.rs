@@ -15,26 +15,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use ldm7_net::command::{Cmd, program_exists};
+use ldm7_net::command::Cmd;
 use ldm7_net::hostcfg;
 use ldm7_net::lab::{self, LabSpec, probe};
 use ldm7_net::netns::spawn_in_netns;
 use ldm7_net::tc;
-use ldm7_testkit::{skip, skip_unless_root, wait_until};
+use ldm7_testkit::{skip, wait_until};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn root_and_tools(test: &str, tools: &[&str]) -> bool {
-    if !skip_unless_root(test) {
-        return false;
-    }
-    for tool in tools {
-        if !program_exists(tool) {
-            skip(&format!("{tool} is not installed (apt-get install -y vde2 iptables iproute2)"));
-            return false;
-        }
-    }
-    true
+    ldm7_testkit::skip_unless_root_and_tools(test, tools)
 }
 
 /// A lab that is taken down when dropped.

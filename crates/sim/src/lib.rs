@@ -23,6 +23,7 @@
 //! ```
 
 pub mod control;
+pub mod idd;
 pub mod ledger;
 pub mod net;
 mod queue;

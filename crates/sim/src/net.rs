@@ -283,7 +283,6 @@ impl Channel {
     }
 }
 
-/// The time `bytes` take at `rate_bits_per_s`.
 /// The publisher's uplink for repair traffic: every repair connection's bytes go through it
 /// in the order they are written, at `rate_bits_per_s`, before each subscriber's own path
 /// ([`TcpSpec`]: delay, rate, socket buffer). Without it, repairs are limited only by the
@@ -325,6 +324,7 @@ impl UplinkState {
     }
 }
 
+/// The time `bytes` take at `rate_bits_per_s`.
 pub(crate) fn transmission_time(bytes: u64, rate_bits_per_s: u64) -> Duration {
     if rate_bits_per_s == 0 {
         return Duration::ZERO;

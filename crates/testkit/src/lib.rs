@@ -92,6 +92,26 @@ pub fn skip_unless_root(test: &str) -> bool {
     false
 }
 
+/// `true` when the test may go on: it runs as root and every program of `tools` is on `PATH`;
+/// otherwise records why `test` is skipped ([`skip`]) and returns `false`. For the namespace-lab
+/// tests (`tools` such as `ip`, `tc`, `iptables`, `vde_switch`).
+pub fn skip_unless_root_and_tools(test: &str, tools: &[&str]) -> bool {
+    if !skip_unless_root(test) {
+        return false;
+    }
+    let on_path = |tool: &str| {
+        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+    };
+    if let Some(missing) = tools.iter().find(|tool| !on_path(tool)) {
+        skip_as(
+            &current_test(Some(test)),
+            &format!("{missing} is not installed (apt-get install -y vde2 iptables iproute2)"),
+        );
+        return false;
+    }
+    true
+}
+
 /// Calls `condition` every few milliseconds until it returns `Some`, and returns that value;
 /// panics after `timeout` saying what was awaited.
 pub fn wait_until<T>(timeout: Duration, what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
