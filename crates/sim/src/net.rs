@@ -287,34 +287,66 @@ impl Channel {
 /// in the order they are written, at `rate_bits_per_s`, before each subscriber's own path
 /// ([`TcpSpec`]: delay, rate, socket buffer). Without it, repairs are limited only by the
 /// sender's repair pacing and each subscriber's path.
+///
+/// Two models ([`Uplink::repairs_only`], [`Uplink::htb_share`]): a link of the repairs' own, or
+/// the publisher's one interface shared with the multicast as the host's two tc HTB classes —
+/// the multicast class assured the feed's path rate (which the sender paces to, so it is never
+/// held back), the repair class getting whatever the multicast leaves of the link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Uplink {
     /// Its rate.
     pub rate_bits_per_s: u64,
+    /// Whether the multicast leaves through it too (the HTB share), taking its time first.
+    pub shared_with_multicast: bool,
+}
+
+impl Uplink {
+    /// A link that carries the repairs alone.
+    pub fn repairs_only(rate_bits_per_s: u64) -> Self {
+        Self { rate_bits_per_s, shared_with_multicast: false }
+    }
+
+    /// The publisher's interface shared by multicast and repairs as two HTB classes; the
+    /// multicast's path rate must be below `rate_bits_per_s`, or repairs wait for every gap.
+    pub fn htb_share(rate_bits_per_s: u64) -> Self {
+        Self { rate_bits_per_s, shared_with_multicast: true }
+    }
 }
 
 /// An uplink in a run.
+///
+/// With the HTB share, each multicast datagram takes the link for its transmission time; when
+/// repairs are queued at that moment, the queue's end moves back by that time (the multicast
+/// class goes first, up to its assured rate, and the sender never exceeds it). A repair's
+/// departure is fixed when it is written: multicast datagrams sent after it delay only the repairs
+/// written after them — an approximation that errs by at most the queue's drain time at that
+/// moment.
 #[derive(Debug)]
 pub(crate) struct UplinkState {
     rate_bits_per_s: u64,
+    shared_with_multicast: bool,
     free_at: Instant,
-    /// Bytes through it.
+    /// Repair bytes through it.
     pub(crate) bytes: u64,
-    /// The longest a message waited in it.
+    /// The longest a repair message waited in it.
     pub(crate) wait_max: Duration,
+    /// Multicast bytes through it (the HTB share).
+    pub(crate) multicast_bytes: u64,
 }
 
 impl UplinkState {
     pub(crate) fn new(uplink: Uplink) -> Self {
         Self {
             rate_bits_per_s: uplink.rate_bits_per_s.max(1),
+            shared_with_multicast: uplink.shared_with_multicast,
             free_at: Instant::ZERO,
             bytes: 0,
             wait_max: Duration::ZERO,
+            multicast_bytes: 0,
         }
     }
 
-    /// When a `len`-byte message written at `now` has left the uplink.
+    /// When a `len`-byte repair message written at `now` has left the uplink.
     pub(crate) fn pass(&mut self, now: Instant, len: usize) -> Instant {
         let start = self.free_at.max(now);
         self.wait_max = self.wait_max.max(start.saturating_duration_since(now));
@@ -322,9 +354,19 @@ impl UplinkState {
         self.bytes += len as u64;
         self.free_at
     }
+
+    /// A `len`-byte multicast datagram leaves at `now` (only the HTB share is affected).
+    pub(crate) fn multicast(&mut self, now: Instant, len: usize) {
+        if !self.shared_with_multicast {
+            return;
+        }
+        self.multicast_bytes += len as u64;
+        if self.free_at > now {
+            self.free_at = self.free_at + transmission_time(len as u64, self.rate_bits_per_s);
+        }
+    }
 }
 
-/// The time `bytes` take at `rate_bits_per_s`.
 pub(crate) fn transmission_time(bytes: u64, rate_bits_per_s: u64) -> Duration {
     if rate_bits_per_s == 0 {
         return Duration::ZERO;

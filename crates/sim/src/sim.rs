@@ -933,6 +933,9 @@ impl Simulation {
     fn on_multicast_transmit(&mut self) -> Result<(), Violation> {
         self.ledger.check_multicast(self.now, &self.buf)?;
         self.counters.multicast_datagrams += 1;
+        if let Some(uplink) = &mut self.repair_uplink {
+            uplink.multicast(self.now, self.buf.len());
+        }
         if self.shared_loss.lose() {
             self.counters.multicast_lost_shared += 1;
             return Ok(());
