@@ -117,7 +117,7 @@ pub mod wire;
 pub use index::ProductIndex;
 pub use pacing::Pacing;
 pub use receiver::{
-    Assembly, Delivery, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
+    Assembly, BlockRun, Delivery, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
     ReceiverEvent, block_fingerprint,
 };
 pub use sender::{

@@ -60,7 +60,7 @@ use crate::index::ProductIndex;
 use crate::ranges::RangeSet;
 use crate::sink::{ProductSink, SinkSlot};
 use crate::time::{Instant, WallClock, WallTime, transmission_time};
-use crate::wire::{self, Body, Bop, Message, REQUEST_LEN_MAX};
+use crate::wire::{self, BLOCK_LEN, Body, Bop, Message, REQUEST_LEN_MAX};
 
 /// The receive timer: how long a product may go without multicast progress before its tail
 /// and EOP are requested.
@@ -307,6 +307,8 @@ pub struct Receiver {
     /// the newest + serial difference.
     newest: Option<(ProductIndex, i64)>,
     products: BTreeMap<i64, Incoming>,
+    /// The keys of the products whose multicast has not ended (a newer index ends them).
+    multicasting: BTreeSet<i64>,
     timers: BTreeSet<(Instant, i64, TimerKind)>,
     in_flight_bytes: u64,
     early_bytes: u64,
@@ -355,6 +357,7 @@ impl Receiver {
             now: Instant::ZERO,
             newest: None,
             products: BTreeMap::new(),
+            multicasting: BTreeSet::new(),
             timers: BTreeSet::new(),
             in_flight_bytes: 0,
             early_bytes: 0,
@@ -396,6 +399,77 @@ impl Receiver {
             Body::MemData { offset, data } => self.on_data(key, offset, data, false),
             Body::Eop => self.on_eop(key),
             _ => unreachable!("is_multicast checked above"),
+        }
+    }
+
+    /// Handles MEM_DATA datagrams of one product that arrived back to back and in order, without
+    /// their bytes: as [`Receiver::handle_datagram`] would each of them at `now` (the last one's
+    /// arrival), for a caller that has checked their content and gives their fingerprints —
+    /// [`BlockRun::fingerprint`] for the whole run, and `range_fingerprint(start, end)` for a
+    /// block-aligned part of it, needed only when part of the run is already here or its
+    /// product's BOP is not. Only with [`Assembly::Discard`] (there are no bytes to keep);
+    /// otherwise the run is counted as unexpected and dropped.
+    ///
+    /// For simulators: a receiver's cost then grows with what changes its state (a gap, a new
+    /// product, a timer), not with every datagram.
+    pub fn handle_block_run(
+        &mut self,
+        now: Instant,
+        run: &BlockRun,
+        range_fingerprint: &mut dyn FnMut(u32, u32) -> u64,
+    ) {
+        self.advance(now);
+        self.counters.datagrams += u64::from(run.datagrams);
+        self.counters.datagram_bytes += run.wire_bytes;
+        if self.config.assembly != Assembly::Discard || run.end <= run.start {
+            self.counters.unexpected += u64::from(run.datagrams);
+            return;
+        }
+        let Some(key) = self.observe_multicast(run.index, false) else { return };
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let (start, end) = (u64::from(run.start), u64::from(run.end));
+        if product.bop.is_none() {
+            // Rare (the BOP was lost): block by block, as they would have come.
+            let mut offset = run.start;
+            while offset < run.end {
+                let block_end = (offset + BLOCK_LEN as u32).min(run.end);
+                let fingerprint = range_fingerprint(offset, block_end);
+                self.on_block(key, offset, block_end - offset, fingerprint, Vec::new(), false);
+                offset = block_end;
+            }
+            return;
+        }
+        let previous_end = product.multicast_end;
+        product.last_multicast = self.now;
+        product.multicast_end = product.multicast_end.max(end);
+        let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
+        if end > size {
+            self.counters.out_of_range += u64::from(run.datagrams);
+            return;
+        }
+        let missing = product.received.gaps(start, end);
+        let new_bytes: u64 = missing.iter().map(|(from, to)| to - from).sum();
+        let fingerprint = if new_bytes == end - start {
+            run.fingerprint
+        } else {
+            // Part is here already (a repair overtook the multicast): only the rest counts.
+            let blocks_new: u64 = missing.iter().map(|(from, to)| (to - from).div_ceil(BLOCK_LEN as u64)).sum();
+            self.counters.duplicates += u64::from(run.datagrams).saturating_sub(blocks_new);
+            // Block-aligned, within [start, end) ⊂ u32.
+            missing.iter().fold(0u64, |sum, &(from, to)| sum.wrapping_add(range_fingerprint(from as u32, to as u32)))
+        };
+        if new_bytes == 0 {
+            return;
+        }
+        for &(from, to) in &missing {
+            product.received.insert(from, to);
+        }
+        product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
+        if self.complete_if_done(key) {
+            return;
+        }
+        if start > previous_end {
+            self.request_missing(key, previous_end, start);
         }
     }
 
@@ -552,7 +626,7 @@ impl Receiver {
             return None;
         }
         // Everything older has finished its multicast: request what it still lacks.
-        let older: Vec<i64> = self.products.iter().filter(|(_, p)| !p.ended).map(|(k, _)| *k).collect();
+        let older: Vec<i64> = self.multicasting.range(..key).copied().collect();
         for older_key in older {
             self.end_multicast(older_key);
         }
@@ -586,6 +660,9 @@ impl Receiver {
         self.counters.started += 1;
         self.timers.insert((abandon_at, key, TimerKind::Abandon));
         self.products.insert(key, Incoming::new(index, self.now, abandon_at, ended));
+        if !ended {
+            self.multicasting.insert(key);
+        }
         if request_bop {
             self.request(Message { index, body: Body::BopReq });
             self.counters.bop_requests += 1;
@@ -674,9 +751,70 @@ impl Receiver {
     }
 
     fn on_data(&mut self, key: i64, offset: u32, data: &[u8], retransmitted: bool) {
+        let fingerprint = block_fingerprint(offset, data);
+        let Some(product) = self.products.get(&key) else { return };
+        if product.bop.is_none() {
+            // Kept until the BOP comes, with its bytes unless they are discarded.
+            let bytes = match self.config.assembly {
+                Assembly::Memory | Assembly::Sink => data.to_vec(),
+                Assembly::Discard => Vec::new(),
+            };
+            // data.len() ≤ the 16-bit payload length.
+            self.on_block(key, offset, data.len() as u32, fingerprint, bytes, retransmitted);
+            return;
+        }
+        self.on_known_data(key, offset, data, fingerprint, retransmitted);
+    }
+
+    /// A block of a product whose BOP is not known yet: kept (bounded) until the RETX_BOP
+    /// arrives, or dropped and requested again then.
+    fn on_block(&mut self, key: i64, offset: u32, len: u32, fingerprint: u64, bytes: Vec<u8>, retransmitted: bool) {
         let now = self.now;
         let early_bytes_max = self.config.early_bytes_max;
         let in_flight_bytes_max = self.config.in_flight_bytes_max;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let start = u64::from(offset);
+        let end = start + u64::from(len);
+        if !retransmitted {
+            product.last_multicast = now;
+            product.multicast_end = product.multicast_end.max(end);
+        }
+        if product.received.contains(start, end) {
+            self.counters.duplicates += 1;
+        } else if self.early_bytes + u64::from(len) > early_bytes_max
+            || self.in_flight_bytes + u64::from(len) > in_flight_bytes_max
+        {
+            // Dropped, not held: it is requested again once the BOP is known. (Evicting a
+            // product whose BOP is known for a block of one whose size is not would be no
+            // better a bet.)
+            let bound = if self.early_bytes + u64::from(len) > early_bytes_max {
+                ReceiverBound::EarlyBytes
+            } else {
+                ReceiverBound::InFlightBytes
+            };
+            let (index, first) = (product.index, !product.early_bound_hit);
+            product.early_bound_hit = true;
+            if first {
+                self.bound_hit(bound, Some(index));
+            } else {
+                self.counters.bound_hits += 1;
+            }
+        } else {
+            product.received.insert(start, end);
+            product.early.push(EarlyBlock { offset, len, fingerprint, data: bytes });
+            product.early_bytes += u64::from(len);
+            self.early_bytes += u64::from(len);
+            self.in_flight_bytes += u64::from(len);
+            if retransmitted {
+                product.retransmitted_blocks += 1;
+                self.counters.retx_blocks += 1;
+            }
+        }
+    }
+
+    /// A block of a product whose BOP is known.
+    fn on_known_data(&mut self, key: i64, offset: u32, data: &[u8], fingerprint: u64, retransmitted: bool) {
+        let now = self.now;
         let Some(product) = self.products.get_mut(&key) else { return };
         let start = u64::from(offset);
         let end = start + data.len() as u64;
@@ -685,52 +823,7 @@ impl Receiver {
             product.last_multicast = now;
             product.multicast_end = product.multicast_end.max(end);
         }
-        let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) else {
-            // BOP unknown: keep the block (bounded) until the RETX_BOP arrives.
-            if product.received.contains(start, end) {
-                self.counters.duplicates += 1;
-            } else if self.early_bytes + data.len() as u64 > early_bytes_max
-                || self.in_flight_bytes + data.len() as u64 > in_flight_bytes_max
-            {
-                // Dropped, not held: it is requested again once the BOP is known. (Evicting a
-                // product whose BOP is known for a block of one whose size is not would be
-                // no better a bet.)
-                let bound = if self.early_bytes + data.len() as u64 > early_bytes_max {
-                    ReceiverBound::EarlyBytes
-                } else {
-                    ReceiverBound::InFlightBytes
-                };
-                let (index, first) = (product.index, !product.early_bound_hit);
-                product.early_bound_hit = true;
-                if first {
-                    self.bound_hit(bound, Some(index));
-                } else {
-                    self.counters.bound_hits += 1;
-                }
-            } else {
-                product.received.insert(start, end);
-                let bytes = match self.config.assembly {
-                    Assembly::Memory | Assembly::Sink => data.to_vec(),
-                    Assembly::Discard => Vec::new(),
-                };
-                // data.len() ≤ the 16-bit payload length.
-                let len = data.len() as u32;
-                product.early.push(EarlyBlock {
-                    offset,
-                    len,
-                    fingerprint: block_fingerprint(offset, data),
-                    data: bytes,
-                });
-                product.early_bytes += data.len() as u64;
-                self.early_bytes += data.len() as u64;
-                self.in_flight_bytes += data.len() as u64;
-                if retransmitted {
-                    product.retransmitted_blocks += 1;
-                    self.counters.retx_blocks += 1;
-                }
-            }
-            return;
-        };
+        let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) else { return };
         if end > size {
             self.counters.out_of_range += 1;
             return;
@@ -753,7 +846,7 @@ impl Receiver {
             Assembly::Discard => {}
         }
         let Some(product) = self.products.get_mut(&key) else { return };
-        product.fingerprint = product.fingerprint.wrapping_add(block_fingerprint(offset, data));
+        product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
         if retransmitted {
             product.retransmitted_blocks += 1;
             self.counters.retx_blocks += 1;
@@ -779,6 +872,7 @@ impl Receiver {
     fn end_multicast(&mut self, key: i64) {
         let Some(product) = self.products.get_mut(&key) else { return };
         product.ended = true;
+        self.multicasting.remove(&key);
         if let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) {
             self.request_missing(key, 0, size);
         }
@@ -895,6 +989,7 @@ impl Receiver {
 
     fn remove(&mut self, key: i64) -> Option<Incoming> {
         let product = self.products.remove(&key)?;
+        self.multicasting.remove(&key);
         self.timers.remove(&(product.abandon_at, key, TimerKind::Abandon));
         if let Some(at) = product.receive_timer {
             self.timers.remove(&(at, key, TimerKind::Receive));
@@ -1003,6 +1098,24 @@ struct Incoming {
     fingerprint: u64,
     receive_timer: Option<Instant>,
     abandon_at: Instant,
+}
+
+/// MEM_DATA datagrams of one product that arrived back to back and in order, handed over at once
+/// without their bytes ([`Receiver::handle_block_run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRun {
+    /// The product.
+    pub index: ProductIndex,
+    /// The first block's offset.
+    pub start: u32,
+    /// The end of the last block.
+    pub end: u32,
+    /// How many datagrams.
+    pub datagrams: u32,
+    /// Their bytes as received, headers included.
+    pub wire_bytes: u64,
+    /// The sum of their [`block_fingerprint`]s.
+    pub fingerprint: u64,
 }
 
 /// A block kept before its product's BOP arrived.

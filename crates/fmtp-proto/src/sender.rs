@@ -25,7 +25,7 @@
 //! * Every queue has a bound ([`SenderConfig`]); hitting one increments a counter and emits
 //!   [`SenderEvent::BoundHit`] once per episode.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc;
@@ -1060,6 +1060,9 @@ enum Stage {
 #[derive(Debug)]
 struct ReceiverState {
     work: VecDeque<Work>,
+    /// How many items of `work` each product has (so that a release purges only the queues
+    /// that hold work for it).
+    work_per_key: HashMap<u64, u32>,
     /// Product bytes in queued `Data` work.
     backlog_bytes: u64,
     rtt: Duration,
@@ -1072,6 +1075,7 @@ impl ReceiverState {
     fn new() -> Self {
         Self {
             work: VecDeque::new(),
+            work_per_key: HashMap::new(),
             backlog_bytes: 0,
             rtt: Duration::ZERO,
             writable: true,
@@ -1107,17 +1111,28 @@ impl ReceiverState {
         if let WorkKind::Data { next, end } = work.kind {
             self.backlog_bytes += u64::from(end - next);
         }
+        *self.work_per_key.entry(work.key).or_insert(0) += 1;
         self.work.push_back(work);
     }
 
     fn pop_front(&mut self) {
-        if let Some(Work { kind: WorkKind::Data { next, end }, .. }) = self.work.pop_front() {
+        let Some(work) = self.work.pop_front() else { return };
+        if let WorkKind::Data { next, end } = work.kind {
             self.backlog_bytes -= u64::from(end - next);
+        }
+        if let Some(count) = self.work_per_key.get_mut(&work.key) {
+            *count -= 1;
+            if *count == 0 {
+                self.work_per_key.remove(&work.key);
+            }
         }
     }
 
     /// Drops queued work for a product; returns whether anything was dropped.
     fn purge(&mut self, key: u64) -> bool {
+        if self.work_per_key.remove(&key).is_none() {
+            return false;
+        }
         let before = self.work.len();
         let mut freed = 0;
         self.work.retain(|w| {

@@ -214,6 +214,20 @@ impl Ledger {
         self.products.get(index.0.wrapping_sub(self.first_index.0) as usize).map(|record| record.size)
     }
 
+    /// The sum of the block fingerprints of `[start, end)` (block-aligned) of product `index`
+    /// (0 for a product not in the ledger: the receiver's check then fails loudly).
+    pub(crate) fn range_fingerprint(&self, index: ProductIndex, start: u32, end: u32) -> u64 {
+        let Some(record) = self.products.get(index.0.wrapping_sub(self.first_index.0) as usize) else { return 0 };
+        match &record.content {
+            Content::Pattern(seed) => crate::workload::pattern_range_fingerprint(*seed, start, end),
+            Content::Bytes(bytes) => {
+                let end = (end as usize).min(bytes.len());
+                let start = (start as usize).min(end);
+                crate::workload::bytes_fingerprint_from(start, &bytes[start..end])
+            }
+        }
+    }
+
     pub(crate) fn product_count(&self) -> usize {
         self.products.len()
     }

@@ -24,10 +24,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ldm7_fmtp_proto::wire::Message;
+use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
-    Assembly, Destination, EnqueueRefusal, Instant, Product, ProductIndex, Receiver, ReceiverConfig, ReceiverCounters,
-    ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
+    Assembly, BlockRun, Destination, EnqueueRefusal, Instant, Product, ProductIndex, Receiver, ReceiverConfig,
+    ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent, block_fingerprint,
 };
 use ldm7_types::Signature;
 
@@ -456,6 +456,8 @@ impl Simulation {
                 in_flight_products_max: receiver_config.in_flight_products_max,
                 in_flight_bytes_max: receiver_config.in_flight_bytes_max,
                 datagrams_lost: 0,
+                pending: None,
+                expect: None,
             });
             queue.push(spec.join_at, Event::Join { receiver: position });
             for reset in &spec.resets {
@@ -537,11 +539,19 @@ impl Simulation {
 
     /// Runs events due up to `limit`; returns whether the run came to rest (nothing pending).
     pub fn run_until(&mut self, limit: Instant) -> Result<bool, Failure> {
-        while let Some(at) = self.queue.peek_time() {
-            if at > limit {
+        loop {
+            let Some(at) = self.queue.peek_time().filter(|&at| at <= limit) else {
+                // Blocks still pending go to their receivers before the stretch ends (which
+                // may schedule more).
+                if self.flush_runs().map_err(|violation| self.failure(violation))? {
+                    continue;
+                }
+                if self.queue.peek_time().is_none() {
+                    return Ok(true);
+                }
                 self.now = self.now.max(limit);
                 return Ok(false);
-            }
+            };
             if at > self.time_limit {
                 let what = format!("events still pending at the time limit {} ({:?})", self.time_limit, self);
                 return Err(self.failure(Violation::NotQuiescent(what)));
@@ -559,7 +569,6 @@ impl Simulation {
             }
             self.handle(event).map_err(|violation| self.failure(violation))?;
         }
-        Ok(true)
     }
 
     /// Runs until nothing is pending, then checks that everything is at rest and every product
@@ -637,6 +646,22 @@ impl Simulation {
     }
 
     fn handle(&mut self, event: Event) -> Result<(), Violation> {
+        // Whatever concerns a receiver comes after the blocks it has been sent.
+        match &event {
+            Event::ToReceiver { receiver, .. }
+            | Event::ReceiverWake { receiver }
+            | Event::Reset { receiver, .. }
+            | Event::Reconnect { receiver } => self.flush_run(*receiver)?,
+            Event::Liveness => {
+                self.flush_runs()?;
+            }
+            Event::Arrival
+            | Event::SenderWake
+            | Event::Multicast { .. }
+            | Event::ToSender { .. }
+            | Event::Writable { .. }
+            | Event::Join { .. } => {}
+        }
         let stale = match &event {
             // A wake is stale if another replaced it or its timer was cancelled meanwhile.
             Event::SenderWake => {
@@ -849,9 +874,22 @@ impl Simulation {
     fn on_multicast(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
         // The sender's datagrams were checked when emitted: the header is there.
         let index = ProductIndex(u32::from_be_bytes([datagram[0], datagram[1], datagram[2], datagram[3]]));
-        let message = match self.drop_filter {
-            Some(_) => Some(Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?),
-            None => None,
+        let message = match (&self.drop_filter, self.content) {
+            (None, ContentMode::Memory) => None,
+            _ => Some(Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?),
+        };
+        // With pattern content, data blocks are batched per receiver (their bytes were checked
+        // against the product when the sender emitted them).
+        let block = match (&message, self.content) {
+            (Some(Message { body: Body::MemData { offset, data }, .. }), ContentMode::Pattern) => {
+                // offset + len ≤ the product size ≤ u32::MAX.
+                Some((*offset, *offset + data.len() as u32, block_fingerprint(*offset, data)))
+            }
+            _ => None,
+        };
+        let next_expected = match &message {
+            Some(Message { body: Body::Bop(_), .. }) => Some((index, 0)),
+            _ => None,
         };
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
@@ -868,11 +906,65 @@ impl Simulation {
                 continue;
             }
             self.counters.datagram_deliveries += 1;
+            if let Some((offset, end, fingerprint)) = block {
+                if let Some(pending) = node.pending.as_mut().filter(|p| p.run.index == index && p.run.end == offset) {
+                    pending.run.end = end;
+                    pending.run.datagrams += 1;
+                    pending.run.wire_bytes += datagram.len() as u64;
+                    pending.run.fingerprint = pending.run.fingerprint.wrapping_add(fingerprint);
+                    pending.last_at = self.now;
+                    continue;
+                }
+                self.flush_run(receiver)?;
+                let node = &mut self.nodes[receiver];
+                if node.expect == Some((index, offset)) {
+                    let run = BlockRun {
+                        index,
+                        start: offset,
+                        end,
+                        datagrams: 1,
+                        wire_bytes: datagram.len() as u64,
+                        fingerprint,
+                    };
+                    node.pending = Some(PendingRun { run, last_at: self.now });
+                    self.ledger.contact(receiver, index);
+                    continue;
+                }
+                node.expect = Some((index, end));
+            } else {
+                self.flush_run(receiver)?;
+                self.nodes[receiver].expect = next_expected;
+            }
             self.ledger.contact(receiver, index);
-            node.receiver.handle_datagram(self.now, datagram);
+            self.nodes[receiver].receiver.handle_datagram(self.now, datagram);
             self.drain_receiver(receiver)?;
         }
         Ok(())
+    }
+
+    /// Hands receiver `receiver` the blocks it was not handed yet, as of when the last arrived.
+    fn flush_run(&mut self, receiver: usize) -> Result<(), Violation> {
+        let Some(pending) = self.nodes[receiver].pending.take() else { return Ok(()) };
+        let (nodes, ledger) = (&mut self.nodes, &self.ledger);
+        let node = &mut nodes[receiver];
+        let index = pending.run.index;
+        node.expect = Some((index, pending.run.end));
+        node.receiver.handle_block_run(pending.last_at, &pending.run, &mut |start, end| {
+            ledger.range_fingerprint(index, start, end)
+        });
+        self.drain_receiver_at(receiver, pending.last_at)
+    }
+
+    /// [`Simulation::flush_run`] for every receiver; whether any had blocks pending.
+    fn flush_runs(&mut self) -> Result<bool, Violation> {
+        let mut any = false;
+        for receiver in 0..self.nodes.len() {
+            if self.nodes[receiver].pending.is_some() {
+                any = true;
+                self.flush_run(receiver)?;
+            }
+        }
+        Ok(any)
     }
 
     // ---------------------------------------------------------------------------------------
@@ -1015,6 +1107,12 @@ impl Simulation {
 
     #[inline]
     fn drain_receiver(&mut self, receiver: usize) -> Result<(), Violation> {
+        self.drain_receiver_at(receiver, self.now)
+    }
+
+    /// Takes what receiver `receiver` has to send and report, as of `at` (`now`, or when the
+    /// last block of a run it was just handed arrived).
+    fn drain_receiver_at(&mut self, receiver: usize, at: Instant) -> Result<(), Violation> {
         let node = &mut self.nodes[receiver];
         if node.connected {
             while let Some(message) = node.receiver.poll_transmit() {
@@ -1022,7 +1120,7 @@ impl Simulation {
                 message
                     .emit_to_vec(&mut frame)
                     .map_err(|e| Violation::Receiver { receiver, what: format!("cannot emit {message:?}: {e}") })?;
-                let arrival = node.to_sender.send(self.now, frame.len());
+                let arrival = node.to_sender.send(at, frame.len()).max(self.now);
                 let generation = node.to_sender.generation;
                 self.queue.push(arrival, Event::ToSender { receiver, generation, frame });
             }
@@ -1031,7 +1129,7 @@ impl Simulation {
             if let (Some(log), ldm7_fmtp_proto::ReceiverEvent::Delivered(delivery)) = (&mut self.delivery_log, &event) {
                 log.push(DeliveryRecord {
                     receiver,
-                    at: self.now,
+                    at,
                     latency: Duration::from_nanos(delivery.latency_ns.max(0) as u64),
                     bytes: self.ledger.size_of(delivery.index).unwrap_or(0),
                     retransmitted_blocks: delivery.retransmitted_blocks,
@@ -1145,6 +1243,22 @@ struct Node {
     in_flight_products_max: usize,
     in_flight_bytes_max: u64,
     datagrams_lost: u64,
+    /// Data blocks received back to back and not yet handed to the receiver (pattern content).
+    pending: Option<PendingRun>,
+    /// The product and offset of the block that would continue what the receiver was handed
+    /// last (a block there starts a run; any other is handed over at once).
+    expect: Option<(ProductIndex, u32)>,
+}
+
+/// Blocks of one product that reached a receiver back to back, handed over together when
+/// something else concerns the receiver: its next datagram that does not continue them, any
+/// other event of its own, or the end of a stretch of the run. A block that follows a gap is
+/// handed over as it comes, so that the receiver asks for what it lacks at the right time.
+#[derive(Clone, Copy, Debug)]
+struct PendingRun {
+    run: BlockRun,
+    /// When the last of them arrived.
+    last_at: Instant,
 }
 
 /// Receivers sharing one multicast delay and jitter: one heap event per datagram.

@@ -213,11 +213,17 @@ pub fn pattern_bytes(seed: u64, size: u32) -> Vec<u8> {
 ///
 /// [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
 pub fn pattern_fingerprint(seed: u64, size: u32) -> u64 {
+    pattern_range_fingerprint(seed, 0, size)
+}
+
+/// The part of [`pattern_fingerprint`] from the blocks of `[start, end)` (`start` on a block
+/// boundary; `end` a block boundary or the product's end).
+pub fn pattern_range_fingerprint(seed: u64, start: u32, end: u32) -> u64 {
     let mut scratch = [0u8; BLOCK_LEN];
     let mut sum = 0u64;
-    let mut offset = 0u32;
-    while offset < size {
-        let len = (size - offset).min(BLOCK_LEN as u32) as usize;
+    let mut offset = start;
+    while offset < end {
+        let len = (end - offset).min(BLOCK_LEN as u32) as usize;
         let block = &mut scratch[..len];
         let sampled = len.min(8);
         pattern_fill(seed, u64::from(offset), &mut block[..sampled]);
@@ -230,9 +236,14 @@ pub fn pattern_fingerprint(seed: u64, size: u32) -> u64 {
 
 /// The fingerprint of in-memory bytes, over the §3 tiling (block `k` at `k × 1448`).
 pub fn bytes_fingerprint(bytes: &[u8]) -> u64 {
+    bytes_fingerprint_from(0, bytes)
+}
+
+/// The fingerprint of the blocks of `bytes`, which start at `offset` (a block boundary).
+pub fn bytes_fingerprint_from(offset: usize, bytes: &[u8]) -> u64 {
     bytes.chunks(BLOCK_LEN).enumerate().fold(0u64, |sum, (k, block)| {
-        // k × 1448 < size ≤ u32::MAX.
-        sum.wrapping_add(block_fingerprint((k * BLOCK_LEN) as u32, block))
+        // offset + k × 1448 < size ≤ u32::MAX.
+        sum.wrapping_add(block_fingerprint((offset + k * BLOCK_LEN) as u32, block))
     })
 }
 
