@@ -310,6 +310,9 @@ pub struct Receiver {
     /// The keys of the products whose multicast has not ended (a newer index ends them).
     multicasting: BTreeSet<i64>,
     timers: BTreeSet<(Instant, i64, TimerKind)>,
+    /// When the first of `timers` is due (kept with them: looking it up in the set on every
+    /// datagram was a tenth of a large simulation's time).
+    timers_first: Option<Instant>,
     in_flight_bytes: u64,
     early_bytes: u64,
     transmits: VecDeque<Message<'static>>,
@@ -359,6 +362,7 @@ impl Receiver {
             products: BTreeMap::new(),
             multicasting: BTreeSet::new(),
             timers: BTreeSet::new(),
+            timers_first: None,
             in_flight_bytes: 0,
             early_bytes: 0,
             transmits: VecDeque::new(),
@@ -561,7 +565,7 @@ impl Receiver {
     /// When to call [`Receiver::handle_timeout`] next (`None`: no timer). The instant may be
     /// early (timers are re-evaluated lazily); calling then is harmless.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(at, _, _)| *at)
+        self.timers_first
     }
 
     /// The counters.
@@ -582,13 +586,28 @@ impl Receiver {
     // ---------------------------------------------------------------------------------------
     // Helpers.
 
+    fn add_timer(&mut self, timer: (Instant, i64, TimerKind)) {
+        self.timers.insert(timer);
+        self.timers_first = Some(self.timers_first.map_or(timer.0, |first| first.min(timer.0)));
+    }
+
+    fn remove_timer(&mut self, timer: (Instant, i64, TimerKind)) {
+        if self.timers.remove(&timer) && self.timers_first == Some(timer.0) {
+            self.timers_first = self.timers.first().map(|(at, _, _)| *at);
+        }
+    }
+
     fn advance(&mut self, now: Instant) {
         self.now = self.now.max(now);
+        if self.timers_first.is_none_or(|first| first > self.now) {
+            return;
+        }
         while let Some(&(at, key, kind)) = self.timers.first() {
             if at > self.now {
                 break;
             }
             self.timers.pop_first();
+            self.timers_first = self.timers.first().map(|(at, _, _)| *at);
             match kind {
                 TimerKind::Abandon => self.abandon(key, MissReason::TimedOut),
                 TimerKind::Receive => self.receive_timer_fired(key),
@@ -658,7 +677,7 @@ impl Receiver {
         }
         let abandon_at = self.now + self.config.incomplete_timeout;
         self.counters.started += 1;
-        self.timers.insert((abandon_at, key, TimerKind::Abandon));
+        self.add_timer((abandon_at, key, TimerKind::Abandon));
         self.products.insert(key, Incoming::new(index, self.now, abandon_at, ended));
         if !ended {
             self.multicasting.insert(key);
@@ -891,7 +910,7 @@ impl Receiver {
         let due = receive_due(&timer, product.last_multicast, size.saturating_sub(product.multicast_end));
         if due > now {
             product.receive_timer = Some(due);
-            self.timers.insert((due, key, TimerKind::Receive));
+            self.add_timer((due, key, TimerKind::Receive));
             return;
         }
         let (index, eop_seen, eop_requested) = (product.index, product.eop_seen, product.eop_requested);
@@ -912,7 +931,7 @@ impl Receiver {
         }
         let due = receive_due(&timer, product.last_multicast, size.saturating_sub(product.multicast_end));
         product.receive_timer = Some(due);
-        self.timers.insert((due, key, TimerKind::Receive));
+        self.add_timer((due, key, TimerKind::Receive));
     }
 
     /// Requests the bytes of `[start, end)` neither received nor requested yet, coalesced.
@@ -990,9 +1009,9 @@ impl Receiver {
     fn remove(&mut self, key: i64) -> Option<Incoming> {
         let product = self.products.remove(&key)?;
         self.multicasting.remove(&key);
-        self.timers.remove(&(product.abandon_at, key, TimerKind::Abandon));
+        self.remove_timer((product.abandon_at, key, TimerKind::Abandon));
         if let Some(at) = product.receive_timer {
-            self.timers.remove(&(at, key, TimerKind::Receive));
+            self.remove_timer((at, key, TimerKind::Receive));
         }
         self.in_flight_bytes -= product.held_bytes();
         self.early_bytes -= product.early_bytes;
