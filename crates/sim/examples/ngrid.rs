@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p ldm7-sim --example ngrid -- [--receivers 100] [--loss 0.01] [--rtt-ms 30]
-//!     [--rate 40M] [--trace PATH] [--seed N] [--memory]
+//!     [--rate 40M] [--retx-rate R] [--trace PATH] [--seed N] [--memory]
 //! ```
 //!
 //! Prints the run's report, the wall time and the virtual/wall speed-up. Exits non-zero if a
@@ -36,6 +36,10 @@ struct Args {
     /// Sender rate (multicast and repairs): `40M`, `40 Mbit/s`, `1G`, `64000` (bit/s).
     #[arg(long, default_value = "40M")]
     rate: Rate,
+    /// Repair pacing rate, all receivers together (default: the sender rate, the design's
+    /// retransmission class at the path rate).
+    #[arg(long)]
+    retx_rate: Option<Rate>,
     /// Seed (default: `LDM7_SEED`, else 1).
     #[arg(long)]
     seed: Option<u64>,
@@ -77,6 +81,9 @@ fn main() -> ExitCode {
         (0..args.receivers).map(|_| ReceiverSpec::with_rtt(rtt).loss(LossModel::Bernoulli(args.loss))).collect();
     let mut config = SimConfig::new(seed, receivers);
     config.sender = SenderConfig::with_rate(rate);
+    if let Some(retx_rate) = args.retx_rate {
+        config.sender.retx_pacing = Some(ldm7_fmtp_proto::Pacing::new(retx_rate.bits_per_s()));
+    }
     config.content = if args.memory { ContentMode::Memory } else { ContentMode::Pattern };
     println!(
         "{}: {} products, {:.2} GB over {:?}, to {} receivers at {}% loss, RTT {:?}, {} bit/s, seed {seed}",
