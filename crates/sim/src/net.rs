@@ -112,6 +112,36 @@ impl LossProcess {
         }
     }
 
+    /// How many datagrams pass before the next lost one (0: the next is lost; `u64::MAX`:
+    /// none is lost) — the same process as [`LossProcess::lose`] datagram by datagram, sampled
+    /// at once: a geometric gap for Bernoulli loss, the chain stepped to its next loss for
+    /// Gilbert–Elliott.
+    pub(crate) fn until_loss(&mut self) -> u64 {
+        match self.kind {
+            LossKind::None => u64::MAX,
+            LossKind::Bernoulli(chance) => {
+                let p = chance.probability();
+                if p >= 1.0 {
+                    return 0;
+                }
+                // P(gap = k) = (1 − p)^k p: ⌊ln U / ln(1 − p)⌋ with U uniform in (0, 1].
+                let u = 1.0 - self.rng.unit();
+                let gap = (u.ln() / (-p).ln_1p()).floor();
+                if gap >= u64::MAX as f64 { u64::MAX - 1 } else { gap as u64 }
+            }
+            LossKind::GilbertElliott { .. } => {
+                let mut gap = 0u64;
+                while !self.lose() {
+                    gap += 1;
+                    if gap == u64::MAX - 1 {
+                        break;
+                    }
+                }
+                gap
+            }
+        }
+    }
+
     /// Stops losing (the liveness phase heals the network).
     pub(crate) fn heal(&mut self) {
         self.kind = LossKind::None;

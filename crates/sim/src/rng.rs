@@ -100,6 +100,11 @@ impl Chance {
     pub fn is_never(self) -> bool {
         self.0 == 0
     }
+
+    /// The probability it stands for.
+    pub fn probability(self) -> f64 {
+        self.0 as f64 / 18_446_744_073_709_551_616.0
+    }
 }
 
 /// SplitMix64's finalizer: a bijective 64-bit mix.

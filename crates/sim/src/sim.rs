@@ -18,7 +18,8 @@
 //! a sentinel product so that every receiver learns of products it lost whole at the end, and
 //! runs until nothing is pending. Then every product must be accounted for.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -387,6 +388,10 @@ pub struct Simulation {
     drop_filter: Option<DropFilter>,
     /// Deliveries for [`Simulation::take_deliveries`], when kept.
     delivery_log: Option<Vec<DeliveryRecord>>,
+    /// Whether losses are sampled ahead (decided when the first receiver joins).
+    sampled: Option<bool>,
+    /// Scratch: the members losing the datagram in hand.
+    losers: Vec<usize>,
     /// Nodes with stream messages held back by the sender's backpressure.
     held_nodes: Vec<usize>,
     buf: Vec<u8>,
@@ -458,6 +463,9 @@ impl Simulation {
                 datagrams_lost: 0,
                 pending: None,
                 expect: None,
+                group,
+                ride: Ride::Attention,
+                next_loss: u64::MAX,
             });
             queue.push(spec.join_at, Event::Join { receiver: position });
             for reset in &spec.resets {
@@ -488,6 +496,8 @@ impl Simulation {
             backlog: VecDeque::new(),
             drop_filter: None,
             delivery_log: None,
+            sampled: None,
+            losers: Vec::new(),
             held_nodes: Vec::new(),
             buf: Vec::with_capacity(2048),
             healed: false,
@@ -743,6 +753,16 @@ impl Simulation {
                 }
             }
             Event::Join { receiver } => {
+                if self.sampled() {
+                    let node = &mut self.nodes[receiver];
+                    let group = &mut self.groups[node.group];
+                    node.ride = Ride::Attention;
+                    group.attention.push(receiver);
+                    node.next_loss = group.seq.saturating_add(node.loss.until_loss());
+                    if node.next_loss != u64::MAX {
+                        group.losses.push(Reverse((node.next_loss, receiver)));
+                    }
+                }
                 let node = &mut self.nodes[receiver];
                 node.joined = true;
                 node.connected = true;
@@ -859,7 +879,11 @@ impl Simulation {
         self.healed = true;
         self.drop_filter = None;
         self.shared_loss.heal();
+        for group in &mut self.groups {
+            group.losses.clear();
+        }
         for node in &mut self.nodes {
+            node.next_loss = u64::MAX;
             node.loss.heal();
             node.to_sender.heal();
             node.to_receiver.heal();
@@ -871,7 +895,16 @@ impl Simulation {
         self.drain_sender()
     }
 
+    /// Whether losses are sampled ahead ([`Simulation::on_multicast_sampled`]): with pattern
+    /// content and no scripted drops, decided once, when the first receiver joins.
+    fn sampled(&mut self) -> bool {
+        *self.sampled.get_or_insert(matches!(self.content, ContentMode::Pattern) && self.drop_filter.is_none())
+    }
+
     fn on_multicast(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
+        if self.sampled() {
+            return self.on_multicast_sampled(group, datagram);
+        }
         // The sender's datagrams were checked when emitted: the header is there.
         let index = ProductIndex(u32::from_be_bytes([datagram[0], datagram[1], datagram[2], datagram[3]]));
         let message = match (&self.drop_filter, self.content) {
@@ -942,8 +975,183 @@ impl Simulation {
         Ok(())
     }
 
+    /// A multicast datagram reaches a group whose members' losses are sampled: each member's
+    /// next lost datagram is drawn ahead ([`LossProcess::until_loss`]), members riding the
+    /// group's run of data blocks take a block without anything done for them, and only the
+    /// members that lose it, that lost the one before, or that must see it at once (BOP, EOP,
+    /// a break in the group's run) are visited — a datagram's cost grows with the losses, not
+    /// with the members.
+    fn on_multicast_sampled(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
+        let seq = self.groups[group].seq;
+        self.groups[group].seq += 1;
+        let message = Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?;
+        let index = message.index;
+        // Who loses it (each draws its next loss).
+        let mut losers = std::mem::take(&mut self.losers);
+        losers.clear();
+        while let Some(&Reverse((at, member))) = self.groups[group].losses.peek() {
+            if at > seq {
+                break;
+            }
+            self.groups[group].losses.pop();
+            let node = &mut self.nodes[member];
+            if at < seq || node.next_loss != at || !node.joined {
+                continue;
+            }
+            node.datagrams_lost += 1;
+            node.next_loss = (seq + 1).saturating_add(node.loss.until_loss());
+            if node.next_loss != u64::MAX {
+                self.groups[group].losses.push(Reverse((node.next_loss, member)));
+            }
+            losers.push(member);
+        }
+        self.counters.datagram_deliveries += (self.groups[group].joined - losers.len()) as u64;
+        let result = match message.body {
+            Body::MemData { offset, data } => {
+                // offset + len ≤ the product size ≤ u32::MAX.
+                let end = offset + data.len() as u32;
+                self.on_block_sampled(
+                    group,
+                    seq,
+                    index,
+                    offset,
+                    end,
+                    block_fingerprint(offset, data),
+                    datagram,
+                    &losers,
+                )
+            }
+            ref body => {
+                let bop = matches!(body, Body::Bop(_));
+                self.on_control_sampled(group, seq, index, bop, datagram, &losers)
+            }
+        };
+        self.losers = losers;
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_block_sampled(
+        &mut self,
+        group: usize,
+        seq: u64,
+        index: ProductIndex,
+        offset: u32,
+        end: u32,
+        fingerprint: u64,
+        datagram: &[u8],
+        losers: &[usize],
+    ) -> Result<(), Violation> {
+        if !self.groups[group].run.continues(index, offset, seq) {
+            // A break in the group's stream (a shared loss, or blocks of a product whose BOP
+            // never came): nobody rides across it.
+            for member in 0..self.groups[group].members.len() {
+                let receiver = self.groups[group].members[member];
+                if matches!(self.nodes[receiver].ride, Ride::From(_)) {
+                    self.flush_member_to(receiver, seq)?;
+                    self.attend(receiver);
+                }
+            }
+            self.groups[group].run.reset(index, seq, offset);
+        }
+        self.groups[group].run.push(end, self.now, fingerprint, datagram.len() as u64);
+        // Riders that lose it: their share ends before it.
+        for &receiver in losers {
+            if matches!(self.nodes[receiver].ride, Ride::From(_)) {
+                self.flush_member_to(receiver, seq)?;
+                self.attend(receiver);
+            }
+        }
+        // Members that lost the datagram before take this one at once (and ride from the next),
+        // unless they lose it too.
+        let attention = std::mem::take(&mut self.groups[group].attention);
+        for receiver in attention {
+            if losers.contains(&receiver) || self.nodes[receiver].ride != Ride::Attention {
+                if self.nodes[receiver].ride == Ride::Attention {
+                    self.groups[group].attention.push(receiver);
+                }
+                continue;
+            }
+            self.hand_over(receiver, index, datagram)?;
+            self.nodes[receiver].ride = Ride::From(seq + 1);
+        }
+        Ok(())
+    }
+
+    fn on_control_sampled(
+        &mut self,
+        group: usize,
+        seq: u64,
+        index: ProductIndex,
+        bop: bool,
+        datagram: &[u8],
+        losers: &[usize],
+    ) -> Result<(), Violation> {
+        // Everyone's share of the run ends here; everyone takes it at once.
+        self.groups[group].attention.clear();
+        for member in 0..self.groups[group].members.len() {
+            let receiver = self.groups[group].members[member];
+            if !self.nodes[receiver].joined {
+                continue;
+            }
+            self.flush_member_to(receiver, seq)?;
+            let ride = if losers.contains(&receiver) {
+                Ride::Attention
+            } else {
+                self.hand_over(receiver, index, datagram)?;
+                if bop { Ride::From(seq + 1) } else { Ride::Attention }
+            };
+            self.nodes[receiver].ride = ride;
+            if ride == Ride::Attention {
+                self.groups[group].attention.push(receiver);
+            }
+        }
+        if bop {
+            self.groups[group].run.reset(index, seq + 1, 0);
+        } else {
+            self.groups[group].run.clear();
+        }
+        Ok(())
+    }
+
+    /// Receiver `receiver` takes the next datagram at once. (A joined receiver is in its
+    /// group's attention list exactly when its ride is [`Ride::Attention`].)
+    fn attend(&mut self, receiver: usize) {
+        let node = &mut self.nodes[receiver];
+        if node.ride != Ride::Attention {
+            node.ride = Ride::Attention;
+            self.groups[node.group].attention.push(receiver);
+        }
+    }
+
+    /// Hands receiver `receiver` a datagram now.
+    fn hand_over(&mut self, receiver: usize, index: ProductIndex, datagram: &[u8]) -> Result<(), Violation> {
+        self.ledger.contact(receiver, index);
+        self.nodes[receiver].receiver.handle_datagram(self.now, datagram);
+        self.drain_receiver(receiver)
+    }
+
+    /// Hands a riding receiver its share of its group's run before group datagram `to`.
+    fn flush_member_to(&mut self, receiver: usize, to: u64) -> Result<(), Violation> {
+        let Ride::From(from) = self.nodes[receiver].ride else { return Ok(()) };
+        self.nodes[receiver].ride = Ride::From(to.max(from));
+        let group = self.nodes[receiver].group;
+        let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(()) };
+        let index = run.index;
+        self.ledger.contact(receiver, index);
+        let (nodes, ledger) = (&mut self.nodes, &self.ledger);
+        nodes[receiver]
+            .receiver
+            .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
+        self.drain_receiver_at(receiver, at)
+    }
+
     /// Hands receiver `receiver` the blocks it was not handed yet, as of when the last arrived.
     fn flush_run(&mut self, receiver: usize) -> Result<(), Violation> {
+        if matches!(self.nodes[receiver].ride, Ride::From(_)) {
+            let to = self.groups[self.nodes[receiver].group].seq;
+            self.flush_member_to(receiver, to)?;
+        }
         let Some(pending) = self.nodes[receiver].pending.take() else { return Ok(()) };
         let (nodes, ledger) = (&mut self.nodes, &self.ledger);
         let node = &mut nodes[receiver];
@@ -959,7 +1167,12 @@ impl Simulation {
     fn flush_runs(&mut self) -> Result<bool, Violation> {
         let mut any = false;
         for receiver in 0..self.nodes.len() {
-            if self.nodes[receiver].pending.is_some() {
+            let node = &self.nodes[receiver];
+            let riding = match node.ride {
+                Ride::From(from) => self.groups[node.group].run.share(from, self.groups[node.group].seq).is_some(),
+                Ride::Attention => false,
+            };
+            if node.pending.is_some() || riding {
                 any = true;
                 self.flush_run(receiver)?;
             }
@@ -1248,6 +1461,23 @@ struct Node {
     /// The product and offset of the block that would continue what the receiver was handed
     /// last (a block there starts a run; any other is handed over at once).
     expect: Option<(ProductIndex, u32)>,
+    /// Its delay group.
+    group: usize,
+    /// Sampled losses: how it takes its group's next datagram.
+    ride: Ride,
+    /// Sampled losses: the group sequence number of the next datagram it loses.
+    next_loss: u64,
+}
+
+/// How a receiver takes its group's next datagram when losses are sampled
+/// ([`Simulation::on_multicast_sampled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ride {
+    /// Data blocks of the group's current run, from this sequence number on, are its own
+    /// without anything done per block; they are handed over when something concerns it.
+    From(u64),
+    /// The next datagram is handed over as it comes (after a loss, an EOP, a join).
+    Attention,
 }
 
 /// Blocks of one product that reached a receiver back to back, handed over together when
@@ -1268,11 +1498,105 @@ struct Group {
     members: Vec<usize>,
     joined: usize,
     last_arrival: Instant,
+    /// Sampled losses: datagrams that have reached the group.
+    seq: u64,
+    /// Sampled losses: each joined member's next lost datagram, earliest first.
+    losses: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Sampled losses: members with [`Ride::Attention`].
+    attention: Vec<usize>,
+    /// Sampled losses: the data blocks the group has had back to back since the last BOP.
+    run: GroupRun,
 }
 
 impl Group {
     fn new(delay: Duration, jitter: Duration) -> Self {
-        Self { delay, jitter, members: Vec::new(), joined: 0, last_arrival: Instant::ZERO }
+        Self {
+            delay,
+            jitter,
+            members: Vec::new(),
+            joined: 0,
+            last_arrival: Instant::ZERO,
+            seq: 0,
+            losses: BinaryHeap::new(),
+            attention: Vec::new(),
+            run: GroupRun::default(),
+        }
+    }
+}
+
+/// Back-to-back data blocks of one product as a group received them, with running sums, so
+/// that any member's share of them is one [`BlockRun`] in O(1).
+#[derive(Debug, Default)]
+struct GroupRun {
+    index: ProductIndex,
+    /// The group sequence number of its first block.
+    first_seq: u64,
+    /// The offset of its first block.
+    start: u32,
+    /// Per block: its end offset and arrival time.
+    ends: Vec<u32>,
+    times: Vec<Instant>,
+    /// Running sums from the first block (one more entry than blocks): fingerprints, bytes.
+    fingerprints: Vec<u64>,
+    wire_bytes: Vec<u64>,
+}
+
+impl GroupRun {
+    fn reset(&mut self, index: ProductIndex, first_seq: u64, start: u32) {
+        self.index = index;
+        self.first_seq = first_seq;
+        self.start = start;
+        self.ends.clear();
+        self.times.clear();
+        self.fingerprints.clear();
+        self.fingerprints.push(0);
+        self.wire_bytes.clear();
+        self.wire_bytes.push(0);
+    }
+
+    /// Nothing continues it (after an EOP: the next product starts with its BOP).
+    fn clear(&mut self) {
+        self.ends.clear();
+        self.times.clear();
+        self.fingerprints.clear();
+        self.wire_bytes.clear();
+    }
+
+    /// Whether the block at `offset` of `index`, the group's datagram `seq`, continues it.
+    fn continues(&self, index: ProductIndex, offset: u32, seq: u64) -> bool {
+        !self.fingerprints.is_empty()
+            && index == self.index
+            && offset == self.ends.last().copied().unwrap_or(self.start)
+            && seq == self.first_seq + self.ends.len() as u64
+    }
+
+    fn push(&mut self, end: u32, at: Instant, fingerprint: u64, wire_bytes: u64) {
+        let (sum, bytes) =
+            (self.fingerprints.last().copied().unwrap_or(0), self.wire_bytes.last().copied().unwrap_or(0));
+        self.ends.push(end);
+        self.times.push(at);
+        self.fingerprints.push(sum.wrapping_add(fingerprint));
+        self.wire_bytes.push(bytes + wire_bytes);
+    }
+
+    /// The blocks with group sequence numbers in `[from, to)`, if any, and when the last
+    /// arrived.
+    fn share(&self, from: u64, to: u64) -> Option<(BlockRun, Instant)> {
+        let first = usize::try_from(from.checked_sub(self.first_seq)?).ok()?;
+        let end = usize::try_from(to.checked_sub(self.first_seq)?).ok()?.min(self.ends.len());
+        if first >= end {
+            return None;
+        }
+        let run = BlockRun {
+            index: self.index,
+            start: if first == 0 { self.start } else { self.ends[first - 1] },
+            end: self.ends[end - 1],
+            // At most a product's blocks.
+            datagrams: (end - first) as u32,
+            wire_bytes: self.wire_bytes[end] - self.wire_bytes[first],
+            fingerprint: self.fingerprints[end].wrapping_sub(self.fingerprints[first]),
+        };
+        Some((run, self.times[end - 1]))
     }
 }
 
