@@ -150,6 +150,19 @@ fn check(args: &ServeArgs, settings: &Settings) -> CmdResult {
             "MULTICAST {} to {}:{port} at {}, deadline {:?}, FMTP server {}:{}, {subnet}",
             entry.feedtype, entry.group, feed.rate, feed.deadline, entry.fmtp_server, entry.fmtp_port
         );
+        if let Some(control) = &feed.rate_control {
+            let steps: Vec<String> = control.steps.iter().map(ToString::to_string).collect();
+            println!(
+                "  rate control: steps {}, interval {:?}, W {:?}, alpha {}, beta {}, epsilon {:?}, lower after {}",
+                steps.join(" → "),
+                control.interval,
+                control.wait,
+                control.alpha,
+                control.beta,
+                control.epsilon,
+                control.lower_after
+            );
+        }
     }
     for entry in &config.receives {
         let feed = settings.receive(entry.feedtype);

@@ -354,3 +354,28 @@ fn fmtp_send_recv_on_loopback_with_drop() {
     assert!(status.success(), "{sender_text}");
     assert!(sender_text.contains("released 200"), "{sender_text}");
 }
+
+#[test]
+fn serve_check_reports_rate_control_and_refuses_bad_values_by_key() {
+    let scratch = Scratch::new();
+    let config = scratch.file("ldmd.conf", b"MULTICAST EXP 239.255.1.1:38800 127.0.0.1:0 24 0 dummy dummy\n");
+    let good = scratch.file(
+        "good.toml",
+        b"[multicast.feeds.EXP.rate_control]\nsteps = [\"5 Mbit/s\", \"20 Mbit/s\"]\ninterval = \"2s\"\n",
+    );
+    let report = ok(&["serve", "-c", &config, "--settings", &good, "--check"]);
+    assert!(report.contains("MULTICAST EXP to 239.255.1.1:38800 at 5 Mbit/s"), "{report}");
+    assert!(
+        report.contains("rate control: steps 5 Mbit/s → 20 Mbit/s, interval 2s, W 2ms, alpha 0.1, beta 0.01"),
+        "{report}"
+    );
+    for (settings, key) in [
+        ("[multicast.rate_control]\nsteps = [\"20M\", \"5M\"]\n", "multicast.rate_control.steps"),
+        ("[multicast.rate_control]\nsteps = [\"5M\"]\nbeta = -1\n", "multicast.rate_control.beta"),
+        ("[multicast.feeds.EXP]\nrate = \"9M\"\nrate_control = { steps = [\"5M\"] }\n", "multicast.feeds.EXP.rate"),
+    ] {
+        let bad = scratch.file("bad.toml", settings.as_bytes());
+        let stderr = fails_with(1, &["serve", "-c", &config, "--settings", &bad, "--check"]);
+        assert!(stderr.contains(key), "{settings:?}: {stderr}");
+    }
+}

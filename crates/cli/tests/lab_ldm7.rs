@@ -15,6 +15,10 @@
 //! 3. After it, s5 (20% loss) joins and another minute of the trace is replayed: s1–s4 get all
 //!    of it by FMTP, s5 all of it by FMTP and the backstop.
 //!
+//! A second, short lab holds the online rate monitor: under a burst the publisher raises its
+//! path rate, which changes the HTB tree on its feed interface (`tc class change`) and the
+//! bridge path's rate, and lowers both again once the burst is over.
+//!
 //! No assertion is about time: the deadlines only bound waits for conditions (issue #10).
 
 use std::collections::HashSet;
@@ -260,6 +264,116 @@ fn ldm7_in_the_lab_delivers_every_product_through_loss_outages_and_restarts() {
     );
 
     for server in subscribers.iter_mut().chain([&mut lossy, &mut publisher]) {
+        server.stop().expect("a clean exit on SIGTERM");
+    }
+    lab.down().expect("lab down");
+}
+
+/// The lab of the rate-monitor test: the publisher's HTB starts at the ceiling.
+fn rate_spec(name: &str) -> String {
+    format!(
+        r#"name = "{name}"
+[[hosts]]
+name = "pub"
+[[hosts]]
+name = "s1"
+[[hosts]]
+name = "s2"
+
+[[feeds]]
+name = "{FEED}"
+publisher = "pub"
+subscribers = ["s1", "s2"]
+rate = "40 Mbit/s"
+buffer = "100 MB"
+multicast_port = 38800
+retx_port = 38801
+subscriber_addresses = false
+"#
+    )
+}
+
+/// The path-class rate of the HTB tree on the publisher's feed interface.
+fn htb_rate(lab: &Lab) -> ldm7_types::units::Rate {
+    let text = lab.exec("pub", "tc", &["class", "show", "dev", FEED]).expect("tc class show");
+    ldm7_net::tc::installed_rates(&text).expect("the HTB tree").0
+}
+
+/// The bridge path's rate as the linux-bridge path service lists it.
+fn bridge_rate(lab: &Lab) -> ldm7_types::units::Rate {
+    let mut paths = ldm7_net::path::bridge::BridgePaths::new(Some(&lab.spec().core_netns()));
+    let listed = ldm7_net::path::PathService::list(&mut paths).expect("list the paths");
+    listed.iter().find(|path| path.name == FEED).expect("the feed's path").rate
+}
+
+#[test]
+fn the_rate_monitor_steps_the_htb_tree_and_the_bridge_path_in_the_lab() {
+    if !ldm7_testkit::skip_unless_root("the_rate_monitor_steps_the_htb_tree_and_the_bridge_path_in_the_lab") {
+        return;
+    }
+    if ldm7_testkit::shared_data_or_skip(TRACE).is_none() {
+        return;
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    let name = format!("l7r{}", std::process::id() % 10_000);
+    let lab = Lab::up(&rate_spec(&name)).expect("lab up");
+    let mbit = ldm7_types::units::Rate::from_megabits_per_s;
+    assert_eq!(htb_rate(&lab), mbit(40));
+
+    let conf = "ALLOW NGRID ^10\\.76\\.0\\.[1-3]$\n\
+                MULTICAST NGRID 239.77.1.1:38800 10.77.1.1:38801 24 0 dummy dummy\n";
+    let settings = format!(
+        "{}[multicast.feeds.NGRID.rate_control]\nsteps = [\"10 Mbit/s\", \"40 Mbit/s\"]\ninterval = \"2s\"\n\
+         lower_after = 2\n",
+        publisher_settings(&name)
+    );
+    let config =
+        ServerConfig::new("pub", Some(lab.netns("pub").expect("netns")), capacity("s5"), conf).settings(&settings);
+    let mut publisher = Server::create(Path::new(LDM7), root.path(), config).expect("publisher");
+    publisher.start().expect("start the publisher");
+    let mut subscribers: Vec<Server> = ["s1", "s2"]
+        .iter()
+        .map(|host| {
+            let port = lab.spec().bridge_port(FEED, host).expect("bridge port");
+            let conf = format!("RECEIVE NGRID 10.76.0.1:388 {FEED} {host} {port}\n");
+            let netns = Some(lab.netns(host).expect("netns"));
+            let config = ServerConfig::new(host, netns, capacity("s5"), &conf).settings(SUBSCRIBER_SETTINGS);
+            Server::create(Path::new(LDM7), root.path(), config).expect("subscriber")
+        })
+        .collect();
+    for server in &mut subscribers {
+        server.start().expect("start a subscriber");
+    }
+    for server in &subscribers {
+        wait_lines(server, "FMTP repair connection to", 1, SUBSCRIBE_WAIT);
+    }
+    wait_lines(&publisher, &format!("the path {FEED} and the HTB tree on {FEED} follows"), 1, SUBSCRIBE_WAIT);
+    // The monitor starts both at the first step.
+    wait_for(SUBSCRIBE_WAIT, "the HTB tree at the first step", || Ok((htb_rate(&lab) == mbit(10)).then_some(())))
+        .expect("HTB at 10 Mbit/s");
+    assert_eq!(bridge_rate(&lab), mbit(10));
+
+    // Twenty seconds of the trace at 5× (about 40 MB in 4 s): far more than 10 Mbit/s carries.
+    let burst = replay(&publisher.queue_path(), Duration::from_secs(20), 3).wait().expect("replay");
+    wait_lines(&publisher, "path rate raised from 10 Mbit/s to 40 Mbit/s", 1, DELIVERY_WAIT);
+    assert_eq!(htb_rate(&lab), mbit(40));
+    assert_eq!(bridge_rate(&lab), mbit(40));
+    for server in &mut subscribers {
+        server.wait_for_products(burst.products, DELIVERY_WAIT).expect("every product");
+    }
+    let published = publisher.records().expect("publisher's queue");
+    for server in &subscribers {
+        let comparison = Comparison::of(&published, &server.records().expect("subscriber's queue"));
+        assert!(comparison.is_exact(), "{}: {comparison}", server.name());
+    }
+    wait_lines(&publisher, "path rate lowered from 40 Mbit/s to 10 Mbit/s", 1, DELIVERY_WAIT);
+    assert_eq!(htb_rate(&lab), mbit(10));
+    assert_eq!(bridge_rate(&lab), mbit(10));
+    for line in publisher.log().lines().filter(|line| line.contains("rate monitor")) {
+        println!("{line}");
+    }
+
+    for server in subscribers.iter_mut().chain([&mut publisher]) {
         server.stop().expect("a clean exit on SIGTERM");
     }
     lab.down().expect("lab down");

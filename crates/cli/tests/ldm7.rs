@@ -368,3 +368,53 @@ fn a_full_pool_and_a_malformed_record_affect_only_their_own_connection() {
     first.stop();
     publisher.stop();
 }
+
+#[test]
+fn the_rate_monitor_raises_the_rate_under_a_burst_and_lowers_it_after() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
+    let root = tempfile::tempdir().expect("tempdir");
+    // 5 Mbit/s cannot keep up with a burst of NGRID products: each waits behind the ones
+    // before it, far beyond W, at every subscriber.
+    let settings = "[multicast.rate_control]\nsteps = [\"5 Mbit/s\", \"20 Mbit/s\", \"50 Mbit/s\"]\n\
+                    interval = \"2s\"\nlower_after = 2\n";
+    let mut publisher = publisher(root.path(), 9, &allow_all(), settings);
+    let metrics_port = support::free_port();
+    publisher.extra = vec!["--metrics".into(), format!("127.0.0.1:{metrics_port}")];
+    publisher.start();
+    let mut subscribers: Vec<Node> =
+        (0..2).map(|k| subscriber(root.path(), &format!("sub{k}"), &publisher, 0.0)).collect();
+    for node in &mut subscribers {
+        node.start();
+        wait_subscribed(node);
+    }
+    assert!(publisher.log().contains("EXP: rate monitor on: steps 5 Mbit/s → 20 Mbit/s → 50 Mbit/s"));
+    replay(&publisher, &trace, 200, 61);
+    for node in &subscribers {
+        node.wait_for(200, Duration::from_secs(120));
+    }
+    assert_same_products(&publisher, &subscribers);
+    for raise in ["from 5 Mbit/s to 20 Mbit/s", "from 20 Mbit/s to 50 Mbit/s"] {
+        assert!(publisher.log().contains(&format!("path rate raised {raise}")), "{}", tail(&publisher.log()));
+    }
+    // Calm: no products, no violations; two intervals later a step down, two more the floor.
+    wait_until(Duration::from_secs(30), "the rate back at its first step", || {
+        publisher.log().contains("path rate lowered from 20 Mbit/s to 5 Mbit/s").then_some(())
+    });
+    let log = publisher.log();
+    for line in log.lines().filter(|line| line.contains("rate monitor")) {
+        println!("{line}");
+    }
+    let raised = log.lines().find(|line| line.contains("path rate raised from 5 Mbit/s")).expect("the raise");
+    assert!(raised.contains("subscribers violated ("), "the tally is in the line: {raised}");
+    let text = get_metrics(metrics_port);
+    let feed = "{feed=\"EXP\"}";
+    assert_eq!(metric(&text, &format!("ldm7_path_rate_bits_per_second{feed}")), Some(5e6), "{text}");
+    assert!(metric(&text, &format!("ldm7_rate_monitor_raises_total{feed}")).is_some_and(|n| n >= 2.0), "{text}");
+    assert!(metric(&text, &format!("ldm7_rate_monitor_lowers_total{feed}")).is_some_and(|n| n >= 2.0), "{text}");
+    assert!(metric(&text, &format!("ldm7_rate_monitor_violations_total{feed}")).is_some_and(|n| n > 0.0), "{text}");
+    assert_eq!(metric(&text, &format!("ldm7_rate_monitor_rate_change_failures_total{feed}")), Some(0.0), "{text}");
+    for node in &mut subscribers {
+        node.stop();
+    }
+    publisher.stop();
+}

@@ -48,7 +48,8 @@
 //!    [`Sender::poll_timeout`].
 //! 2. [`Sender::poll_event`] until `None`: [`SenderEvent::Sent`], [`SenderEvent::Released`]
 //!    (the application may release the product: every interested receiver finished, the
-//!    deadline passed, or a bound evicted it), [`SenderEvent::BoundHit`].
+//!    deadline passed, or a bound evicted it), [`SenderEvent::Completed`] (a receiver's
+//!    RETX_END), [`SenderEvent::BoundHit`].
 //! 3. [`Sender::poll_timeout`]: when to call [`Sender::handle_timeout`] and
 //!    [`Sender::poll_transmit`] again (an instant at or before `now` means at once).
 //!
@@ -121,8 +122,9 @@ pub use receiver::{
     ReceiverEvent, block_fingerprint,
 };
 pub use sender::{
-    DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product, ProductData, ReceiverId,
-    ReleaseReason, Sender, SenderBound, SenderConfig, SenderCounters, SenderEvent, Transmit,
+    Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product,
+    ProductData, REPAIR_ROUND_MIN, ReceiverId, ReleaseReason, Sender, SenderBound, SenderConfig, SenderCounters,
+    SenderEvent, Transmit,
 };
 pub use sink::{ProductSink, SinkError};
 pub use time::{Instant, WallClock, WallTime};

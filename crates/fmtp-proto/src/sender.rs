@@ -24,6 +24,9 @@
 //!   after the data requested before it); receivers are served round-robin, one message each.
 //! * Every queue has a bound ([`SenderConfig`]); hitting one increments a counter and emits
 //!   [`SenderEvent::BoundHit`] once per episode.
+//! * A receiver's first RETX_END for a retained product emits one [`SenderEvent::Completed`]
+//!   (its repair rounds, RTT and whether it gave the product up as far as the sender can tell):
+//!   what a delivery monitor at the publisher sees of each subscriber.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
@@ -269,6 +272,9 @@ pub enum SenderEvent {
         /// Receivers that had not finished (got RETX_EOP); empty for `AllDone`.
         unfinished: Vec<ReceiverId>,
     },
+    /// A receiver sent RETX_END for a retained product it had not finished before
+    /// (ldm7-multicast.md §3.8): it holds the product now, or it gave it up.
+    Completed(Completion),
     /// A bound was hit (also counted in [`SenderCounters::bound_hits`]).
     BoundHit {
         /// Which bound.
@@ -276,6 +282,46 @@ pub enum SenderEvent {
         /// The receiver concerned, for per-receiver bounds.
         receiver: Option<ReceiverId>,
     },
+}
+
+/// One receiver's RETX_END for one product, with what the sender knows of that delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The product.
+    pub index: ProductIndex,
+    /// The receiver.
+    pub receiver: ReceiverId,
+    /// When the RETX_END was handled (the receiver finished about half an RTT earlier).
+    pub at: Instant,
+    /// The product's size, bytes.
+    pub size: u32,
+    /// The receiver's RTT as last given to [`Sender::set_rtt`] (zero if never).
+    pub rtt: Duration,
+    /// Rounds of repair requests the receiver made for the product: requests (RETX_REQ,
+    /// BOP_REQ, EOP_REQ) that came more than one RTT (at least [`REPAIR_ROUND_MIN`]) after the
+    /// first request of the previous round start a new round. 0: it came whole by multicast.
+    pub repair_rounds: u32,
+    /// Whether the receiver has the product, as far as the sender can tell.
+    pub outcome: CompletionOutcome,
+}
+
+/// The shortest repair round: requests closer together than this (and than the receiver's
+/// RTT) count as one round of [`Completion::repair_rounds`].
+pub const REPAIR_ROUND_MIN: Duration = Duration::from_millis(1);
+
+/// What a RETX_END means. The wire does not say: a receiver sends RETX_END both when it has
+/// the product and when it gives it up (its incomplete timeout, its bounds; not after
+/// RETX_REJ), so the sender infers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompletionOutcome {
+    /// The multicast of the product had ended and every repair of bytes the receiver lost was
+    /// sent: it has the product (a receiver that gave up without waiting for a repair looks
+    /// the same).
+    Whole,
+    /// Given up: repairs of bytes it had lost (asked for after the multicast sent them) were
+    /// still queued, or the product's multicast had not ended, so it cannot hold the whole
+    /// product.
+    GaveUp,
 }
 
 /// Why a product was released.
@@ -333,6 +379,10 @@ pub struct SenderCounters {
     pub eop_requests: u64,
     /// RETX_END received.
     pub retx_ends: u64,
+    /// [`SenderEvent::Completed`] emitted.
+    pub completions: u64,
+    /// Of those, [`CompletionOutcome::GaveUp`].
+    pub completions_given_up: u64,
     /// RETX_REJ queued.
     pub rejects: u64,
     /// Products released because every interested receiver finished.
@@ -482,6 +532,7 @@ impl Sender {
                 deadline: None,
                 failed: false,
                 interest: BTreeMap::new(),
+                repairs: BTreeMap::new(),
             },
         );
         self.multicast_queue.push_back(key);
@@ -578,9 +629,7 @@ impl Sender {
             Body::RetxEnd => {
                 self.counters.retx_ends += 1;
                 if let Some(key) = key {
-                    if let Some(product) = self.products.get_mut(&key) {
-                        product.interest.insert(id, Interest::Done);
-                    }
+                    self.complete(id, key);
                     if let Some(receiver) = self.receivers.get_mut(&id) {
                         receiver.purge(key);
                         sync_ready(&mut self.ready, id, receiver);
@@ -744,6 +793,12 @@ impl Sender {
     }
 
     fn queue_request(&mut self, id: ReceiverId, key: u64, index: ProductIndex, kind: WorkKind) {
+        // Asked for bytes the multicast had sent already: the receiver lost them.
+        let lost = match kind {
+            WorkKind::Data { end, .. } => end <= self.multicast_progress(key),
+            WorkKind::Bop => true,
+            WorkKind::Eop | WorkKind::Reject => false,
+        };
         let items_max = self.config.retx_backlog_items_max;
         let bytes_max = self.config.retx_backlog_bytes_max;
         let Some(receiver) = self.receivers.get_mut(&id) else { return };
@@ -757,7 +812,7 @@ impl Sender {
             }
             return;
         }
-        receiver.push(Work { key, index, kind });
+        receiver.push(Work { key, index, kind, lost });
         sync_ready(&mut self.ready, id, receiver);
         if receiver.backlog_bytes >= bytes_max && !receiver.bytes_bound_hit {
             receiver.bytes_bound_hit = true;
@@ -766,15 +821,59 @@ impl Sender {
         }
         // A receiver asking for repairs of a product holds it until it finishes (or the
         // deadline), even if it connected after the BOP.
+        let round = receiver.rtt.max(REPAIR_ROUND_MIN);
         if let Some(product) = self.products.get_mut(&key) {
             product.interest.entry(id).or_insert(Interest::Pending);
+            product.repairs.entry(id).or_insert(RepairRounds { count: 0, started: self.now }).request(self.now, round);
         }
+    }
+
+    /// Bytes of a product the multicast has sent so far.
+    fn multicast_progress(&self, key: u64) -> u32 {
+        let Some(product) = self.products.get(&key) else { return 0 };
+        if product.deadline.is_some() {
+            return product.size;
+        }
+        match (self.multicast_queue.front() == Some(&key), self.stage) {
+            (true, Stage::Data(offset)) => offset,
+            (true, Stage::Eop) => product.size,
+            _ => 0,
+        }
+    }
+
+    /// A receiver's RETX_END for a retained product: marks it done and, the first time, emits
+    /// [`SenderEvent::Completed`].
+    fn complete(&mut self, id: ReceiverId, key: u64) {
+        let multicast_ended = self.products.get(&key).is_some_and(|p| self.multicast_progress(key) >= p.size);
+        let Some(receiver) = self.receivers.get(&id) else { return };
+        let awaits_repairs = receiver.work.iter().any(|w| w.key == key && w.lost);
+        let rtt = receiver.rtt;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        if product.interest.insert(id, Interest::Done) == Some(Interest::Done) {
+            return;
+        }
+        let outcome =
+            if multicast_ended && !awaits_repairs { CompletionOutcome::Whole } else { CompletionOutcome::GaveUp };
+        let repair_rounds = product.repairs.remove(&id).map_or(0, |rounds| rounds.count);
+        self.counters.completions += 1;
+        if outcome == CompletionOutcome::GaveUp {
+            self.counters.completions_given_up += 1;
+        }
+        self.events.push_back(SenderEvent::Completed(Completion {
+            index: product.index,
+            receiver: id,
+            at: self.now,
+            size: product.size,
+            rtt,
+            repair_rounds,
+            outcome,
+        }));
     }
 
     fn queue_reject(&mut self, id: ReceiverId, index: ProductIndex) {
         if let Some(receiver) = self.receivers.get_mut(&id) {
             self.counters.rejects += 1;
-            receiver.push(Work { key: u64::MAX, index, kind: WorkKind::Reject });
+            receiver.push(Work { key: u64::MAX, index, kind: WorkKind::Reject, lost: false });
             sync_ready(&mut self.ready, id, receiver);
         }
     }
@@ -979,11 +1078,11 @@ impl Sender {
         for (id, receiver) in &mut self.receivers {
             let purged = receiver.purge(key);
             if product.interest.get(id) == Some(&Interest::Pending) {
-                receiver.push(Work { key, index: product.index, kind: WorkKind::Eop });
+                receiver.push(Work { key, index: product.index, kind: WorkKind::Eop, lost: false });
             }
             if purged {
                 self.counters.rejects += 1;
-                receiver.push(Work { key, index: product.index, kind: WorkKind::Reject });
+                receiver.push(Work { key, index: product.index, kind: WorkKind::Reject, lost: false });
             }
             sync_ready(&mut self.ready, *id, receiver);
         }
@@ -1033,6 +1132,26 @@ struct SentProduct {
     failed: bool,
     /// Receivers that hold the product: pending until RETX_END.
     interest: BTreeMap<ReceiverId, Interest>,
+    /// Receivers that asked for repairs of it, until their RETX_END.
+    repairs: BTreeMap<ReceiverId, RepairRounds>,
+}
+
+/// One receiver's repair rounds for one product ([`Completion::repair_rounds`]).
+#[derive(Clone, Copy, Debug)]
+struct RepairRounds {
+    count: u32,
+    /// The first request of the round in progress.
+    started: Instant,
+}
+
+impl RepairRounds {
+    /// A request at `now`: a new round unless it came within `round` of the round's start.
+    fn request(&mut self, now: Instant, round: Duration) {
+        if self.count == 0 || now >= self.started + round {
+            self.count = self.count.saturating_add(1);
+            self.started = now;
+        }
+    }
 }
 
 impl SentProduct {
@@ -1048,6 +1167,7 @@ impl fmt::Debug for SentProduct {
             .field("size", &self.size)
             .field("deadline", &self.deadline)
             .field("interest", &self.interest)
+            .field("repairs", &self.repairs)
             .finish_non_exhaustive()
     }
 }
@@ -1109,6 +1229,7 @@ impl ReceiverState {
         if let (Some(last), WorkKind::Data { next: start, end }) = (self.work.back_mut(), work.kind) {
             if let (true, WorkKind::Data { next: last_next, end: last_end }) = (last.key == work.key, &mut last.kind) {
                 if start >= *last_next && start <= *last_end {
+                    last.lost &= work.lost;
                     if end > *last_end {
                         self.backlog_bytes += u64::from(end - *last_end);
                         *last_end = end;
@@ -1162,6 +1283,9 @@ struct Work {
     key: u64,
     index: ProductIndex,
     kind: WorkKind,
+    /// A repair of what the receiver lost (a BOP, or bytes multicast before it asked): it
+    /// cannot have the product before this is sent ([`CompletionOutcome`]).
+    lost: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{Body, Message, MessageType};
 use ldm7_fmtp_proto::{
-    Assembly, DataUnavailable, DeadlinePolicy, Destination, EnqueueRefusal, Instant, MissReason, Pacing, Product,
-    ProductData, ProductIndex, ReceiverBound, ReceiverConfig, ReceiverEvent, ReceiverId, ReleaseReason, Sender,
-    SenderBound, SenderConfig, SenderEvent, block_fingerprint,
+    Assembly, Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueRefusal, Instant,
+    MissReason, Pacing, Product, ProductData, ProductIndex, ReceiverBound, ReceiverConfig, ReceiverEvent, ReceiverId,
+    ReleaseReason, Sender, SenderBound, SenderConfig, SenderEvent, block_fingerprint,
 };
 use proptest::prelude::*;
 use support::{Net, block, drop_exact};
@@ -675,6 +675,166 @@ fn proportional_deadline_uses_size_rate_and_rtt() {
     assert_eq!(Message::parse(&buf).unwrap(), Message { index: ProductIndex(0), body: Body::RetxEop });
     // The small product's deadline is the largest RTT, 7 s.
     assert!(sender.poll_timeout().unwrap() >= t + (7 * SECOND - Duration::from_millis(1)));
+}
+
+fn completions(net: &Net) -> Vec<Completion> {
+    net.sender_events
+        .iter()
+        .filter_map(|event| match event {
+            SenderEvent::Completed(completion) => Some(*completion),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn every_receiver_reports_each_product_once_whole_before_its_release() {
+    let mut net = Net::new(sender_config(), receivers(3));
+    for seed in 0..5 {
+        net.enqueue(10_000, seed);
+    }
+    net.settle(10 * SECOND);
+    assert_eq!(net.check_accounted(), (15, 0));
+    let completions = completions(&net);
+    assert_eq!(completions.len(), 15);
+    for completion in &completions {
+        assert_eq!(
+            (completion.outcome, completion.repair_rounds, completion.size),
+            (CompletionOutcome::Whole, 0, 10_000)
+        );
+    }
+    for node in &net.nodes {
+        let mut indexes: Vec<u32> = completions.iter().filter(|c| c.receiver == node.id).map(|c| c.index.0).collect();
+        indexes.sort_unstable();
+        assert_eq!(indexes, vec![0, 1, 2, 3, 4]);
+    }
+    // Each product's completions come before its release; the last one is what released it.
+    for index in 0..5 {
+        let position = |wanted: &dyn Fn(&SenderEvent) -> bool| net.sender_events.iter().rposition(wanted);
+        let last_completion =
+            position(&|e| matches!(e, SenderEvent::Completed(c) if c.index.0 == index)).expect("completed");
+        let release =
+            position(&|e| matches!(e, SenderEvent::Released { index: i, .. } if i.0 == index)).expect("released");
+        assert!(last_completion < release);
+    }
+    let counters = net.sender.counters();
+    assert_eq!((counters.completions, counters.completions_given_up), (15, 0));
+}
+
+#[test]
+fn a_repaired_receiver_reports_its_repair_rounds_and_rtt() {
+    let mut net = Net::new(sender_config(), receivers(2));
+    // Blocks 2–4 lost at receiver 0: one coalesced request, one round.
+    net.drop = drop_exact((2..5).map(|k| (0, 0, MessageType::MemData, block(k))).collect());
+    let id = net.nodes[0].id;
+    net.sender.set_rtt(id, Duration::from_millis(10));
+    net.enqueue(20 * 1448, 1);
+    net.settle(10 * SECOND);
+    assert_eq!(net.check_accounted(), (2, 0));
+    let completions = completions(&net);
+    let repaired = completions.iter().find(|c| c.receiver == id).expect("receiver 0 completed");
+    assert_eq!(
+        (repaired.outcome, repaired.repair_rounds, repaired.rtt),
+        (CompletionOutcome::Whole, 1, Duration::from_millis(10))
+    );
+    // Its RETX_END came after the repairs: at least the TCP round trip after the multicast.
+    let other = completions.iter().find(|c| c.receiver != id).expect("receiver 1 completed");
+    assert_eq!(other.repair_rounds, 0);
+    assert!(repaired.at > other.at);
+}
+
+#[test]
+fn requests_more_than_an_rtt_apart_are_separate_repair_rounds() {
+    let mut sender = Sender::new(sender_config(), Instant::ZERO).unwrap();
+    let id = ReceiverId(1);
+    sender.receiver_connected(Instant::ZERO, id);
+    let index = sender.enqueue(Instant::ZERO, Product::new(vec![7u8; 10 * 1448], [0u8; 16])).unwrap();
+    let mut buf = Vec::new();
+    let mut t = Instant::ZERO;
+    loop {
+        while sender.poll_transmit(t, &mut buf).is_some() {
+            buf.clear();
+        }
+        if sender.queued_products() == 0 {
+            break;
+        }
+        t = sender.poll_timeout().unwrap().max(t);
+    }
+    sender.set_rtt(id, Duration::from_millis(4));
+    let request = |offset| Message { index, body: Body::RetxReq { offset, len: 1448 } };
+    let ms = |n: u64| t + Duration::from_millis(n);
+    // Rounds start at 0, 5 and 20 ms; 2 and 8 ms fall within a round.
+    for (at, offset) in [(0, 0), (2, block(1)), (5, block(2)), (8, block(3)), (20, block(4))] {
+        sender.handle_stream(ms(at), id, &request(offset));
+        while sender.poll_transmit(ms(at), &mut buf).is_some() {
+            buf.clear();
+        }
+    }
+    sender.handle_stream(ms(25), id, &Message { index, body: Body::RetxEnd });
+    let completed: Vec<Completion> = std::iter::from_fn(|| sender.poll_event())
+        .filter_map(|event| match event {
+            SenderEvent::Completed(completion) => Some(completion),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(completed.len(), 1);
+    assert_eq!((completed[0].repair_rounds, completed[0].at), (3, ms(25)));
+    assert_eq!(completed[0].outcome, CompletionOutcome::Whole);
+}
+
+#[test]
+fn a_receiver_that_gave_a_product_up_is_told_apart_and_reported_once() {
+    let mut sender = Sender::new(sender_config(), Instant::ZERO).unwrap();
+    let (early, waiting, late, ahead) = (ReceiverId(1), ReceiverId(2), ReceiverId(3), ReceiverId(4));
+    for id in [early, waiting, late, ahead] {
+        sender.receiver_connected(Instant::ZERO, id);
+    }
+    let index = sender.enqueue(Instant::ZERO, Product::new(vec![7u8; 10 * 1448], [0u8; 16])).unwrap();
+    let mut buf = Vec::new();
+    // The BOP and the first block out: a RETX_END now cannot be for the whole product.
+    for _ in 0..2 {
+        sender.poll_transmit(Instant::ZERO, &mut buf).unwrap();
+    }
+    let end = Message { index, body: Body::RetxEnd };
+    sender.handle_stream(Instant::ZERO, early, &end);
+    // A request for bytes not multicast yet (an early receive timer) is not a loss: the
+    // multicast may still bring them. Its repair stays queued (the receiver is not writable).
+    sender.set_writable(ahead, false);
+    sender.handle_stream(Instant::ZERO, ahead, &Message { index, body: Body::RetxReq { offset: block(5), len: 1448 } });
+    let mut t = Instant::ZERO;
+    loop {
+        while sender.poll_transmit(t, &mut buf).is_some() {
+            buf.clear();
+        }
+        if sender.queued_products() == 0 {
+            break;
+        }
+        t = sender.poll_timeout().unwrap().max(t);
+    }
+    // A receiver that asked for a block and ends before it was sent gave the product up.
+    sender.handle_stream(t, waiting, &Message { index, body: Body::RetxReq { offset: 0, len: 1448 } });
+    sender.handle_stream(t, waiting, &end);
+    sender.handle_stream(t, late, &end);
+    // A repeated RETX_END is not a second completion.
+    sender.handle_stream(t, late, &end);
+    assert!(sender.retx_backlog_bytes(ahead) > 0, "the early request is still queued");
+    sender.handle_stream(t, ahead, &end);
+    let outcomes: Vec<(ReceiverId, CompletionOutcome)> = std::iter::from_fn(|| sender.poll_event())
+        .filter_map(|event| match event {
+            SenderEvent::Completed(completion) => Some((completion.receiver, completion.outcome)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (early, CompletionOutcome::GaveUp),
+            (waiting, CompletionOutcome::GaveUp),
+            (late, CompletionOutcome::Whole),
+            (ahead, CompletionOutcome::Whole)
+        ]
+    );
+    assert_eq!((sender.counters().completions, sender.counters().completions_given_up), (4, 2));
 }
 
 /// xorshift64: deterministic loss decisions from a proptest seed. The last product is never

@@ -32,7 +32,7 @@ pub use receiver::{
     ReceiverNotice, ReceiverOptions, ReceiverReport,
 };
 pub use sender::{
-    Authorizer, FmtpSender, ProductSender, SendError, SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions,
-    TrySendError,
+    Authorizer, FmtpSender, ProductSender, RateHandle, SendError, SenderBounds, SenderDriverCounters, SenderNotice,
+    SenderOptions, SetRateError, TrySendError,
 };
 pub use spool::{SpoolSink, SpooledProduct};

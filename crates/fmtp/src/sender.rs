@@ -15,6 +15,8 @@
 //!   instead of having requests dropped.
 //! * **RTT** — the kernel's smoothed RTT of each connection (`TCP_INFO`) every
 //!   [`RTT_INTERVAL`], for `Sender::set_rtt`.
+//! * **Rate** — [`RateHandle::set_rate`] changes the pacing rate of the running protocol
+//!   (`Sender::set_rate`) when the feed's path rate changes.
 //!
 //! One task owns the state machine and follows its polling order (transmit, events, timeout).
 //! Every channel has a named bound ([`SenderBounds`]) and a counter ([`SenderDriverCounters`]);
@@ -32,14 +34,15 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{self, Split};
 use ldm7_fmtp_proto::{
-    Destination, EnqueueError, Product, ReceiverId, Sender, SenderBound, SenderConfig, SenderCounters, SenderEvent,
+    ConfigError, Destination, EnqueueError, Product, ReceiverId, Sender, SenderBound, SenderConfig, SenderCounters,
+    SenderEvent,
 };
 use ldm7_io::{BoundHits, Clock, Throttle};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::error::TrySendError as ChannelFull;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::stream::{self, accept_handshake, read_more, tcp_rtt};
@@ -244,10 +247,45 @@ impl ProductSender {
     }
 }
 
+/// Why [`RateHandle::set_rate`] did not change the rate.
+#[derive(Debug, thiserror::Error)]
+pub enum SetRateError {
+    /// The protocol refused the rate (zero, or an unpaced sender).
+    #[error(transparent)]
+    Refused(#[from] ConfigError),
+    /// The sender task ended.
+    #[error("the FMTP sender stopped")]
+    Stopped,
+}
+
+/// Changes the pacing rate of a running [`FmtpSender`] (multicast and repairs); clone it to
+/// use it from another task.
+#[derive(Clone)]
+pub struct RateHandle {
+    inputs: Inputs,
+}
+
+impl std::fmt::Debug for RateHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateHandle").finish_non_exhaustive()
+    }
+}
+
+impl RateHandle {
+    /// Paces multicast and repairs at `rate_bits_per_s` from now on (see `Sender::set_rate`);
+    /// returns once the sender task applied it.
+    pub async fn set_rate(&self, rate_bits_per_s: u64) -> Result<(), SetRateError> {
+        let (reply, applied) = oneshot::channel();
+        self.inputs.send(Input::SetRate { rate_bits_per_s, reply }).await.map_err(|()| SetRateError::Stopped)?;
+        applied.await.map_err(|_| SetRateError::Stopped)?.map_err(SetRateError::Refused)
+    }
+}
+
 /// A running FMTP sender: hand it products, read its notices. Dropping it stops the sender.
 #[derive(Debug)]
 pub struct FmtpSender {
     products: ProductSender,
+    rate: RateHandle,
     notices: mpsc::Receiver<SenderNotice>,
     retx_addr: SocketAddr,
     source_addr: SocketAddr,
@@ -288,6 +326,7 @@ impl FmtpSender {
         let (notice_tx, notices) = mpsc::channel(bounds.notices_max);
         let (counters_tx, counters) = watch::channel(SenderCounters::default());
         let inputs = Inputs { inputs: input_tx, shared: shared.clone() };
+        let rate = RateHandle { inputs: inputs.clone() };
         let accept = tokio::spawn(accept_loop(listener, options.authorize.clone(), inputs, bounds));
         let max_segments = udp.max_segments().clamp(1, GSO_SEGMENTS_MAX);
         let task = SenderTask {
@@ -310,6 +349,7 @@ impl FmtpSender {
         let run = tokio::spawn(task.run(product_rx, input_rx));
         Ok(Self {
             products: ProductSender { products: product_tx, shared: shared.clone() },
+            rate,
             notices,
             retx_addr,
             source_addr,
@@ -337,6 +377,11 @@ impl FmtpSender {
     /// A handle to send products from another task.
     pub fn product_sender(&self) -> ProductSender {
         self.products.clone()
+    }
+
+    /// A handle that changes the pacing rate (the path rate changed).
+    pub fn rate_handle(&self) -> RateHandle {
+        self.rate.clone()
     }
 
     /// The next notice; `None` once the sender stopped.
@@ -417,6 +462,8 @@ enum Input {
     Rtt(ReceiverId, Duration),
     /// A receiver's connection ended.
     Disconnected(ReceiverId),
+    /// Pace at a new rate; the outcome goes back on `reply`.
+    SetRate { rate_bits_per_s: u64, reply: oneshot::Sender<Result<(), ConfigError>> },
 }
 
 /// The sender task's input channel, counting when it is full.
@@ -649,6 +696,14 @@ impl SenderTask {
                     self.sender.set_rtt(id, rtt);
                     self.shared.rtt_samples.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            Input::SetRate { rate_bits_per_s, reply } => {
+                let result = self.sender.set_rate(now, rate_bits_per_s);
+                if result.is_ok() {
+                    tracing::debug!(rate_bits_per_s, "FMTP sender: pacing rate changed");
+                }
+                // The caller may have stopped waiting.
+                let _ = reply.send(result);
             }
             Input::Disconnected(id) => {
                 if let Some(link) = self.links.remove(&id) {

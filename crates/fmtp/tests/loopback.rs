@@ -11,9 +11,9 @@ use std::time::Duration;
 use ldm7_fmtp::udp::MulticastConfig;
 use ldm7_fmtp::{
     FmtpReceiver, FmtpSender, ReceivedProduct, ReceiverNotice, ReceiverOptions, ReceiverReport, SenderNotice,
-    SenderOptions,
+    SenderOptions, SetRateError,
 };
-use ldm7_fmtp_proto::{MissReason, Product, ReceiverEvent, SenderConfig, SenderEvent};
+use ldm7_fmtp_proto::{CompletionOutcome, MissReason, Product, ReceiverEvent, SenderConfig, SenderEvent};
 use md5::{Digest, Md5};
 
 /// Longest any test here waits for what it expects (a generous margin, not a timing claim).
@@ -215,6 +215,38 @@ async fn receivers_started_before_the_sender_connect_when_it_comes_up() {
     send_all(&mut sender, &products).await;
     let outcome = receiving.await.expect("receiver");
     assert_each_once(&outcome, &products);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_changes_at_run_time_and_each_receiver_reports_each_product() {
+    let multicast = loopback_group(7);
+    let options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(100_000_000));
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let rate = sender.rate_handle();
+    rate.set_rate(20_000_000).await.expect("a positive rate");
+    assert!(matches!(rate.set_rate(0).await, Err(SetRateError::Refused(_))));
+    let receiver = FmtpReceiver::start(ReceiverOptions::new(multicast, sender.retx_addr())).expect("receiver");
+    let receiving = tokio::spawn(collect(receiver, 4));
+    joined(&mut sender, 1).await;
+    let products = products(4);
+    let feeder = sender.product_sender();
+    for (data, digest) in &products {
+        feeder.send(Product::new(data.clone(), *digest)).await.expect("the sender runs");
+    }
+    let mut completions = Vec::new();
+    while completions.len() < products.len() {
+        match tokio::time::timeout(PATIENCE, sender.next_notice()).await {
+            Ok(Some(SenderNotice::Event(SenderEvent::Completed(completion)))) => completions.push(completion),
+            Ok(Some(_)) => {}
+            other => panic!("{} completions: {other:?}", completions.len()),
+        }
+    }
+    assert!(completions.iter().all(|c| c.outcome == CompletionOutcome::Whole), "{completions:?}");
+    assert_each_once(&receiving.await.expect("receiver"), &products);
+    // An unpaced sender has no rate to change.
+    let unpaced = SenderOptions::new(loopback_group(8), free_tcp_addr(), SenderConfig::default());
+    let unpaced = FmtpSender::start(unpaced).await.expect("sender");
+    assert!(matches!(unpaced.rate_handle().set_rate(1_000_000).await, Err(SetRateError::Refused(_))));
 }
 
 /// Waits until `condition` holds, checking every few milliseconds; panics after [`PATIENCE`].

@@ -113,6 +113,13 @@ pub fn addresses(netns: Option<&str>, dev: &str) -> Result<Vec<Ipv4Cidr>, Addres
     parse_addresses(&text).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
 }
 
+/// The interface holding IPv4 address `address` in namespace `netns`, if any.
+pub fn interface_with_address(netns: Option<&str>, address: Ipv4Addr) -> Result<Option<String>, AddressError> {
+    let command = Cmd::new("ip").netns(netns).args(["-j", "-4", "addr", "show"]);
+    let text = command.run()?;
+    interface_in(&text, address).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
+}
+
 /// Gives interface `dev` address `cidr` unless it has exactly that address and prefix already.
 /// Returns true when it added the address. Other addresses of `dev` are left alone.
 pub fn ensure_address(netns: Option<&str>, dev: &str, cidr: Ipv4Cidr) -> Result<bool, AddressError> {
@@ -278,6 +285,20 @@ fn check_host_address(cidr: Ipv4Cidr) -> Result<(), AddressError> {
     if special { Err(AddressError::NotAHostAddress { cidr }) } else { Ok(()) }
 }
 
+/// The interface with `address` in the output of `ip -j -4 addr show`.
+fn interface_in(text: &str, address: Ipv4Addr) -> Result<Option<String>, String> {
+    let links: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|error| error.to_string())?;
+    for link in &links {
+        let holds = link["addr_info"]
+            .as_array()
+            .is_some_and(|infos| infos.iter().any(|info| info["local"].as_str() == Some(&address.to_string())));
+        if holds {
+            return Ok(link["ifname"].as_str().map(str::to_string));
+        }
+    }
+    Ok(None)
+}
+
 /// The IPv4 addresses in the output of `ip -j -4 addr show dev DEV`.
 fn parse_addresses(text: &str) -> Result<Vec<Ipv4Cidr>, String> {
     let links: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|error| error.to_string())?;
@@ -299,6 +320,15 @@ fn parse_addresses(text: &str) -> Result<Vec<Ipv4Cidr>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_interface_holding_an_address_is_found() {
+        let text = r#"[{"ifindex":1,"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]},
+            {"ifindex":5,"ifname":"ngrid","addr_info":[{"family":"inet","local":"10.77.1.1","prefixlen":24}]}]"#;
+        assert_eq!(interface_in(text, Ipv4Addr::new(10, 77, 1, 1)).unwrap().as_deref(), Some("ngrid"));
+        assert_eq!(interface_in(text, Ipv4Addr::new(10, 77, 1, 2)).unwrap(), None);
+        assert!(interface_in("not json", Ipv4Addr::LOCALHOST).is_err());
+    }
 
     #[test]
     fn cidr_arithmetic() {

@@ -59,37 +59,9 @@ impl HtbPlan {
     /// after the root qdisc has been deleted.
     pub fn commands(&self, dev: &str) -> Vec<Vec<String>> {
         let rate = self.rate.bits_per_s();
-        let share = self.retx_share.clamp(0.01, 0.99);
-        let retx_rate = self.rate.scaled(share).bits_per_s();
-        let multicast_rate = rate.saturating_sub(retx_rate).max(1);
-        let burst = burst_bytes(self.rate);
-        let quantum = quantum_bytes(self.rate);
-        let class = |parent: &str, id: &str, assured: u64, prio: Option<&str>| -> Vec<String> {
-            let mut args = strings(&[
-                "class",
-                "add",
-                "dev",
-                dev,
-                "parent",
-                parent,
-                "classid",
-                id,
-                "htb",
-                "rate",
-                &format!("{assured}bit"),
-                "ceil",
-                &format!("{rate}bit"),
-                "burst",
-                &burst.to_string(),
-                "cburst",
-                &burst.to_string(),
-                "quantum",
-                &quantum.to_string(),
-            ]);
-            if let Some(prio) = prio {
-                args.extend(strings(&["prio", prio]));
-            }
-            args
+        let (multicast_rate, retx_rate) = self.class_rates();
+        let class = |parent: &str, id: &str, assured: u64, prio: Option<&str>| {
+            self.class_args("add", dev, parent, id, assured, prio)
         };
         let limit = self.buffer.bytes().min(u32::MAX as u64).to_string();
         let mut multicast_match = strings(&["match", "ip", "protocol", "17", "0xff"]);
@@ -131,6 +103,97 @@ impl HtbPlan {
             filter("2", retx_match, RETX_CLASS),
         ]
     }
+
+    /// The `tc` argument lists that move an installed tree to this plan's rate and share
+    /// (`class change` of the path class and both children; queues and filters stay).
+    pub fn rate_change_commands(&self, dev: &str) -> Vec<Vec<String>> {
+        let (multicast_rate, retx_rate) = self.class_rates();
+        vec![
+            self.class_args("change", dev, "1:", PATH_CLASS, self.rate.bits_per_s(), None),
+            self.class_args("change", dev, PATH_CLASS, MULTICAST_CLASS, multicast_rate, Some("0")),
+            self.class_args("change", dev, PATH_CLASS, RETX_CLASS, retx_rate, Some("1")),
+        ]
+    }
+
+    /// The assured rates of the multicast and the retransmission class, bit/s.
+    fn class_rates(&self) -> (u64, u64) {
+        let share = self.retx_share.clamp(0.01, 0.99);
+        let retx_rate = self.rate.scaled(share).bits_per_s();
+        (self.rate.bits_per_s().saturating_sub(retx_rate).max(1), retx_rate)
+    }
+
+    /// `class VERB` of one HTB class: assured `assured` bit/s, ceiling the path rate.
+    fn class_args(
+        &self,
+        verb: &str,
+        dev: &str,
+        parent: &str,
+        id: &str,
+        assured: u64,
+        prio: Option<&str>,
+    ) -> Vec<String> {
+        let rate = self.rate.bits_per_s();
+        let burst = burst_bytes(self.rate);
+        let quantum = quantum_bytes(self.rate);
+        let mut args = strings(&[
+            "class",
+            verb,
+            "dev",
+            dev,
+            "parent",
+            parent,
+            "classid",
+            id,
+            "htb",
+            "rate",
+            &format!("{assured}bit"),
+            "ceil",
+            &format!("{rate}bit"),
+            "burst",
+            &burst.to_string(),
+            "cburst",
+            &burst.to_string(),
+            "quantum",
+            &quantum.to_string(),
+        ]);
+        if let Some(prio) = prio {
+            args.extend(strings(&["prio", prio]));
+        }
+        args
+    }
+}
+
+/// The rates of an installed tree: the path class's and the retransmission class's assured
+/// rate, from `tc class show` text; `None` when the path class is not there.
+pub fn installed_rates(text: &str) -> Option<(Rate, Rate)> {
+    let rate_of = |class: &str| {
+        text.lines().find_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if words.first() != Some(&"class") || words.get(2) != Some(&class) {
+                return None;
+            }
+            let position = words.iter().position(|w| *w == "rate")?;
+            words.get(position + 1)?.parse::<Rate>().ok()
+        })
+    };
+    let path = rate_of(PATH_CLASS)?;
+    Some((path, rate_of(RETX_CLASS).unwrap_or(path.scaled(DEFAULT_RETX_SHARE))))
+}
+
+/// Moves the HTB tree installed on `dev` (by [`install`]) to `rate`, keeping the share the
+/// retransmission class had. Returns the rate the tree had before, or `None` (nothing
+/// changed) when `dev` has no such tree.
+pub fn change_rate(netns: Option<&str>, dev: &str, rate: Rate) -> Result<Option<Rate>, CommandError> {
+    let text = Cmd::new("tc").netns(netns).args(["class", "show", "dev", dev]).run()?;
+    let Some((before, retx)) = installed_rates(&text) else { return Ok(None) };
+    let plan = HtbPlan {
+        retx_share: retx.bits_per_s() as f64 / before.bits_per_s().max(1) as f64,
+        ..HtbPlan::new(rate, ByteSize::from_bytes(0))
+    };
+    for args in plan.rate_change_commands(dev) {
+        Cmd::new("tc").netns(netns).args(args).run()?;
+    }
+    Ok(Some(before))
 }
 
 /// Installs `plan` on `dev` in namespace `netns`, replacing whatever root qdisc it had.
@@ -325,6 +388,36 @@ mod tests {
         assert!(lines[6].contains("match ip protocol 17 0xff match ip dst 224.0.0.0/4 flowid 1:10"), "{}", lines[6]);
         assert!(lines[7].ends_with("match ip protocol 6 0xff flowid 1:20"), "{}", lines[7]);
         assert!(lines[1].contains("burst 62500 cburst 62500 quantum 200000"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn a_rate_change_changes_the_three_classes_in_place() {
+        let plan = HtbPlan::new(Rate::from_megabits_per_s(50), ByteSize::from_bytes(0));
+        let lines: Vec<String> = plan.rate_change_commands("ngrid").iter().map(|a| a.join(" ")).collect();
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines[0].starts_with("class change dev ngrid parent 1: classid 1:1 htb rate 50000000bit ceil 50000000bit")
+        );
+        assert!(
+            lines[1]
+                .starts_with("class change dev ngrid parent 1:1 classid 1:10 htb rate 49000000bit ceil 50000000bit")
+        );
+        assert!(
+            lines[2].starts_with("class change dev ngrid parent 1:1 classid 1:20 htb rate 1000000bit ceil 50000000bit")
+        );
+        // The same class arguments as the installing commands.
+        let installing = plan.commands("ngrid");
+        assert_eq!(installing[1][2..], plan.rate_change_commands("ngrid")[0][2..]);
+    }
+
+    #[test]
+    fn installed_rates_parse_from_tc_text() {
+        let text = "class htb 1:10 parent 1:1 leaf 10: prio 0 rate 49Mbit ceil 50Mbit burst 6250b cburst 6250b \n\
+class htb 1:1 root rate 50Mbit ceil 50Mbit burst 6250b cburst 6250b \n\
+class htb 1:20 parent 1:1 leaf 20: prio 1 rate 1Mbit ceil 50Mbit burst 6250b cburst 6250b \n";
+        assert_eq!(installed_rates(text), Some((Rate::from_megabits_per_s(50), Rate::from_megabits_per_s(1))));
+        assert_eq!(installed_rates("class htb 1:5 root rate 1Mbit ceil 1Mbit\n"), None);
+        assert_eq!(installed_rates(""), None);
     }
 
     #[test]

@@ -197,6 +197,36 @@ impl ViolationMonitor {
         self.counters.violations += u64::from(violated);
     }
 
+    /// Counts a product a subscriber did not get in time at all (it gave the product up, or the
+    /// sender's retransmission deadline passed first): a violating delivery, whatever the rate.
+    pub fn observe_failure(&mut self, subscriber: u32) {
+        let entry = self.interval.entry(subscriber).or_default();
+        entry.0 += 1;
+        entry.1 += 1;
+        self.counters.deliveries += 1;
+        self.counters.violations += 1;
+    }
+
+    /// Takes back a [`Decision::Raise`] or [`Decision::Lower`] that could not be carried out
+    /// (the path service refused the rate): the rate is the one before it again and the step
+    /// is not counted; the next intervals decide anew. Other decisions change nothing.
+    pub fn revert(&mut self, decision: &Decision) {
+        let from_bps = match *decision {
+            Decision::Raise { from_bps, .. } => {
+                self.counters.raises = self.counters.raises.saturating_sub(1);
+                from_bps
+            }
+            Decision::Lower { from_bps, .. } => {
+                self.counters.lowers = self.counters.lowers.saturating_sub(1);
+                from_bps
+            }
+            Decision::Hold { .. } | Decision::AtCeiling { .. } => return,
+        };
+        if let Some(step) = self.config.rate_steps_bps.iter().position(|rate| *rate == from_bps) {
+            self.step = step;
+        }
+    }
+
     /// Ends the interval in progress: the decision for the next one (already applied to
     /// [`ViolationMonitor::rate_bps`]).
     pub fn end_interval(&mut self) -> Decision {
@@ -326,6 +356,31 @@ mod tests {
         let counters = monitor.counters();
         assert_eq!((counters.raises, counters.lowers, counters.at_ceiling), (2, 2, 1));
         assert_eq!(counters.violations, 30);
+    }
+
+    #[test]
+    fn a_product_given_up_violates_and_a_refused_step_is_taken_back() {
+        let mut monitor = monitor();
+        // One subscriber of two gave a product up (over β), the other got its product in time.
+        monitor.observe_failure(1);
+        monitor.observe(&delivery(2, 0.025));
+        let raise = monitor.end_interval();
+        assert_eq!(raise, Decision::Raise { from_bps: 20.0 * MBIT, to_bps: 40.0 * MBIT });
+        assert_eq!((monitor.last_interval().violating, monitor.counters().violations), (1, 1));
+        monitor.revert(&raise);
+        assert_eq!((monitor.rate_bps(), monitor.counters().raises), (20.0 * MBIT, 0));
+        // Holding or being at the ceiling has nothing to take back.
+        monitor.revert(&Decision::Hold { rate_bps: 20.0 * MBIT });
+        assert_eq!(monitor.rate_bps(), 20.0 * MBIT);
+        // A refused lower stays up; calm intervals try again later.
+        monitor.observe_failure(1);
+        assert!(matches!(monitor.end_interval(), Decision::Raise { .. }));
+        let lower = (0..3).map(|_| monitor.end_interval()).last().unwrap();
+        assert_eq!(lower, Decision::Lower { from_bps: 40.0 * MBIT, to_bps: 20.0 * MBIT });
+        monitor.revert(&lower);
+        assert_eq!((monitor.rate_bps(), monitor.counters().lowers), (40.0 * MBIT, 0));
+        let again = (0..3).map(|_| monitor.end_interval()).last().unwrap();
+        assert_eq!(again, Decision::Lower { from_bps: 40.0 * MBIT, to_bps: 20.0 * MBIT });
     }
 
     #[test]

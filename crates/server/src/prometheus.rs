@@ -17,6 +17,9 @@
 //! | `ldm7_receive_subscriptions_total`, `ldm7_receive_backstop_requests_total`, `ldm7_receive_corrupt_total`, `ldm7_receive_duplicates_total` | `receive` | |
 //! | `ldm7_publisher_subscriptions_total`, `ldm7_publisher_refusals_total`, `ldm7_publisher_products_multicast_total`, `ldm7_publisher_backstop_products_sent_total`, `ldm7_publisher_backlog_products_sent_total` | | publisher side |
 //! | `ldm7_fmtp_multicast_bytes_total`, `ldm7_fmtp_retransmitted_blocks_total`, `ldm7_fmtp_retransmitted_bytes_total`, `ldm7_fmtp_retransmission_requests_total`, `ldm7_fmtp_rejections_total`, `ldm7_fmtp_subscribers` | `feed` | each multicast feed's FMTP sender |
+//! | `ldm7_path_rate_bits_per_second` | `feed` | each multicast feed's path rate now (FMTP pacing) |
+//! | `ldm7_rate_monitor_intervals_total`, `ldm7_rate_monitor_deliveries_total`, `ldm7_rate_monitor_violations_total`, `ldm7_rate_monitor_raises_total`, `ldm7_rate_monitor_lowers_total`, `ldm7_rate_monitor_at_ceiling_total`, `ldm7_rate_monitor_rate_change_failures_total` | `feed` | the online monitor of a feed with `rate_control` |
+//! | `ldm7_rate_monitor_subscribers`, `ldm7_rate_monitor_violating_subscribers` | `feed` | the monitor's last interval |
 //! | `ldm7_queue_products`, `ldm7_queue_bytes`, `ldm7_queue_capacity_bytes`, `ldm7_queue_capacity_slots`, `ldm7_queue_oldest_age_seconds` | | the product queue |
 //! | `ldm7_queue_inserted_total`, `ldm7_queue_evicted_total` | | |
 //! | `ldm7_statistics_products_total` | | per-minute statistics products published |
@@ -187,6 +190,41 @@ pub(crate) fn render(shared: &Shared) -> String {
                 3 => counters.retx_requests,
                 4 => counters.rejects,
                 _ => *subscribers as u64,
+            };
+            out.sample(metric, &[("feed", feed)], value);
+        }
+    }
+
+    let rates = shared.multicaster.feed_rates();
+    out.family("ldm7_path_rate_bits_per_second", "gauge", "The feed's path rate now (FMTP pacing).");
+    for (feed, rate, _) in &rates {
+        out.sample("ldm7_path_rate_bits_per_second", &[("feed", feed)], rate);
+    }
+    for (metric, kind, help, pick) in [
+        ("ldm7_rate_monitor_intervals_total", "counter", "Intervals the online monitor ended.", 0),
+        ("ldm7_rate_monitor_deliveries_total", "counter", "Subscriber completions the monitor measured.", 1),
+        ("ldm7_rate_monitor_violations_total", "counter", "Of those, late by more than W (or given up).", 2),
+        ("ldm7_rate_monitor_raises_total", "counter", "Path rate steps up.", 3),
+        ("ldm7_rate_monitor_lowers_total", "counter", "Path rate steps down.", 4),
+        ("ldm7_rate_monitor_at_ceiling_total", "counter", "Intervals that wanted a raise at the ceiling.", 5),
+        ("ldm7_rate_monitor_rate_change_failures_total", "counter", "Rate steps refused (the rate stayed).", 6),
+        ("ldm7_rate_monitor_subscribers", "gauge", "Subscribers measured in the last interval.", 7),
+        ("ldm7_rate_monitor_violating_subscribers", "gauge", "Of those, the ones over alpha.", 8),
+    ] {
+        out.family(metric, kind, help);
+        for (feed, _, status) in &rates {
+            let Some(status) = status else { continue };
+            let counters = &status.counters;
+            let value = match pick {
+                0 => counters.intervals,
+                1 => counters.deliveries,
+                2 => counters.violations,
+                3 => counters.raises,
+                4 => counters.lowers,
+                5 => counters.at_ceiling,
+                6 => status.rate_change_failures,
+                7 => status.last_interval.subscribers as u64,
+                _ => status.last_interval.violating as u64,
             };
             out.sample(metric, &[("feed", feed)], value);
         }

@@ -21,6 +21,19 @@
 //! rate = "40 Mbit/s"
 //! path = "ngrid"                  # the path's name for the path service (default: the feed name)
 //!
+//! [multicast.feeds.NGRID.rate_control]   # the online latency-violation monitor (off without
+//!                                 # this table; in [multicast.rate_control] for every feed)
+//! steps = ["20 Mbit/s", "50 Mbit/s", "100 Mbit/s"]   # path rates, ascending: the feed starts at
+//!                                 # the first (its `rate`, if given, must be it); the last is
+//!                                 # the ceiling
+//! interval = "60s"                # how often violations are tallied and the rate decided
+//! wait = "2ms"                    # W: how much longer than expected a product may take
+//! alpha = 0.1                     # α: share of a subscriber's products that may violate
+//! beta = 0.01                     # β: share of subscribers that may violate before a raise
+//! epsilon = "2ms"                 # c of the repair-time allowance ε = RTT × rounds + c
+//! lower_after = 3                 # calm intervals in a row before the rate steps down
+//! enabled = true                  # false: off for this feed despite [multicast.rate_control]
+//!
 //! [path]                          # how legs are added to and removed from a feed's path
 //! driver = "none"                 # none | linux-bridge | vde | oess
 //! netns = "lab-core"              # linux-bridge: the namespace that holds the bridges
@@ -96,6 +109,58 @@ pub enum Deadline {
     },
 }
 
+/// The online latency-violation monitor of one feed (docs/planning.md, "The online monitor in
+/// the publisher"); the defaults are the research's (W = 2 ms, α = 0.1, β = 0.01).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateControlSettings {
+    /// The path rates, ascending: the first is where the feed starts and the floor, the last
+    /// the ceiling.
+    pub steps: Vec<Rate>,
+    /// How often violations are tallied and the rate decided.
+    pub interval: Duration,
+    /// `W`.
+    pub wait: Duration,
+    /// `α`.
+    pub alpha: f64,
+    /// `β`.
+    pub beta: f64,
+    /// `c` of `ε = RTT × rounds + c`.
+    pub epsilon: Duration,
+    /// Calm intervals in a row before the rate steps down.
+    pub lower_after: u32,
+}
+
+/// The default interval of the monitor.
+pub const RATE_CONTROL_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+
+impl RateControlSettings {
+    /// The research's monitor over `steps`, deciding every minute.
+    pub fn research(steps: Vec<Rate>) -> Self {
+        let defaults = ldm7_plan::violation::MonitorConfig::research(Vec::new());
+        Self {
+            steps,
+            interval: RATE_CONTROL_INTERVAL_DEFAULT,
+            wait: Duration::from_secs_f64(defaults.wait_max_s),
+            alpha: defaults.alpha,
+            beta: defaults.beta,
+            epsilon: Duration::from_secs_f64(defaults.epsilon_s),
+            lower_after: defaults.lower_after,
+        }
+    }
+
+    /// The monitor's configuration.
+    pub fn monitor_config(&self) -> ldm7_plan::violation::MonitorConfig {
+        ldm7_plan::violation::MonitorConfig {
+            wait_max_s: self.wait.as_secs_f64(),
+            alpha: self.alpha,
+            beta: self.beta,
+            epsilon_s: self.epsilon.as_secs_f64(),
+            rate_steps_bps: self.steps.iter().map(|rate| rate.bits_per_s() as f64).collect(),
+            lower_after: self.lower_after,
+        }
+    }
+}
+
 /// Publisher settings of one multicast feed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MulticastSettings {
@@ -115,6 +180,8 @@ pub struct MulticastSettings {
     pub product_queue_max: usize,
     /// The path's name for the path service (`None`: the feed's name).
     pub path: Option<String>,
+    /// The online monitor stepping the path rate (`None`: off, the rate stays `rate`).
+    pub rate_control: Option<RateControlSettings>,
 }
 
 impl Default for MulticastSettings {
@@ -128,6 +195,7 @@ impl Default for MulticastSettings {
             index_map_capacity: super::multicast::index_map::CAPACITY_DEFAULT,
             product_queue_max: 1024,
             path: None,
+            rate_control: None,
         }
     }
 }
@@ -310,6 +378,21 @@ mod raw {
         index_map_capacity: Option<u32>,
         product_queue_max: Option<usize>,
         path: Option<String>,
+        rate_control: Option<RateControlKeys>,
+    }
+
+    /// `rate_control` of a multicast section.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct RateControlKeys {
+        enabled: Option<bool>,
+        steps: Option<Vec<String>>,
+        interval: Option<String>,
+        wait: Option<String>,
+        alpha: Option<f64>,
+        beta: Option<f64>,
+        epsilon: Option<String>,
+        lower_after: Option<u32>,
     }
 
     #[derive(Debug, Default, Deserialize)]
@@ -427,7 +510,100 @@ mod raw {
             if let Some(path) = &self.path {
                 settings.path = Some(path.clone());
             }
+            if let Some(keys) = &self.rate_control {
+                settings.rate_control =
+                    keys.apply(settings.rate_control.as_ref(), &format!("{key}.rate_control"), value)?;
+            }
+            if let Some(control) = &settings.rate_control {
+                let first = control.steps[0];
+                match self.rate.as_ref().map(|_| settings.rate) {
+                    Some(rate) if rate != first => {
+                        return Err(value(
+                            format!("{key}.rate"),
+                            format!(
+                                "{rate} is not the first rate step ({first}): with rate_control the feed starts at \
+                                 its first step; leave rate out or make it the first step"
+                            ),
+                        ));
+                    }
+                    _ => settings.rate = first,
+                }
+            }
             Ok(settings)
+        }
+    }
+
+    impl RateControlKeys {
+        /// The monitor's settings: these keys over `base` (inherited from the defaults); `None`
+        /// when it is off.
+        fn apply(
+            &self,
+            base: Option<&RateControlSettings>,
+            key: &str,
+            value: Value<'_>,
+        ) -> Result<Option<RateControlSettings>, SettingsError> {
+            if self.enabled == Some(false) {
+                return Ok(None);
+            }
+            let named = |name: &str| format!("{key}.{name}");
+            let steps = match &self.steps {
+                Some(texts) => {
+                    let mut steps = Vec::with_capacity(texts.len());
+                    for text in texts {
+                        steps.push(text.parse::<Rate>().map_err(|error| value(named("steps"), error.to_string()))?);
+                    }
+                    steps
+                }
+                None => match base {
+                    Some(base) => base.steps.clone(),
+                    None => {
+                        return Err(value(
+                            named("steps"),
+                            "give the path rates to step through, e.g. [\"20 Mbit/s\", \"50 Mbit/s\"]".into(),
+                        ));
+                    }
+                },
+            };
+            if steps.is_empty()
+                || steps.iter().any(|rate| rate.bits_per_s() == 0)
+                || steps.windows(2).any(|pair| pair[1] <= pair[0])
+            {
+                return Err(value(
+                    named("steps"),
+                    "give at least one rate, each positive and larger than the one before".into(),
+                ));
+            }
+            let mut settings = base.cloned().unwrap_or_else(|| RateControlSettings::research(Vec::new()));
+            settings.steps = steps;
+            if let Some(interval) = quantity(&self.interval, key, "interval", parse_duration, value)? {
+                if interval.is_zero() {
+                    return Err(value(named("interval"), "give a positive interval, e.g. \"60s\"".into()));
+                }
+                settings.interval = interval;
+            }
+            if let Some(wait) = quantity(&self.wait, key, "wait", parse_duration, value)? {
+                settings.wait = wait;
+            }
+            if let Some(epsilon) = quantity(&self.epsilon, key, "epsilon", parse_duration, value)? {
+                settings.epsilon = epsilon;
+            }
+            for (name, share, target) in
+                [("alpha", self.alpha, &mut settings.alpha), ("beta", self.beta, &mut settings.beta)]
+            {
+                if let Some(share) = share {
+                    if !(0.0..=1.0).contains(&share) {
+                        return Err(value(named(name), format!("{share} is not a share: give one in [0, 1]")));
+                    }
+                    *target = share;
+                }
+            }
+            if let Some(lower_after) = self.lower_after {
+                if lower_after == 0 {
+                    return Err(value(named("lower_after"), "give at least 1 interval".into()));
+                }
+                settings.lower_after = lower_after;
+            }
+            Ok(Some(settings))
         }
     }
 
@@ -561,6 +737,51 @@ drop = 0.02
     }
 
     #[test]
+    fn rate_control_is_off_by_default_and_starts_the_feed_at_its_first_step() {
+        let feed = |name| FeedType::from_name(name).unwrap();
+        assert_eq!(parse("").unwrap().multicast(feed("NGRID")).rate_control, None);
+        let settings = parse(
+            r#"
+[multicast.rate_control]
+steps = ["20 Mbit/s", "50 Mbit/s", "100 Mbit/s"]
+[multicast.feeds.NGRID.rate_control]
+interval = "2s"
+wait = "1ms"
+alpha = 0.2
+lower_after = 2
+[multicast.feeds.EXP]
+rate = "5 Mbit/s"
+rate_control = { steps = ["5 Mbit/s", "20 Mbit/s"] }
+[multicast.feeds.IDS.rate_control]
+enabled = false
+"#,
+        )
+        .unwrap();
+        let ngrid = settings.multicast(feed("NGRID"));
+        let control = ngrid.rate_control.as_ref().expect("on");
+        assert_eq!(ngrid.rate, Rate::from_megabits_per_s(20));
+        assert_eq!(control.steps.len(), 3);
+        assert_eq!(
+            (control.interval, control.wait, control.epsilon),
+            (Duration::from_secs(2), Duration::from_millis(1), Duration::from_millis(2))
+        );
+        assert_eq!((control.alpha, control.beta, control.lower_after), (0.2, 0.01, 2));
+        // The defaults of every feed: the research's.
+        let other = settings.multicast(feed("NEXRAD3")).rate_control.as_ref().expect("on");
+        assert_eq!(
+            (other.interval, other.wait, other.alpha, other.beta),
+            (Duration::from_secs(60), Duration::from_millis(2), 0.1, 0.01)
+        );
+        let exp = settings.multicast(feed("EXP"));
+        assert_eq!(exp.rate, Rate::from_megabits_per_s(5));
+        assert_eq!(exp.rate_control.as_ref().map(|c| c.steps.len()), Some(2));
+        assert_eq!(settings.multicast(feed("IDS")).rate_control, None);
+        let config = control.monitor_config();
+        assert_eq!(config.rate_steps_bps, vec![20e6, 50e6, 100e6]);
+        assert!(ldm7_plan::violation::ViolationMonitor::new(config).is_ok());
+    }
+
+    #[test]
     fn bad_values_name_the_key_and_the_fix() {
         for (text, why) in [
             ("[multicast]\nrate = \"fast\"\n", "multicast.rate"),
@@ -572,6 +793,17 @@ drop = 0.02
             ("[path]\ndriver = \"vde\"\n", "path.run_dir"),
             ("[receive]\ndrop = 1.5\n", "receive.drop"),
             ("[receive]\nretry_min = \"0\"\n", "retry_min"),
+            ("[multicast.rate_control]\ninterval = \"1s\"\n", "multicast.rate_control.steps: give"),
+            ("[multicast.rate_control]\nsteps = [\"50M\", \"20M\"]\n", "multicast.rate_control.steps"),
+            ("[multicast.rate_control]\nsteps = [\"fast\"]\n", "multicast.rate_control.steps"),
+            ("[multicast.rate_control]\nsteps = [\"5M\"]\nalpha = 2\n", "multicast.rate_control.alpha"),
+            ("[multicast.rate_control]\nsteps = [\"5M\"]\nlower_after = 0\n", "rate_control.lower_after"),
+            ("[multicast.rate_control]\nsteps = [\"5M\"]\ninterval = \"0\"\n", "rate_control.interval"),
+            ("[multicast.rate_control]\nsteps = [\"5M\"]\nwhen = 1\n", "unknown field"),
+            (
+                "[multicast.feeds.EXP]\nrate = \"40M\"\nrate_control = { steps = [\"20M\", \"40M\"] }\n",
+                "multicast.feeds.EXP.rate: 40",
+            ),
         ] {
             let error = parse(text).unwrap_err().to_string();
             assert!(error.contains(why), "{text:?}: {error}");

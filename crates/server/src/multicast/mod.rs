@@ -1,6 +1,7 @@
 //! The LDM-7 multicast service (ldm7-multicast.md §2, §4; RESEARCH.md §2–§3): per-feed FMTP
-//! client address pools ([`pool`]), the persistent product-index maps ([`index_map`]), and LDM
-//! products as FMTP carries them ([`product`]).
+//! client address pools ([`pool`]), the persistent product-index maps ([`index_map`]), LDM
+//! products as FMTP carries them ([`product`]), and the online rate monitor
+//! ([`rate_control`]).
 
 pub mod delivery;
 pub mod downstream7;
@@ -8,6 +9,7 @@ pub mod index_map;
 pub mod pool;
 pub mod product;
 pub mod publisher;
+pub mod rate_control;
 pub(crate) mod upstream7;
 
 pub use publisher::{Multicaster, PublisherCounters, Refusal, Subscription};

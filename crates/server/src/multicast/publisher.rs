@@ -21,6 +21,11 @@
 //! a restarted publisher continues the sequence. Products are multicast even in the moment
 //! between a subscription and its receiver's repair connection (the reference skips them):
 //! an index is then never skipped, and the subscriber's backlog would fetch them anyway.
+//!
+//! A feed with `rate_control` settings runs the online latency-violation monitor
+//! ([`super::rate_control`]): it starts at the first rate step, learns each subscriber's
+//! latency from its RETX_END, and steps the path rate (path service, the HTB tree of the
+//! multicast interface if it has one, FMTP pacing) every interval.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -32,16 +37,18 @@ use std::time::Duration;
 
 use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate};
 use ldm7_fmtp::{FmtpSender, SenderNotice, SenderOptions};
-use ldm7_fmtp_proto::{DeadlinePolicy, Pacing, Product, ProductIndex, SenderConfig, SenderEvent};
+use ldm7_fmtp_proto::{DeadlinePolicy, Pacing, Product, ProductIndex, SenderConfig, SenderEvent, WallClock};
+use ldm7_io::Clock;
 use ldm7_ldm_proto::{CidrAddr, Ldm7Status, McastInfo, McastSubInfo, VcEndPoint};
 use ldm7_net::hostcfg::Ipv4Cidr;
-use ldm7_net::path::{Endpoint, Leg, PathService};
+use ldm7_net::path::{Endpoint, Leg, PathError, PathService};
 use ldm7_pq::Queue;
 use ldm7_types::{FeedType, ProdClass, ProdSpec, Signature, Timestamp};
 
 use super::index_map::{IndexMap, IndexMapError};
 use super::pool::{Pool, PoolError};
 use super::product::QueuedProduct;
+use super::rate_control::{self, Actuators, RateControl, RateControlStatus, SharedPath};
 use crate::access::{self, PeerHost, ProductFilter};
 use crate::config::{Config, Multicast};
 use crate::settings::{Deadline, MulticastSettings, PathSettings, Settings};
@@ -118,6 +125,9 @@ pub enum FeedError {
     /// The MULTICAST entry's subnet cannot hold a pool.
     #[error("the FMTP address pool: {0}")]
     Pool(#[from] PoolError),
+    /// The rate-control settings do not make a monitor.
+    #[error("rate control: {0}")]
+    RateControl(String),
     /// The FMTP sender's sockets could not be opened.
     #[error("FMTP sender on {retx_listen}, group {group}: {source}")]
     Sockets {
@@ -160,7 +170,7 @@ pub struct Multicaster {
     server_port: u16,
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     feeds: Mutex<BTreeMap<u32, Arc<Feed>>>,
-    path: Mutex<Option<Box<dyn PathService + Send>>>,
+    path: SharedPath,
     counters: Arc<PublisherCounters>,
     stopping: AtomicBool,
 }
@@ -182,7 +192,7 @@ impl Multicaster {
             server_port,
             runtime: Mutex::new(None),
             feeds: Mutex::new(BTreeMap::new()),
-            path: Mutex::new(path),
+            path: Arc::new(Mutex::new(path)),
             counters: Arc::new(PublisherCounters::default()),
             stopping: AtomicBool::new(false),
         }
@@ -200,6 +210,23 @@ impl Multicaster {
             .values()
             .map(|feed| {
                 (feed.name.clone(), feed.subscribers.load(Ordering::Relaxed), feed.sender_counters.borrow().clone())
+            })
+            .collect()
+    }
+
+    /// Each running feed's name, path rate (bit/s) and, when it runs the online monitor, the
+    /// monitor's status.
+    pub fn feed_rates(&self) -> Vec<(String, u64, Option<RateControlStatus>)> {
+        let feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        feeds
+            .values()
+            .map(|feed| {
+                let status = feed
+                    .rate_control
+                    .as_ref()
+                    .map(|control| control.lock().unwrap_or_else(PoisonError::into_inner).status());
+                let rate = status.map_or(feed.settings.rate.bits_per_s(), |status| status.rate_bits_per_s);
+                (feed.name.clone(), rate, status)
             })
             .collect()
     }
@@ -325,11 +352,24 @@ impl Multicaster {
             server_port: self.server_port,
             runtime: handle,
             counters: self.counters.clone(),
+            path: self.path.clone(),
         })
         .map_err(|source| Refusal::Start { feed: entry.feedtype, source })?;
         if let Some(path) = self.path().as_mut() {
-            if let Err(error) = path.create_path(&feed.path_name, feed.settings.rate) {
-                tracing::debug!("{}: path {}: {error} (kept as it is)", feed.name, feed.path_name);
+            match path.create_path(&feed.path_name, feed.settings.rate) {
+                // The monitor starts at the first step: so does a path left at another.
+                Err(PathError::PathExists(_)) if feed.rate_control.is_some() => {
+                    if let Err(error) = path.set_rate(&feed.path_name, feed.settings.rate) {
+                        tracing::warn!(
+                            "{}: cannot set the path {} to {}: {error}",
+                            feed.name,
+                            feed.path_name,
+                            feed.settings.rate
+                        );
+                    }
+                }
+                Err(error) => tracing::debug!("{}: path {}: {error} (kept as it is)", feed.name, feed.path_name),
+                Ok(()) => {}
             }
         }
         feed.subscribers.fetch_add(1, Ordering::Relaxed);
@@ -475,6 +515,7 @@ struct FeedStart {
     server_port: u16,
     runtime: tokio::runtime::Handle,
     counters: Arc<PublisherCounters>,
+    path: SharedPath,
 }
 
 /// One multicast feed: its FMTP sender, the thread feeding it from the queue, its address pool
@@ -496,11 +537,15 @@ pub struct Feed {
     fmtp: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The FMTP sender's protocol counters.
     sender_counters: tokio::sync::watch::Receiver<ldm7_fmtp_proto::SenderCounters>,
+    /// The online monitor, when the feed has `rate_control`.
+    rate_control: Option<Arc<Mutex<RateControl>>>,
+    /// The task that ends the monitor's intervals; aborted with the feed.
+    rate_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Feed {
     fn start(start: FeedStart) -> Result<Arc<Self>, FeedError> {
-        let FeedStart { queue, entry, settings, state_dir, server_port, runtime, counters } = start;
+        let FeedStart { queue, entry, settings, state_dir, server_port, runtime, counters, path } = start;
         let name = entry.feedtype.to_string();
         let path_name = settings.path.clone().unwrap_or_else(|| name.clone());
         let group = SocketAddrV4::new(entry.group, entry.group_port.unwrap_or(server_port));
@@ -521,7 +566,10 @@ impl Feed {
             interface_index: 0,
             ttl: settings.ttl,
             loopback: true,
-            buffer_bytes: buffer_bytes_for_rate(settings.rate.bits_per_s()),
+            // The highest rate the feed may reach.
+            buffer_bytes: buffer_bytes_for_rate(
+                settings.rate_control.as_ref().and_then(|c| c.steps.last()).unwrap_or(&settings.rate).bits_per_s(),
+            ),
         };
         let mut proto = SenderConfig::with_rate(settings.rate.bits_per_s());
         for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
@@ -530,6 +578,19 @@ impl Feed {
         proto.first_index = first_index;
         proto.multicast_without_receivers = true;
         proto.queued_products_max = settings.product_queue_max;
+        let violation_monitor = match &settings.rate_control {
+            Some(control) => {
+                let (anchor, wall) = Clock::wall_anchor();
+                // Every product FMTP may hold: the retained ones, the queued ones, and those
+                // on their way in.
+                let followed_max = proto.retained_products_max + proto.queued_products_max + 1024;
+                let wall_clock = WallClock { instant: anchor, wall };
+                let monitor = RateControl::new(control, wall_clock, followed_max, WIRE_OVERHEAD_BYTES)
+                    .map_err(FeedError::RateControl)?;
+                Some(Arc::new(Mutex::new(monitor)))
+            }
+            None => None,
+        };
         proto.deadline = match settings.deadline {
             Deadline::Constant(duration) => DeadlinePolicy::Constant(duration),
             Deadline::Proportional { factor, min } => DeadlinePolicy::Proportional { f_snd: factor, min },
@@ -577,14 +638,43 @@ impl Feed {
             reader: Mutex::new(None),
             fmtp: Mutex::new(None),
             sender_counters: sender.counters_watch(),
+            rate_control: violation_monitor.clone(),
+            rate_task: Mutex::new(None),
         });
+        if let (Some(control), Some(settings)) = (&violation_monitor, &feed.settings.rate_control) {
+            let shaped_interface = rate_control::shaped_interface(interface);
+            let steps: Vec<String> = settings.steps.iter().map(ToString::to_string).collect();
+            tracing::info!(
+                "{name}: rate monitor on: steps {}, interval {:?}, W {:?}, alpha {}, beta {}, lower after {} calm intervals; \
+                 the path {}{} follows",
+                steps.join(" → "),
+                settings.interval,
+                settings.wait,
+                settings.alpha,
+                settings.beta,
+                settings.lower_after,
+                feed.path_name,
+                shaped_interface.as_deref().map(|dev| format!(" and the HTB tree on {dev}")).unwrap_or_default()
+            );
+            let actuators = Actuators {
+                feed: name.clone(),
+                path,
+                path_name: feed.path_name.clone(),
+                shaped_interface,
+                pacing: sender.rate_handle(),
+            };
+            let task = runtime.spawn(rate_control::run(control.clone(), settings.interval, actuators));
+            *feed.rate_task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        }
         let products = sender.product_sender();
         let mut notices = sender;
         // Notices: read so that the sender never waits on them; log what matters. The task owns
         // the sender: aborting it (`stop`) drops the sender, which stops FMTP and makes a
         // waiting `send` return.
         let notices_name = name.clone();
+        let monitor = violation_monitor;
         let notice_task = runtime.spawn(async move {
+            let monitor = monitor.as_deref();
             while let Some(notice) = notices.next_notice().await {
                 match notice {
                     SenderNotice::Event(SenderEvent::Sent { index, size }) => {
@@ -593,7 +683,16 @@ impl Feed {
                     SenderNotice::Event(SenderEvent::BoundHit { bound, receiver }) => {
                         tracing::debug!("{notices_name}: FMTP bound {bound:?} hit (receiver {receiver:?})");
                     }
-                    SenderNotice::Event(SenderEvent::Released { .. }) => {}
+                    SenderNotice::Event(SenderEvent::Released { index, unfinished, .. }) => {
+                        if let Some(monitor) = monitor {
+                            monitor.lock().unwrap_or_else(PoisonError::into_inner).released(index, &unfinished);
+                        }
+                    }
+                    SenderNotice::Event(SenderEvent::Completed(completion)) => {
+                        if let Some(monitor) = monitor {
+                            monitor.lock().unwrap_or_else(PoisonError::into_inner).completed(&completion);
+                        }
+                    }
                     SenderNotice::ReceiverJoined(id, peer) => {
                         tracing::info!("{notices_name}: FMTP receiver {peer} connected ({id})");
                     }
@@ -651,6 +750,14 @@ impl Feed {
                     return;
                 }
                 tracing::info!(target: ldm7_io::log_target::PRODUCT, "Multicasted: prodIndex={}, prodInfo=\"{info}\"", index.0);
+                if let Some(monitor) = &self.rate_control {
+                    if monitor.lock().unwrap_or_else(PoisonError::into_inner).handed(index, insertion) {
+                        tracing::warn!(
+                            "{}: rate monitor: too many products in flight to follow; some are not measured (counted)",
+                            self.name
+                        );
+                    }
+                }
             }
             if runtime.block_on(products.send(Product::new(product, metadata))).is_err() {
                 tracing::error!("{}: the FMTP sender stopped; multicasting stops", self.name);
@@ -673,6 +780,9 @@ impl Feed {
 
     fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(task) = self.rate_task.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
         if let Some(task) = self.fmtp.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }
