@@ -46,6 +46,9 @@ use crate::udp::{MulticastConfig, MulticastReceiver, SocketError, datagrams};
 pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(20);
 /// Longest pause between attempts.
 pub const CONNECT_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// How long a receiver asked to stop still writes the requests it has queued.
+const FLUSH_ON_STOP: Duration = Duration::from_secs(1);
 /// Default of [`ReceiverOptions::connect_deadline`] (the reference's 120 s).
 pub const CONNECT_DEADLINE_DEFAULT: Duration = Duration::from_secs(120);
 
@@ -449,8 +452,16 @@ impl ReceiverTask {
         }
         let queue = Arc::new(RequestQueue::default());
         let (requests, request_rx) = mpsc::unbounded_channel();
-        let writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
+        let mut writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
         let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
+        if matches!(result, Ok(Stopped::Asked)) {
+            // Asked to stop: what is queued still goes out (the RETX_END of products already
+            // delivered, so that the sender need not hold them until its deadline), briefly.
+            drop(requests);
+            if tokio::time::timeout(FLUSH_ON_STOP, &mut writer).await.is_err() {
+                tracing::info!(sender = %addr, "FMTP receiver: requests still queued at the stop are dropped");
+            }
+        }
         writer.abort();
         match result {
             Ok(Stopped::Asked) => {}

@@ -238,7 +238,9 @@ async fn the_rate_changes_at_run_time_and_each_receiver_reports_each_product() {
         match tokio::time::timeout(PATIENCE, sender.next_notice()).await {
             Ok(Some(SenderNotice::Event(SenderEvent::Completed(completion)))) => completions.push(completion),
             Ok(Some(_)) => {}
-            other => panic!("{} completions: {other:?}", completions.len()),
+            other => {
+                panic!("{} completions: {other:?}: {completions:?}; {:?}", completions.len(), sender.driver_counters())
+            }
         }
     }
     assert!(completions.iter().all(|c| c.outcome == CompletionOutcome::Whole), "{completions:?}");
