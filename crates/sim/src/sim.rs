@@ -461,8 +461,6 @@ impl Simulation {
                 in_flight_products_max: receiver_config.in_flight_products_max,
                 in_flight_bytes_max: receiver_config.in_flight_bytes_max,
                 datagrams_lost: 0,
-                pending: None,
-                expect: None,
                 group,
                 ride: Ride::Attention,
                 next_loss: u64::MAX,
@@ -905,24 +903,12 @@ impl Simulation {
         if self.sampled() {
             return self.on_multicast_sampled(group, datagram);
         }
-        // The sender's datagrams were checked when emitted: the header is there.
+        // Scripted drops or memory content: each datagram to each receiver, losses drawn per
+        // datagram. The sender's datagrams were checked when emitted: the header is there.
         let index = ProductIndex(u32::from_be_bytes([datagram[0], datagram[1], datagram[2], datagram[3]]));
-        let message = match (&self.drop_filter, self.content) {
-            (None, ContentMode::Memory) => None,
-            _ => Some(Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?),
-        };
-        // With pattern content, data blocks are batched per receiver (their bytes were checked
-        // against the product when the sender emitted them).
-        let block = match (&message, self.content) {
-            (Some(Message { body: Body::MemData { offset, data }, .. }), ContentMode::Pattern) => {
-                // offset + len ≤ the product size ≤ u32::MAX.
-                Some((*offset, *offset + data.len() as u32, block_fingerprint(*offset, data)))
-            }
-            _ => None,
-        };
-        let next_expected = match &message {
-            Some(Message { body: Body::Bop(_), .. }) => Some((index, 0)),
-            _ => None,
+        let message = match self.drop_filter {
+            Some(_) => Some(Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?),
+            None => None,
         };
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
@@ -939,38 +925,7 @@ impl Simulation {
                 continue;
             }
             self.counters.datagram_deliveries += 1;
-            if let Some((offset, end, fingerprint)) = block {
-                if let Some(pending) = node.pending.as_mut().filter(|p| p.run.index == index && p.run.end == offset) {
-                    pending.run.end = end;
-                    pending.run.datagrams += 1;
-                    pending.run.wire_bytes += datagram.len() as u64;
-                    pending.run.fingerprint = pending.run.fingerprint.wrapping_add(fingerprint);
-                    pending.last_at = self.now;
-                    continue;
-                }
-                self.flush_run(receiver)?;
-                let node = &mut self.nodes[receiver];
-                if node.expect == Some((index, offset)) {
-                    let run = BlockRun {
-                        index,
-                        start: offset,
-                        end,
-                        datagrams: 1,
-                        wire_bytes: datagram.len() as u64,
-                        fingerprint,
-                    };
-                    node.pending = Some(PendingRun { run, last_at: self.now });
-                    self.ledger.contact(receiver, index);
-                    continue;
-                }
-                node.expect = Some((index, end));
-            } else {
-                self.flush_run(receiver)?;
-                self.nodes[receiver].expect = next_expected;
-            }
-            self.ledger.contact(receiver, index);
-            self.nodes[receiver].receiver.handle_datagram(self.now, datagram);
-            self.drain_receiver(receiver)?;
+            self.hand_over(receiver, index, datagram)?;
         }
         Ok(())
     }
@@ -1146,35 +1101,24 @@ impl Simulation {
         self.drain_receiver_at(receiver, at)
     }
 
-    /// Hands receiver `receiver` the blocks it was not handed yet, as of when the last arrived.
+    /// Hands a riding receiver the blocks it was not handed yet, as of when the last arrived
+    /// (before anything else concerns it).
     fn flush_run(&mut self, receiver: usize) -> Result<(), Violation> {
-        if matches!(self.nodes[receiver].ride, Ride::From(_)) {
-            let to = self.groups[self.nodes[receiver].group].seq;
-            self.flush_member_to(receiver, to)?;
-        }
-        let Some(pending) = self.nodes[receiver].pending.take() else { return Ok(()) };
-        let (nodes, ledger) = (&mut self.nodes, &self.ledger);
-        let node = &mut nodes[receiver];
-        let index = pending.run.index;
-        node.expect = Some((index, pending.run.end));
-        node.receiver.handle_block_run(pending.last_at, &pending.run, &mut |start, end| {
-            ledger.range_fingerprint(index, start, end)
-        });
-        self.drain_receiver_at(receiver, pending.last_at)
+        let to = self.groups[self.nodes[receiver].group].seq;
+        self.flush_member_to(receiver, to)
     }
 
-    /// [`Simulation::flush_run`] for every receiver; whether any had blocks pending.
+    /// [`Simulation::flush_run`] for every receiver; whether any had blocks to hand over.
     fn flush_runs(&mut self) -> Result<bool, Violation> {
         let mut any = false;
         for receiver in 0..self.nodes.len() {
             let node = &self.nodes[receiver];
-            let riding = match node.ride {
-                Ride::From(from) => self.groups[node.group].run.share(from, self.groups[node.group].seq).is_some(),
-                Ride::Attention => false,
-            };
-            if node.pending.is_some() || riding {
-                any = true;
-                self.flush_run(receiver)?;
+            let group = &self.groups[node.group];
+            if let Ride::From(from) = node.ride {
+                if group.run.share(from, group.seq).is_some() {
+                    any = true;
+                    self.flush_run(receiver)?;
+                }
             }
         }
         Ok(any)
@@ -1456,11 +1400,6 @@ struct Node {
     in_flight_products_max: usize,
     in_flight_bytes_max: u64,
     datagrams_lost: u64,
-    /// Data blocks received back to back and not yet handed to the receiver (pattern content).
-    pending: Option<PendingRun>,
-    /// The product and offset of the block that would continue what the receiver was handed
-    /// last (a block there starts a run; any other is handed over at once).
-    expect: Option<(ProductIndex, u32)>,
     /// Its delay group.
     group: usize,
     /// Sampled losses: how it takes its group's next datagram.
@@ -1478,17 +1417,6 @@ enum Ride {
     From(u64),
     /// The next datagram is handed over as it comes (after a loss, an EOP, a join).
     Attention,
-}
-
-/// Blocks of one product that reached a receiver back to back, handed over together when
-/// something else concerns the receiver: its next datagram that does not continue them, any
-/// other event of its own, or the end of a stretch of the run. A block that follows a gap is
-/// handed over as it comes, so that the receiver asks for what it lacks at the right time.
-#[derive(Clone, Copy, Debug)]
-struct PendingRun {
-    run: BlockRun,
-    /// When the last of them arrived.
-    last_at: Instant,
 }
 
 /// Receivers sharing one multicast delay and jitter: one heap event per datagram.
