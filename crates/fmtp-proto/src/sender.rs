@@ -846,7 +846,8 @@ impl Sender {
     fn complete(&mut self, id: ReceiverId, key: u64) {
         let multicast_ended = self.products.get(&key).is_some_and(|p| self.multicast_progress(key) >= p.size);
         let Some(receiver) = self.receivers.get(&id) else { return };
-        let awaits_repairs = receiver.work.iter().any(|w| w.key == key && w.lost);
+        let awaits_repairs =
+            receiver.work_per_key.contains_key(&key) && receiver.work.iter().any(|w| w.key == key && w.lost);
         let rtt = receiver.rtt;
         let Some(product) = self.products.get_mut(&key) else { return };
         if product.interest.insert(id, Interest::Done) == Some(Interest::Done) {

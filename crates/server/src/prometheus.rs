@@ -30,6 +30,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
+/// A metric family read per feed: name, type, help, and the value of a feed's item.
+type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
 use crate::server::Shared;
 
 /// Text in the exposition format.
@@ -61,6 +64,17 @@ impl Exposition {
     fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
         self.family(name, kind, help);
         self.sample(name, &[], value);
+    }
+
+    /// Metric families with one sample per feed: each family's value read from each feed's
+    /// item.
+    fn per_feed<'a, T: 'a>(&mut self, families: &[Family<T>], feeds: impl Iterator<Item = (&'a str, &'a T)> + Clone) {
+        for (name, kind, help, value) in families {
+            self.family(name, kind, help);
+            for (feed, item) in feeds.clone() {
+                self.sample(name, &[("feed", feed)], value(item));
+            }
+        }
     }
 }
 
@@ -173,62 +187,54 @@ pub(crate) fn render(shared: &Shared) -> String {
         load(&publisher.backlog_products_sent),
     );
     let feeds = shared.multicaster.feed_counters();
-    for (metric, kind, help, pick) in [
-        ("ldm7_fmtp_multicast_bytes_total", "counter", "Bytes multicast (FMTP header and payload).", 0),
-        ("ldm7_fmtp_retransmitted_blocks_total", "counter", "Blocks retransmitted.", 1),
-        ("ldm7_fmtp_retransmitted_bytes_total", "counter", "Bytes sent on repair connections.", 2),
-        ("ldm7_fmtp_retransmission_requests_total", "counter", "Retransmission requests received.", 3),
-        ("ldm7_fmtp_rejections_total", "counter", "Retransmission requests rejected (past the deadline).", 4),
-        ("ldm7_fmtp_subscribers", "gauge", "Subscribers of the feed.", 5),
-    ] {
-        out.family(metric, kind, help);
-        for (feed, subscribers, counters) in &feeds {
-            let value = match pick {
-                0 => counters.multicast_bytes,
-                1 => counters.retx_data_blocks,
-                2 => counters.retx_bytes,
-                3 => counters.retx_requests,
-                4 => counters.rejects,
-                _ => *subscribers as u64,
-            };
-            out.sample(metric, &[("feed", feed)], value);
-        }
-    }
+    type Fmtp = (String, usize, ldm7_fmtp_proto::SenderCounters);
+    let fmtp: [Family<Fmtp>; 6] = [
+        ("ldm7_fmtp_multicast_bytes_total", "counter", "Bytes multicast (FMTP header and payload).", |f| {
+            f.2.multicast_bytes
+        }),
+        ("ldm7_fmtp_retransmitted_blocks_total", "counter", "Blocks retransmitted.", |f| f.2.retx_data_blocks),
+        ("ldm7_fmtp_retransmitted_bytes_total", "counter", "Bytes sent on repair connections.", |f| f.2.retx_bytes),
+        ("ldm7_fmtp_retransmission_requests_total", "counter", "Retransmission requests received.", |f| {
+            f.2.retx_requests
+        }),
+        ("ldm7_fmtp_rejections_total", "counter", "Retransmission requests rejected (past the deadline).", |f| {
+            f.2.rejects
+        }),
+        ("ldm7_fmtp_subscribers", "gauge", "Subscribers of the feed.", |f| f.1 as u64),
+    ];
+    out.per_feed(&fmtp, feeds.iter().map(|f| (f.0.as_str(), f)));
 
     let rates = shared.multicaster.feed_rates();
     out.family("ldm7_path_rate_bits_per_second", "gauge", "The feed's path rate now (FMTP pacing).");
     for (feed, rate, _) in &rates {
         out.sample("ldm7_path_rate_bits_per_second", &[("feed", feed)], rate);
     }
-    for (metric, kind, help, pick) in [
-        ("ldm7_rate_monitor_intervals_total", "counter", "Intervals the online monitor ended.", 0),
-        ("ldm7_rate_monitor_deliveries_total", "counter", "Subscriber completions the monitor measured.", 1),
-        ("ldm7_rate_monitor_violations_total", "counter", "Of those, late by more than W (or given up).", 2),
-        ("ldm7_rate_monitor_raises_total", "counter", "Path rate steps up.", 3),
-        ("ldm7_rate_monitor_lowers_total", "counter", "Path rate steps down.", 4),
-        ("ldm7_rate_monitor_at_ceiling_total", "counter", "Intervals that wanted a raise at the ceiling.", 5),
-        ("ldm7_rate_monitor_rate_change_failures_total", "counter", "Rate steps refused (the rate stayed).", 6),
-        ("ldm7_rate_monitor_subscribers", "gauge", "Subscribers measured in the last interval.", 7),
-        ("ldm7_rate_monitor_violating_subscribers", "gauge", "Of those, the ones over alpha.", 8),
-    ] {
-        out.family(metric, kind, help);
-        for (feed, _, status) in &rates {
-            let Some(status) = status else { continue };
-            let counters = &status.counters;
-            let value = match pick {
-                0 => counters.intervals,
-                1 => counters.deliveries,
-                2 => counters.violations,
-                3 => counters.raises,
-                4 => counters.lowers,
-                5 => counters.at_ceiling,
-                6 => status.rate_change_failures,
-                7 => status.last_interval.subscribers as u64,
-                _ => status.last_interval.violating as u64,
-            };
-            out.sample(metric, &[("feed", feed)], value);
-        }
-    }
+    let monitor: [Family<crate::multicast::rate_control::RateControlStatus>; 9] = [
+        ("ldm7_rate_monitor_intervals_total", "counter", "Intervals the online monitor ended.", |s| {
+            s.counters.intervals
+        }),
+        ("ldm7_rate_monitor_deliveries_total", "counter", "Subscriber completions the monitor measured.", |s| {
+            s.counters.deliveries
+        }),
+        ("ldm7_rate_monitor_violations_total", "counter", "Of those, late by more than W (or given up).", |s| {
+            s.counters.violations
+        }),
+        ("ldm7_rate_monitor_raises_total", "counter", "Path rate steps up.", |s| s.counters.raises),
+        ("ldm7_rate_monitor_lowers_total", "counter", "Path rate steps down.", |s| s.counters.lowers),
+        ("ldm7_rate_monitor_at_ceiling_total", "counter", "Intervals that wanted a raise at the ceiling.", |s| {
+            s.counters.at_ceiling
+        }),
+        ("ldm7_rate_monitor_rate_change_failures_total", "counter", "Rate steps refused (the rate stayed).", |s| {
+            s.rate_change_failures
+        }),
+        ("ldm7_rate_monitor_subscribers", "gauge", "Subscribers measured in the last interval.", |s| {
+            s.last_interval.subscribers as u64
+        }),
+        ("ldm7_rate_monitor_violating_subscribers", "gauge", "Of those, the ones over alpha.", |s| {
+            s.last_interval.violating as u64
+        }),
+    ];
+    out.per_feed(&monitor, rates.iter().filter_map(|(feed, _, status)| Some((feed.as_str(), status.as_ref()?))));
 
     if let Ok(stats) = shared.queue.stats() {
         out.single("ldm7_queue_products", "gauge", "Products in the queue.", stats.product_count);
