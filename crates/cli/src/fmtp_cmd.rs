@@ -188,6 +188,9 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         ),
         RecvProgress::Connected(sender) => tracing::info!("fmtp recv: connected to {sender}"),
         RecvProgress::Missed { index, reason } => eprintln!("fmtp recv: missed product {index:?} ({reason:?})"),
+        RecvProgress::IndexGap { first, last } => {
+            eprintln!("fmtp recv: missed products {first:?}..={last:?} (skipped by the product index, not requested)")
+        }
     })
     .await
     .map_err(failure)?;
@@ -199,8 +202,30 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         summary.corrupt,
         summary.report.protocol.datagrams
     );
+    let protocol = &summary.report.protocol;
+    let dropped = [
+        ("truncated", protocol.truncated),
+        ("oversized", protocol.oversized),
+        ("unknown type", protocol.unknown_type),
+        ("other malformed", protocol.malformed - protocol.truncated - protocol.oversized - protocol.unknown_type),
+        ("unexpected type", protocol.unexpected),
+        ("index not believed", protocol.index_unbelieved),
+        ("past the product's end", protocol.out_of_range),
+    ];
+    if dropped.iter().any(|(_, count)| *count > 0) || protocol.index_forged > 0 {
+        let list: Vec<String> =
+            dropped.iter().filter(|(_, count)| *count > 0).map(|(reason, count)| format!("{reason} {count}")).collect();
+        println!(
+            "fmtp recv: dropped datagrams: {}; indexes the sender refuted {}",
+            if list.is_empty() { "none".to_owned() } else { list.join(", ") },
+            protocol.index_forged
+        );
+    }
     if summary.corrupt > 0 {
         return Err(runtime(AppError::Corrupt(summary.corrupt)));
+    }
+    if summary.missed > 0 {
+        return Err(runtime(AppError::Missed(summary.missed)));
     }
     Ok(())
 }

@@ -8,13 +8,19 @@
 //! that gets its bytes only after the receiver connected, then a large file and many small
 //! ones); a receiver with no sender gives up at its `--timeout` with a message naming the
 //! address; the sender's peak memory stays far below the size of its inputs (streamed).
+//!
+//! Under attack: forged BOPs far ahead of the sender, a flood of forged BOPs with random
+//! indexes, truncated, oversized and unknown datagrams sent to the group during a transfer cost
+//! no product, and the receiver counts what it dropped by reason; a receiver that missed
+//! products says so and exits 2.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
@@ -277,6 +283,132 @@ fn the_sender_streams_its_inputs_in_bounded_memory() {
 }
 
 /// A product file of `len` bytes whose content depends on `index`.
+#[test]
+fn forged_and_malformed_datagrams_on_the_group_cost_no_product_and_are_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files: Vec<PathBuf> =
+        (0..100).map(|index| write_product(dir.path(), index, 1 + (index * 7_919) % 30_000)).collect();
+    let out = dir.path().join("out");
+    let (group, retx) = addresses(7);
+    let receiver = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "100", "--timeout", "60"])
+            .args(["--out", &out.display().to_string()]),
+    );
+    let forger = Forger::start(group.parse().expect("group"));
+    let sender = Command::new(LDM7)
+        .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "30s"])
+        .args(&files)
+        .output()
+        .expect("run sender");
+    let forged = forger.stop();
+    let (summary, log) = receiver.finish();
+    assert!(sender.status.success(), "sender: {}{}", text(&sender.stdout), text(&sender.stderr));
+    assert!(forged > 1_000, "the forger sent {forged} datagrams");
+    assert!(summary.contains("delivered 100, missed 0"), "{summary}{log}");
+    for reason in ["truncated", "oversized", "unknown type", "index not believed"] {
+        assert!(summary.contains(reason), "dropped datagrams counted as {reason}: {summary}");
+    }
+    for file in &files {
+        let bytes = std::fs::read(file).expect("read input");
+        assert_eq!(std::fs::read(out.join(md5_hex(&bytes))).expect("received"), bytes);
+    }
+}
+
+#[test]
+fn a_receiver_that_missed_products_says_which_and_exits_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files: Vec<PathBuf> = (0..5).map(|index| write_product(dir.path(), index, 200_000)).collect();
+    let (group, retx) = addresses(8);
+    // Half the multicast is lost and the sender gives up on repairs at once: products are missed.
+    let receiver = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "5", "--timeout", "30"])
+            .args(["--drop", "0.5"]),
+    );
+    let sender = Command::new(LDM7)
+        .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "10s"])
+        .args(["--retx-timeout", "1ms"])
+        .args(&files)
+        .output()
+        .expect("run sender");
+    assert!(sender.status.success(), "sender: {}{}", text(&sender.stdout), text(&sender.stderr));
+    let (status, summary, log) = receiver.outcome();
+    assert_eq!(status.code(), Some(2), "{summary}{log}");
+    assert!(log.contains("missed product") && log.contains("Rejected"), "{log}");
+    assert!(log.contains("products were missed"), "{log}");
+}
+
+/// Sends forged and malformed datagrams to a multicast group from a thread of its own until
+/// stopped: BOPs 100,000 products ahead of the sender (three copies each, as a real product's
+/// messages come several), BOPs with random indexes, and datagrams that are truncated, longer
+/// than their header says, or of no known type.
+struct Forger {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Forger {
+    fn start(group: SocketAddr) -> Self {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).expect("socket");
+        socket.set_multicast_if_v4(&Ipv4Addr::LOCALHOST).expect("multicast interface");
+        socket.set_multicast_loop_v4(true).expect("multicast loop");
+        socket.bind(&SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0).into()).expect("bind");
+        let socket = std::net::UdpSocket::from(socket);
+        let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let (stopped, count) = (stop.clone(), sent.clone());
+        let thread = std::thread::spawn(move || {
+            let mut state = 0x2545_f491_4f6c_dd1du64;
+            while !stopped.load(Ordering::Relaxed) {
+                let mut batch = vec![forged_bop(100_000), forged_bop(100_000), forged_bop(100_000)];
+                for _ in 0..40 {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    batch.push(forged_bop(state as u32));
+                }
+                let mut truncated = forged_bop(7);
+                truncated.truncate(20);
+                let mut oversized = forged_bop(7);
+                oversized.extend_from_slice(&[0xab; 1_500]);
+                let mut unknown = forged_bop(7);
+                unknown[10..12].copy_from_slice(&0x0003u16.to_be_bytes());
+                batch.extend([truncated, oversized, unknown, vec![0x55; 5]]);
+                for datagram in &batch {
+                    if socket.send_to(datagram, group).is_ok() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        Self { stop, sent, thread }
+    }
+
+    /// Stops the forger; returns how many datagrams it sent.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("forger");
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+/// A well-formed FMTP BOP (ldm7-multicast.md §3.2–§3.4) of a 1,000-byte product that does not
+/// exist, with a 16-byte signature as its metadata.
+fn forged_bop(index: u32) -> Vec<u8> {
+    let mut datagram = Vec::new();
+    datagram.extend_from_slice(&index.to_be_bytes());
+    datagram.extend_from_slice(&0u32.to_be_bytes());
+    datagram.extend_from_slice(&(18u16 + 16).to_be_bytes());
+    datagram.extend_from_slice(&0x0001u16.to_be_bytes());
+    datagram.extend_from_slice(&[0, 0, 0, 0, 0x60, 0, 0, 0, 0, 0, 0, 0]);
+    datagram.extend_from_slice(&1_000u32.to_be_bytes());
+    datagram.extend_from_slice(&16u16.to_be_bytes());
+    datagram.extend_from_slice(&[0xee; 16]);
+    datagram
+}
+
 fn write_product(dir: &Path, index: usize, len: usize) -> PathBuf {
     let bytes: Vec<u8> = (0..len).map(|i| (i * 13 + index * 7 + i / 251) as u8).chain(index.to_be_bytes()).collect();
     let path = dir.join(format!("product{index}"));
@@ -306,6 +438,16 @@ impl Running {
         let stdout = child.stdout.take();
         let stderr = Lines::read(child.stderr.take().expect("stderr"));
         Self { child: Some(child), stdout, stderr }
+    }
+
+    /// Waits for the process to end; returns its status, standard output and error.
+    fn outcome(mut self) -> (std::process::ExitStatus, String, String) {
+        let mut stdout = String::new();
+        if let Some(mut out) = self.stdout.take() {
+            out.read_to_string(&mut stdout).expect("read stdout");
+        }
+        let status = self.child.take().expect("child").wait().expect("wait");
+        (status, stdout, self.stderr.rest())
     }
 
     /// Waits for the process to end successfully; returns its standard output and error.

@@ -98,6 +98,15 @@
 //!     assert_eq!(transmit.destination, Destination::Multicast);
 //!     receiver.handle_datagram(now, &buf[buf.len() - transmit.len..]);
 //! }
+//! // The receiver asks the sender to confirm the first index it saw (BOP_REQ) and holds its
+//! // events, and its RETX_END, until the answer comes over TCP (a RETX_BOP: confirmed).
+//! let ask = receiver.poll_transmit().unwrap();
+//! sender.handle_stream(now, ReceiverId(1), &ask);
+//! assert_eq!(receiver.poll_event(), None);
+//! while let Some(transmit) = sender.poll_transmit(now, &mut buf) {
+//!     assert_eq!(transmit.destination, Destination::Receiver(ReceiverId(1)));
+//!     receiver.handle_stream_frame(now, &buf[buf.len() - transmit.len..]).unwrap();
+//! }
 //! // The receiver reports completion with RETX_END on its TCP connection.
 //! let end = receiver.poll_transmit().unwrap();
 //! sender.handle_stream(now, ReceiverId(1), &end);
@@ -118,8 +127,8 @@ pub mod wire;
 pub use index::ProductIndex;
 pub use pacing::Pacing;
 pub use receiver::{
-    Assembly, BlockRun, Delivery, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
-    ReceiverEvent, block_fingerprint,
+    Assembly, BlockRun, Delivery, IndexTrust, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig,
+    ReceiverCounters, ReceiverEvent, block_fingerprint,
 };
 pub use sender::{
     Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product,

@@ -52,7 +52,7 @@
 //!   [`MissReason::Evicted`]), product size ([`MissReason::TooLarge`]), early bytes; each hit
 //!   is counted and reported as [`ReceiverEvent::BoundHit`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::ConfigError;
@@ -104,6 +104,36 @@ pub struct ReceiverConfig {
     pub incomplete_timeout: Duration,
     /// Whether product bytes are assembled in memory.
     pub assembly: Assembly,
+    /// Which product indexes are believed without asking the sender.
+    pub index_trust: IndexTrust,
+}
+
+/// Which product indexes a receiver believes without asking the sender over its TCP
+/// connection. An unauthenticated multicast datagram can carry any index: one forged BOP far
+/// ahead of the sender would otherwise move the receiver's newest index there, and the real
+/// products after it would count as old duplicates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexTrust {
+    /// Believe every index (the reference's behaviour; for simulators and unit tests without a
+    /// sender).
+    All,
+    /// Ask the sender (BOP_REQ; RETX_BOP confirms, RETX_REJ refutes) about the first index
+    /// seen, and about any index more than `window` products ahead of the newest one. Until
+    /// the first index is confirmed, events are held ([`Receiver::poll_event`] returns none)
+    /// and messages more than `window` away from it are dropped; while a jump is being
+    /// confirmed, other messages beyond the window are dropped. Dropped messages are counted
+    /// ([`ReceiverCounters::index_unbelieved`]), refuted indexes too
+    /// ([`ReceiverCounters::index_forged`]).
+    Confirmed {
+        /// Products the index may advance by at once without confirmation (≥ 1).
+        window: u32,
+    },
+}
+
+impl Default for IndexTrust {
+    fn default() -> Self {
+        Self::Confirmed { window: 1024 }
+    }
 }
 
 /// What the receiver does with the bytes of data blocks.
@@ -135,6 +165,7 @@ impl Default for ReceiverConfig {
             index_gap_max: 256,
             incomplete_timeout: Duration::from_secs(600),
             assembly: Assembly::Memory,
+            index_trust: IndexTrust::default(),
         }
     }
 }
@@ -257,8 +288,22 @@ pub struct ReceiverCounters {
     pub stream_messages: u64,
     /// Stream bytes handled (whole frames).
     pub stream_bytes: u64,
-    /// Datagrams or frames that did not parse (or carried an invalid index jump).
+    /// Datagrams or frames that did not parse (or carried an invalid index jump); of them,
+    /// the next three by reason.
     pub malformed: u64,
+    /// Shorter than their header or their announced payload.
+    pub truncated: u64,
+    /// Longer than their header announces, or a payload over the maximum.
+    pub oversized: u64,
+    /// Of no known message type.
+    pub unknown_type: u64,
+    /// Multicast messages dropped because their index was not believed ([`IndexTrust`]).
+    pub index_unbelieved: u64,
+    /// Indexes the sender was asked to confirm ([`IndexTrust::Confirmed`]).
+    pub index_confirmations: u64,
+    /// Indexes the sender refuted (RETX_REJ to a confirmation): forged, or a first product
+    /// the sender no longer had.
+    pub index_forged: u64,
     /// Messages of a type the sender must not send on that channel.
     pub unexpected: u64,
     /// Messages that brought nothing new (duplicate blocks, BOPs, messages of finished
@@ -320,6 +365,34 @@ pub struct Receiver {
     counters: ReceiverCounters,
     /// Where the bytes go with [`Assembly::Sink`].
     sink: Option<SinkSlot>,
+    /// The first index seen and whether the sender confirmed it ([`IndexTrust`]).
+    anchor: Anchor,
+    /// An index beyond the window that the sender was asked about.
+    confirming: Option<ProductIndex>,
+    /// While one is asked about: the newest index seen beyond it, within the window of it
+    /// (the stream went on; believed with it).
+    frontier: Option<ProductIndex>,
+    /// Indexes beyond the window seen once: one seen twice is asked about (a real product
+    /// comes as several messages, a forged flood as one each). Cleared when full.
+    candidates: HashMap<ProductIndex, u32>,
+    /// Indexes the sender refuted lately (not asked about again).
+    refuted: VecDeque<ProductIndex>,
+}
+
+/// Bound of [`Receiver::candidates`].
+const CANDIDATES_MAX: usize = 256;
+/// Bound of [`Receiver::refuted`].
+const REFUTED_MAX: usize = 64;
+
+/// The first product index a receiver saw ([`IndexTrust::Confirmed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Anchor {
+    /// Believed (or nothing seen yet).
+    Confirmed,
+    /// Asked about; events are held. `end_held`: the product finished and its RETX_END waits
+    /// for the answer (sent before it, the sender might release the product and drop the
+    /// answer).
+    Tentative { index: ProductIndex, key: i64, end_held: bool },
 }
 
 impl Receiver {
@@ -342,6 +415,9 @@ impl Receiver {
         let timer = &config.receive_timer;
         if timer.rate_bits_per_s == 0 || !(timer.factor.is_finite() && timer.factor >= 0.0) {
             return Err(ConfigError("receive timer needs a positive rate and a finite factor ≥ 0".into()));
+        }
+        if config.index_trust == (IndexTrust::Confirmed { window: 0 }) {
+            return Err(ConfigError("the index trust window must be at least 1".into()));
         }
         if config.request_len_max == 0 || config.in_flight_products_max == 0 || config.index_gap_max == 0 {
             return Err(ConfigError(
@@ -369,6 +445,11 @@ impl Receiver {
             events: VecDeque::new(),
             counters: ReceiverCounters::default(),
             sink,
+            anchor: Anchor::Confirmed,
+            confirming: None,
+            frontier: None,
+            candidates: HashMap::new(),
+            refuted: VecDeque::new(),
         })
     }
 
@@ -386,8 +467,8 @@ impl Receiver {
         self.counters.datagram_bytes += datagram.len() as u64;
         let message = match Message::parse(datagram) {
             Ok(message) => message,
-            Err(_) => {
-                self.counters.malformed += 1;
+            Err(error) => {
+                self.count_malformed(&error);
                 return;
             }
         };
@@ -487,6 +568,9 @@ impl Receiver {
             self.counters.unexpected += 1;
             return;
         }
+        if self.answers_confirmation(message) {
+            return;
+        }
         let Some(key) = self.known_key(message.index) else {
             // Finished, abandoned or never requested: nothing to do (e.g. the EOP_REQ the
             // reference sends after RETX_END is answered RETX_REJ, capture fmtp-ldm7).
@@ -515,7 +599,7 @@ impl Receiver {
             }
             Err(error) => {
                 self.advance(now);
-                self.counters.malformed += 1;
+                self.count_malformed(&error);
                 Err(error)
             }
         }
@@ -532,6 +616,10 @@ impl Receiver {
     /// [`Receiver::poll_transmit`] stay queued for the new connection.
     pub fn stream_reset(&mut self, now: Instant) {
         self.advance(now);
+        let asked = [self.confirming, self.tentative_anchor().map(|(index, _)| index)];
+        for index in asked.into_iter().flatten() {
+            self.ask_to_confirm(index);
+        }
         let keys: Vec<i64> = self.products.keys().copied().collect();
         for key in keys {
             let Some(product) = self.products.get_mut(&key) else { continue };
@@ -557,8 +645,12 @@ impl Receiver {
         self.transmits.pop_front()
     }
 
-    /// The next event, if any.
+    /// The next event, if any. None while the first product index awaits the sender's
+    /// confirmation ([`IndexTrust::Confirmed`]): the events are held until then.
     pub fn poll_event(&mut self) -> Option<ReceiverEvent> {
+        if matches!(self.anchor, Anchor::Tentative { .. }) {
+            return None;
+        }
         self.events.pop_front()
     }
 
@@ -630,6 +722,16 @@ impl Receiver {
             self.newest = Some((index, 0));
             self.events.push_back(ReceiverEvent::Started { index });
             self.create(0, index, false, !is_bop);
+            if let IndexTrust::Confirmed { .. } = self.config.index_trust {
+                // Believed once the sender says it has the product (a BOP_REQ went out with the
+                // product unless this is its BOP).
+                self.anchor = Anchor::Tentative { index, key: 0, end_held: false };
+                if is_bop {
+                    self.request(Message { index, body: Body::BopReq });
+                    self.counters.bop_requests += 1;
+                }
+                self.counters.index_confirmations += 1;
+            }
             return Some(0);
         };
         let Some(difference) = index.serial_difference(newest) else {
@@ -637,6 +739,25 @@ impl Receiver {
             return None;
         };
         let key = newest_key + i64::from(difference);
+        if let IndexTrust::Confirmed { window } = self.config.index_trust {
+            let tentative = self.tentative_anchor().is_some();
+            let far = i64::from(difference).unsigned_abs() > u64::from(window);
+            if far && !self.products.contains_key(&key) {
+                if difference > 0 || tentative {
+                    self.unbelieved(index, window);
+                } else {
+                    // Older than any product this receiver could still be taking.
+                    self.counters.index_unbelieved += 1;
+                }
+                return None;
+            }
+        }
+        self.advance_newest(index, key, difference, is_bop)
+    }
+
+    /// Takes a newer index: older products' multicast is over, skipped indexes are requested.
+    fn advance_newest(&mut self, index: ProductIndex, key: i64, difference: i32, is_bop: bool) -> Option<i64> {
+        let (newest, _) = self.newest?;
         if difference <= 0 {
             if self.products.contains_key(&key) {
                 return Some(key);
@@ -665,6 +786,195 @@ impl Receiver {
         }
         self.create(key, index, false, !is_bop);
         self.products.contains_key(&key).then_some(key)
+    }
+
+    fn tentative_anchor(&self) -> Option<(ProductIndex, i64)> {
+        match self.anchor {
+            Anchor::Tentative { index, key, .. } => Some((index, key)),
+            Anchor::Confirmed => None,
+        }
+    }
+
+    fn ask_to_confirm(&mut self, index: ProductIndex) {
+        self.request(Message { index, body: Body::BopReq });
+        self.counters.bop_requests += 1;
+    }
+
+    /// A multicast message whose index is beyond the window: dropped; its index is asked
+    /// about once seen twice (one question at a time), unless refuted lately.
+    fn unbelieved(&mut self, index: ProductIndex, window: u32) {
+        self.counters.index_unbelieved += 1;
+        if let Some(asked) = self.confirming {
+            // The stream goes on from the index asked about, a window at a time.
+            let from = self.frontier.unwrap_or(asked);
+            if index.serial_difference(from).is_some_and(|d| d > 0 && d.unsigned_abs() <= window) {
+                self.frontier = Some(index);
+            }
+            return;
+        }
+        if self.refuted.contains(&index) {
+            return;
+        }
+        let seen = self.candidates.entry(index).or_insert(0);
+        *seen += 1;
+        if *seen >= 2 {
+            self.candidates.clear();
+            self.confirming = Some(index);
+            self.frontier = None;
+            self.counters.index_confirmations += 1;
+            self.ask_to_confirm(index);
+        } else if self.candidates.len() > CANDIDATES_MAX {
+            self.candidates.clear();
+        }
+    }
+
+    fn refuted(&mut self, index: ProductIndex) {
+        self.counters.index_forged += 1;
+        if self.refuted.len() >= REFUTED_MAX {
+            self.refuted.pop_front();
+        }
+        self.refuted.push_back(index);
+    }
+
+    /// Handles the sender's answer about an index it was asked to confirm; returns whether the
+    /// message was one (it is then handled).
+    fn answers_confirmation(&mut self, message: &Message<'_>) -> bool {
+        let confirmed = match message.body {
+            Body::RetxBop(_) | Body::RetxData { .. } | Body::RetxEop => true,
+            Body::RetxRej => false,
+            _ => return false,
+        };
+        if let Some((index, key)) = self.tentative_anchor().filter(|(index, _)| *index == message.index) {
+            let Anchor::Tentative { end_held, .. } = self.anchor else { return false };
+            self.anchor = Anchor::Confirmed;
+            if confirmed {
+                if end_held {
+                    self.request(Message { index, body: Body::RetxEnd });
+                    self.counters.retx_ends += 1;
+                }
+                // Handled as any answer for the product (a duplicate BOP, usually).
+                return false;
+            }
+            self.refute_anchor(index, key);
+            return true;
+        }
+        if self.confirming != Some(message.index) {
+            return false;
+        }
+        self.confirming = None;
+        let frontier = self.frontier.take();
+        let Body::RetxBop(bop) = message.body else {
+            if !confirmed {
+                self.refuted(message.index);
+            }
+            return true;
+        };
+        // The sender has it: the index is real.
+        let key = match (self.tentative_anchor(), self.newest) {
+            (Some((anchor, _)), _) => {
+                // The first index seen was not the sender's (it is far from a real one).
+                self.refuted(anchor);
+                self.discard_all();
+                self.anchor_at(message.index)
+            }
+            (None, None) => self.anchor_at(message.index),
+            (None, Some((newest, newest_key))) => {
+                let Some(difference) = message.index.serial_difference(newest) else { return true };
+                match self.advance_newest(message.index, newest_key + i64::from(difference), difference, true) {
+                    Some(key) => key,
+                    None => return true,
+                }
+            }
+        };
+        self.on_bop(key, &bop, true);
+        // The messages that came meanwhile went on from it: take the newest of them.
+        if let (Some(frontier), Some((newest, newest_key))) = (frontier, self.newest) {
+            if let Some(difference) = frontier.serial_difference(newest).filter(|d| *d > 0) {
+                self.advance_newest(frontier, newest_key + i64::from(difference), difference, false);
+            }
+        }
+        true
+    }
+
+    /// Starts over at a confirmed index (nothing held): key 0.
+    fn anchor_at(&mut self, index: ProductIndex) -> i64 {
+        self.newest = Some((index, 0));
+        self.anchor = Anchor::Confirmed;
+        self.events.push_back(ReceiverEvent::Started { index });
+        self.create(0, index, false, false);
+        0
+    }
+
+    /// Drops every product and held event (all were after a first index that was not the
+    /// sender's).
+    fn discard_all(&mut self) {
+        let keys: Vec<i64> = self.products.keys().copied().collect();
+        for key in keys {
+            if let Some(product) = self.remove(key) {
+                if product.sink_open {
+                    if let Some(sink) = &mut self.sink {
+                        sink.0.close(product.index, false);
+                    }
+                }
+                self.counters.started -= 1;
+            }
+        }
+        for event in self.events.drain(..) {
+            match event {
+                ReceiverEvent::Delivered(_) => {
+                    self.counters.delivered -= 1;
+                    self.counters.started -= 1;
+                }
+                ReceiverEvent::Missed { .. } => {
+                    self.counters.missed -= 1;
+                    self.counters.started -= 1;
+                }
+                _ => {}
+            }
+        }
+        self.multicasting.clear();
+        self.newest = None;
+        self.anchor = Anchor::Confirmed;
+    }
+
+    /// The sender does not have the first product seen. If a product already finished here
+    /// (this one or a later one), the stream is the sender's (a forged first index is far from
+    /// every real one) and the product is missed as the sender says. Otherwise the product was
+    /// forged, or the sender no longer had it (its deadline passed — then the backlog covers it,
+    /// as it covers every product before the one [`ReceiverEvent::Started`] names): it is
+    /// dropped, and the oldest product in flight after it, if any, becomes the one to confirm;
+    /// else the next message does.
+    fn refute_anchor(&mut self, index: ProductIndex, key: i64) {
+        let finished =
+            self.events.iter().any(|event| matches!(event, ReceiverEvent::Delivered(_) | ReceiverEvent::Missed { .. }));
+        if finished || !self.products.contains_key(&key) {
+            self.counters.rejects += 1;
+            self.abandon(key, MissReason::Rejected);
+            return;
+        }
+        self.refuted(index);
+        if let Some(product) = self.remove(key) {
+            if product.sink_open {
+                if let Some(sink) = &mut self.sink {
+                    sink.0.close(product.index, false);
+                }
+            }
+            self.counters.started -= 1;
+        }
+        self.events.retain(|event| !matches!(event, ReceiverEvent::Started { .. }));
+        let next = self.products.iter().next().map(|(key, product)| (*key, product.index));
+        match next {
+            Some((next_key, next_index)) => {
+                self.events.push_front(ReceiverEvent::Started { index: next_index });
+                self.anchor = Anchor::Tentative { index: next_index, key: next_key, end_held: false };
+                self.counters.index_confirmations += 1;
+                self.ask_to_confirm(next_index);
+            }
+            None => {
+                self.newest = None;
+                self.multicasting.clear();
+            }
+        }
     }
 
     /// Starts receiving a product; `ended` when its multicast is already over; `request_bop`
@@ -974,8 +1284,7 @@ impl Receiver {
         }
         let bop = product.bop.expect("checked above");
         let latency_ns = self.wall_clock.wall_at(self.now).signed_nanos_since(bop.start_time);
-        self.request(Message { index: product.index, body: Body::RetxEnd });
-        self.counters.retx_ends += 1;
+        self.end(key, product.index);
         self.counters.delivered += 1;
         self.events.push_back(ReceiverEvent::Delivered(Delivery {
             index: product.index,
@@ -999,11 +1308,35 @@ impl Receiver {
             }
         }
         if reason != MissReason::Rejected {
-            self.request(Message { index: product.index, body: Body::RetxEnd });
-            self.counters.retx_ends += 1;
+            self.end(key, product.index);
         }
         self.counters.missed += 1;
         self.events.push_back(ReceiverEvent::Missed { index: product.index, reason });
+    }
+
+    /// Sends RETX_END for a finished product, or holds it while the product is the first one
+    /// and the sender has not confirmed it (see [`Anchor::Tentative`]).
+    fn end(&mut self, key: i64, index: ProductIndex) {
+        if let Anchor::Tentative { key: anchor, end_held, .. } = &mut self.anchor {
+            if *anchor == key {
+                *end_held = true;
+                return;
+            }
+        }
+        self.request(Message { index, body: Body::RetxEnd });
+        self.counters.retx_ends += 1;
+    }
+
+    fn count_malformed(&mut self, error: &wire::Error) {
+        self.counters.malformed += 1;
+        match error {
+            wire::Error::Truncated { .. } | wire::Error::BopTooShort { .. } | wire::Error::MetadataTruncated { .. } => {
+                self.counters.truncated += 1;
+            }
+            wire::Error::TrailingBytes { .. } | wire::Error::PayloadTooLong { .. } => self.counters.oversized += 1,
+            wire::Error::UnknownType { .. } => self.counters.unknown_type += 1,
+            _ => {}
+        }
     }
 
     fn remove(&mut self, key: i64) -> Option<Incoming> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
-    Assembly, BlockRun, Instant, Product, ProductIndex, Receiver, ReceiverConfig, Sender, SenderConfig,
+    Assembly, BlockRun, IndexTrust, Instant, Product, ProductIndex, Receiver, ReceiverConfig, Sender, SenderConfig,
     block_fingerprint,
 };
 use proptest::prelude::*;
@@ -46,7 +46,12 @@ fn multicast(sizes: &[usize]) -> Vec<(Instant, Vec<u8>)> {
 }
 
 fn discarding() -> Receiver {
-    Receiver::new(ReceiverConfig { assembly: Assembly::Discard, ..ReceiverConfig::default() }).expect("receiver")
+    Receiver::new(ReceiverConfig {
+        assembly: Assembly::Discard,
+        index_trust: IndexTrust::All,
+        ..ReceiverConfig::default()
+    })
+    .expect("receiver")
 }
 
 /// What a receiver sent and reported, as text (in order).

@@ -91,7 +91,7 @@ fn sink_net(receivers: usize, capacity_bytes: u64) -> (Net, Vec<MemorySink>) {
     let mut net = Net::new(SenderConfig::with_rate(100_000_000), Vec::new());
     let sinks: Vec<MemorySink> = (0..receivers).map(|_| MemorySink::new(capacity_bytes)).collect();
     for sink in &sinks {
-        net.add(Receiver::with_sink(ReceiverConfig::default(), sink.clone()).expect("receiver"));
+        net.add(Receiver::with_sink(support::trusting(), sink.clone()).expect("receiver"));
     }
     (net, sinks)
 }
@@ -165,7 +165,7 @@ fn a_failing_write_abandons_the_product_and_closes_it() {
 fn evicted_products_are_closed_uncompleted() {
     // Two products in flight at most: the third's arrival evicts the oldest incomplete one.
     let sink = MemorySink::new(u64::MAX);
-    let config = ReceiverConfig { in_flight_products_max: 2, ..ReceiverConfig::default() };
+    let config = ReceiverConfig { in_flight_products_max: 2, ..support::trusting() };
     let mut net = Net::new(SenderConfig::with_rate(100_000_000), Vec::new());
     net.add(Receiver::with_sink(config, sink.clone()).expect("receiver"));
     net.nodes[0].muted = true;
@@ -180,6 +180,6 @@ fn evicted_products_are_closed_uncompleted() {
 
 #[test]
 fn sink_assembly_needs_a_sink() {
-    let config = ReceiverConfig { assembly: Assembly::Sink, ..ReceiverConfig::default() };
+    let config = ReceiverConfig { assembly: Assembly::Sink, ..support::trusting() };
     assert!(Receiver::new(config).is_err());
 }

@@ -22,7 +22,7 @@ fn sender_config() -> SenderConfig {
 }
 
 fn receivers(n: usize) -> Vec<ReceiverConfig> {
-    vec![ReceiverConfig::default(); n]
+    vec![support::trusting(); n]
 }
 
 fn released(net: &Net, index: u32) -> Option<(ReleaseReason, Vec<ReceiverId>)> {
@@ -112,7 +112,7 @@ fn lost_middle_blocks_are_requested_at_once_in_one_coalesced_request() {
 
 #[test]
 fn reference_style_requests_are_one_per_block_and_served() {
-    let config = ReceiverConfig { request_len_max: 1448, ..ReceiverConfig::default() };
+    let config = ReceiverConfig { request_len_max: 1448, ..support::trusting() };
     let mut net = Net::new(sender_config(), vec![config]);
     let lost = [2, 3, 4, 9].iter().map(|k| (0, 0, MessageType::MemData, block(*k))).collect();
     net.drop = drop_exact(lost);
@@ -235,8 +235,8 @@ fn repairs_dropped_at_the_deadline_are_rejected_not_left_waiting() {
 
 #[test]
 fn discard_assembly_delivers_the_same_fingerprint_without_bytes() {
-    let discard = ReceiverConfig { assembly: Assembly::Discard, ..ReceiverConfig::default() };
-    let mut net = Net::new(sender_config(), vec![ReceiverConfig::default(), discard]);
+    let discard = ReceiverConfig { assembly: Assembly::Discard, ..support::trusting() };
+    let mut net = Net::new(sender_config(), vec![support::trusting(), discard]);
     // Both lose the BOP of product 1 (early blocks kept) and a middle block of product 2.
     net.drop = Box::new(|_, message| {
         (message.index.0 == 1 && message.message_type() == MessageType::Bop)
@@ -402,8 +402,7 @@ fn retained_products_bound_evicts_the_oldest() {
 
 #[test]
 fn receiver_in_flight_products_bound_abandons_the_oldest() {
-    let config =
-        ReceiverConfig { in_flight_products_max: 2, incomplete_timeout: 2 * SECOND, ..ReceiverConfig::default() };
+    let config = ReceiverConfig { in_flight_products_max: 2, incomplete_timeout: 2 * SECOND, ..support::trusting() };
     let mut net = Net::new(sender_config(), vec![config]);
     net.nodes[0].muted = true;
     net.drop = Box::new(|_, message| message.message_type() == MessageType::Bop);
@@ -438,8 +437,8 @@ fn the_rate_changes_only_for_a_paced_sender_and_to_a_positive_rate() {
 
 #[test]
 fn receiver_size_and_byte_bounds() {
-    let small = ReceiverConfig { product_size_max: 1_000, in_flight_bytes_max: 1_000, ..ReceiverConfig::default() };
-    let tight = ReceiverConfig { product_size_max: 20_000, in_flight_bytes_max: 20_000, ..ReceiverConfig::default() };
+    let small = ReceiverConfig { product_size_max: 1_000, in_flight_bytes_max: 1_000, ..support::trusting() };
+    let tight = ReceiverConfig { product_size_max: 20_000, in_flight_bytes_max: 20_000, ..support::trusting() };
     let mut net = Net::new(sender_config(), vec![small, tight]);
     // Receiver 1 loses a block of product 1 and its request never arrives: product 2 needs
     // the memory and evicts it.
@@ -463,7 +462,7 @@ fn receiver_size_and_byte_bounds() {
 
 #[test]
 fn early_block_bound_drops_blocks_that_are_requested_later() {
-    let config = ReceiverConfig { early_bytes_max: 3_000, ..ReceiverConfig::default() };
+    let config = ReceiverConfig { early_bytes_max: 3_000, ..support::trusting() };
     let mut net = Net::new(sender_config(), vec![config]);
     net.drop = drop_exact(vec![(0, 0, MessageType::Bop, 0)]);
     net.enqueue(10 * 1448, 7);
@@ -556,7 +555,7 @@ fn receiver_joining_mid_product_recovers_it_and_holds_it() {
     net.enqueue(200 * 1448, 1);
     net.enqueue(1000, 2);
     net.run_for(Duration::from_millis(50)); // ≈ 43 blocks multicast.
-    let late = net.add_receiver(ReceiverConfig::default());
+    let late = net.add_receiver(support::trusting());
     net.settle(10 * SECOND);
     assert_eq!(net.check_accounted(), (4, 0));
     assert_eq!(net.requests_of(late, MessageType::BopReq).len(), 1);
@@ -865,7 +864,7 @@ proptest! {
         receiver_count in 1usize..4,
         request_len_max in prop_oneof![Just(1448u16), Just(65160u16), 1u16..5000],
     ) {
-        let config = ReceiverConfig { request_len_max, ..ReceiverConfig::default() };
+        let config = ReceiverConfig { request_len_max, ..support::trusting() };
         let mut net = Net::new(sender_config(), vec![config; receiver_count]);
         net.drop = lossy(seed, loss_percent, ProductIndex(sizes.len() as u32));
         net.duplicate = seed % 5 == 0;
@@ -934,7 +933,7 @@ mod receiver_alone {
 
     #[test]
     fn the_first_multicast_message_names_the_first_product_once() {
-        let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
+        let mut receiver = Receiver::new(support::trusting()).unwrap();
         receiver.handle_datagram(T, &datagram(7, Body::MemData { offset: 1448, data: &[0; 10] }));
         receiver.handle_datagram(T, &datagram(6, Body::Bop(bop(10, b"m"))));
         receiver.handle_datagram(T, &datagram(8, Body::Bop(bop(10, b"m"))));
@@ -947,7 +946,7 @@ mod receiver_alone {
 
     #[test]
     fn large_index_jump_requests_the_newest_and_reports_the_rest() {
-        let config = ReceiverConfig { index_gap_max: 3, ..ReceiverConfig::default() };
+        let config = ReceiverConfig { index_gap_max: 3, ..support::trusting() };
         let mut receiver = Receiver::new(config).unwrap();
         receiver.handle_datagram(T, &datagram(u32::MAX - 1, Body::Bop(bop(0, b"m"))));
         receiver.handle_datagram(T, &datagram(8, Body::Bop(bop(0, b"m"))));
@@ -961,7 +960,7 @@ mod receiver_alone {
 
     #[test]
     fn bad_input_is_counted_not_trusted() {
-        let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
+        let mut receiver = Receiver::new(support::trusting()).unwrap();
         receiver.handle_datagram(T, &[0; 5]);
         receiver.handle_datagram(T, &datagram(1, Body::RetxData { offset: 0, data: b"x" }));
         receiver.handle_datagram(T, &datagram(1, Body::Bop(bop(10, b"meta"))));
@@ -989,7 +988,7 @@ mod receiver_alone {
 
     #[test]
     fn unsolicited_retx_eop_requests_the_missing_bytes_and_rejection_misses() {
-        let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
+        let mut receiver = Receiver::new(support::trusting()).unwrap();
         receiver.handle_datagram(T, &datagram(4, Body::Bop(bop(3000, b"m"))));
         receiver.handle_datagram(T, &datagram(4, Body::MemData { offset: 0, data: &[1; 1448] }));
         receiver.handle_stream(T, &Message { index: ProductIndex(4), body: Body::RetxEop });
@@ -1005,8 +1004,7 @@ mod receiver_alone {
 
     #[test]
     fn byte_bound_evicts_only_products_that_hold_memory() {
-        let config =
-            ReceiverConfig { in_flight_bytes_max: 5_000, product_size_max: 5_000, ..ReceiverConfig::default() };
+        let config = ReceiverConfig { in_flight_bytes_max: 5_000, product_size_max: 5_000, ..support::trusting() };
         let mut receiver = Receiver::new(config).unwrap();
         // Product 0: 3000 bytes held, a block missing (its request is never answered here).
         receiver.handle_datagram(T, &datagram(0, Body::Bop(bop(3_000, b"m"))));
@@ -1035,8 +1033,7 @@ mod receiver_alone {
 
     #[test]
     fn early_blocks_never_take_the_receiver_over_its_byte_bound() {
-        let config =
-            ReceiverConfig { in_flight_bytes_max: 5_000, product_size_max: 5_000, ..ReceiverConfig::default() };
+        let config = ReceiverConfig { in_flight_bytes_max: 5_000, product_size_max: 5_000, ..support::trusting() };
         let mut receiver = Receiver::new(config).unwrap();
         // Product 0 holds the whole bound (a block of it still missing).
         receiver.handle_datagram(T, &datagram(0, Body::Bop(bop(5_000, b"m"))));
@@ -1073,7 +1070,7 @@ mod receiver_alone {
 
     #[test]
     fn latency_uses_the_wall_clock_anchor() {
-        let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
+        let mut receiver = Receiver::new(support::trusting()).unwrap();
         receiver.set_wall_clock(Instant::from_nanos(1_000), WallTime { secs: 10, nanos: 500 });
         receiver.handle_datagram(Instant::from_nanos(3_000_001_000), &datagram(0, Body::Bop(bop(0, b"m"))));
         let (_, events) = drain(&mut receiver);

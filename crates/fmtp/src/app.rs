@@ -208,7 +208,10 @@ pub struct SendSummary {
 impl SendSummary {
     /// Product bytes per second of `elapsed`, in bits.
     pub fn goodput_bits_per_s(&self) -> f64 {
-        self.bytes as f64 * 8.0 / self.elapsed.as_secs_f64().max(1e-9)
+        if self.sent == 0 || self.elapsed.is_zero() {
+            return 0.0; // Nothing multicast (every product refused): no rate to speak of.
+        }
+        self.bytes as f64 * 8.0 / self.elapsed.as_secs_f64()
     }
 }
 
@@ -260,6 +263,14 @@ pub enum RecvProgress {
         index: ProductIndex,
         /// Why.
         reason: MissReason,
+    },
+    /// Products `first..=last` were skipped by a jump of the product index too large to
+    /// request them one by one: they will not arrive (each counts as missed).
+    IndexGap {
+        /// The oldest skipped index.
+        first: ProductIndex,
+        /// The newest.
+        last: ProductIndex,
     },
 }
 
@@ -328,6 +339,12 @@ pub enum AppError {
     /// Products did not match their MD5 (see [`RecvSummary::corrupt`]).
     #[error("{0} products did not match their MD5")]
     Corrupt(u64),
+    /// Products were missed (see [`RecvSummary::missed`] and the [`RecvProgress::Missed`] and
+    /// [`RecvProgress::IndexGap`] reports).
+    #[error(
+        "{0} products were missed (see the `missed` lines above): the sender rejected them, the receiver's bounds gave them up, or they were skipped"
+    )]
+    Missed(u64),
 }
 
 impl AppError {
@@ -512,6 +529,10 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
             ReceiverNotice::Event(ldm7_fmtp_proto::ReceiverEvent::Missed { index, reason }) => {
                 summary.missed += 1;
                 progress(RecvProgress::Missed { index, reason });
+            }
+            ReceiverNotice::Event(ldm7_fmtp_proto::ReceiverEvent::IndexGap { first, last }) => {
+                summary.missed += u64::from(last.0.wrapping_sub(first.0)) + 1;
+                progress(RecvProgress::IndexGap { first, last });
             }
             ReceiverNotice::Event(_) => {}
         }

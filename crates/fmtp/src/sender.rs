@@ -94,6 +94,9 @@ pub struct SenderBounds {
     /// receiver from there. Bound it to bound memory per receiver and make deadlines bite; keep
     /// it above the repair rate × RTT.
     pub repair_send_buffer_bytes: Option<usize>,
+    /// A receiver whose connection takes none of its repairs for this long (it stopped reading,
+    /// or never did) is cut off: it holds memory, a connection and its products' release.
+    pub repair_stall_max: Duration,
 }
 
 impl Default for SenderBounds {
@@ -106,6 +109,7 @@ impl Default for SenderBounds {
             stream_chunk_bytes_max: 16 << 10,
             receivers_max: 1024,
             repair_send_buffer_bytes: None,
+            repair_stall_max: Duration::from_secs(60),
         }
     }
 }
@@ -180,6 +184,9 @@ pub struct SenderDriverCounters {
     pub connections_over_bound: u64,
     /// Multicast sends that failed.
     pub multicast_send_errors: u64,
+    /// Connections cut off: the receiver took none of its repairs for
+    /// [`SenderBounds::repair_stall_max`].
+    pub connections_stalled: u64,
 }
 
 /// Why a product could not be handed over: the sender task ended. The product is handed back.
@@ -432,6 +439,7 @@ struct Shared {
     connections_unauthorized: AtomicU64,
     connections_over_bound: BoundHits,
     multicast_send_errors: BoundHits,
+    connections_stalled: AtomicU64,
 }
 
 impl Shared {
@@ -446,6 +454,7 @@ impl Shared {
             connections_unauthorized: self.connections_unauthorized.load(Ordering::Relaxed),
             connections_over_bound: self.connections_over_bound.count(),
             multicast_send_errors: self.multicast_send_errors.count(),
+            connections_stalled: self.connections_stalled.load(Ordering::Relaxed),
         }
     }
 }
@@ -923,7 +932,15 @@ async fn serve_connection(
     let credit = Arc::new(Semaphore::new(0));
     let (writer, repairs) = mpsc::unbounded_channel();
     let low_water_bytes = bounds.repair_queue_bytes_max / 2;
-    tokio::spawn(write_repairs(write, repairs, queue.clone(), low_water_bytes, id, inputs.clone()));
+    tokio::spawn(write_repairs(
+        write,
+        repairs,
+        queue.clone(),
+        low_water_bytes,
+        id,
+        inputs.clone(),
+        bounds.repair_stall_max,
+    ));
     let link = Link {
         peer,
         writer,
@@ -1003,6 +1020,20 @@ fn whole_frames_len(buffer: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// Writes all of `bytes`, failing with `TimedOut` when one write takes nothing for `stall_max`.
+async fn write_making_progress(write: &mut OwnedWriteHalf, bytes: &[u8], stall_max: Duration) -> io::Result<()> {
+    let mut written = 0;
+    while written < bytes.len() {
+        match tokio::time::timeout(stall_max, write.write(&bytes[written..])).await {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => written += n,
+            Ok(Err(error)) => return Err(error),
+            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Writes a receiver's repairs as the sender task queues them, coalescing; says when the
 /// queue drained below half its bound after the task marked it full.
 async fn write_repairs(
@@ -1012,6 +1043,7 @@ async fn write_repairs(
     low_water_bytes: usize,
     id: ReceiverId,
     inputs: Inputs,
+    stall_max: Duration,
 ) {
     while let Some(mut batch) = repairs.recv().await {
         while batch.len() < WRITE_BATCH_BYTES_MAX {
@@ -1020,9 +1052,21 @@ async fn write_repairs(
                 Err(_) => break,
             }
         }
-        if let Err(error) = write.write_all(&batch).await {
-            tracing::info!(receiver = id.0, %error, "FMTP sender: cannot write repairs; closing the connection");
-            break;
+        match write_making_progress(&mut write, &batch, stall_max).await {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::TimedOut => {
+                inputs.shared.connections_stalled.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    receiver = id.0,
+                    "FMTP sender: the receiver took none of its repairs for {stall_max:?} (it does not read its \
+                     connection); cutting it off"
+                );
+                break;
+            }
+            Err(error) => {
+                tracing::info!(receiver = id.0, %error, "FMTP sender: cannot write repairs; closing the connection");
+                break;
+            }
         }
         let left = queue.queued_bytes.fetch_sub(batch.len(), Ordering::SeqCst) - batch.len();
         if left <= low_water_bytes

@@ -476,3 +476,50 @@ impl SplitMix {
         (((z ^ (z >> 31)) >> 11) as f64) / ((1u64 << 53) as f64) < probability
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_asks_for_repairs_and_never_reads_them_is_cut_off_while_others_are_served() {
+    use ldm7_fmtp_proto::ProductIndex;
+    use ldm7_fmtp_proto::wire::{Body, Message, handshake};
+    use tokio::io::AsyncWriteExt;
+
+    let multicast = loopback_group(9);
+    let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
+    options.bounds.repair_stall_max = Duration::from_secs(1);
+    options.bounds.repair_send_buffer_bytes = Some(64 << 10);
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let products = products(10);
+    let receiver = FmtpReceiver::start(ReceiverOptions::new(multicast, sender.retx_addr())).expect("receiver");
+    let receiving = tokio::spawn(collect(receiver, products.len()));
+    // The attacker: a key offer as any receiver sends, then requests for the largest product,
+    // again and again, never reading an answer.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let mut peer = socket.connect(sender.retx_addr()).await.expect("connect");
+    let mut offer = Vec::new();
+    handshake::emit_blob(b"-----BEGIN RSA PUBLIC KEY-----\nx\n-----END RSA PUBLIC KEY-----\n", &mut offer)
+        .expect("blob");
+    peer.write_all(&offer).await.expect("offer");
+    joined(&mut sender, 2).await;
+    let largest = ProductIndex(8); // 250,000 bytes (SIZES[8]).
+    let request = Message { index: largest, body: Body::RetxReq { offset: 0, len: 65_160 } }.to_vec().expect("emit");
+    let flood = tokio::spawn(async move {
+        let mut requests = 0u64;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while tokio::time::Instant::now() < deadline {
+            match tokio::time::timeout(Duration::from_millis(200), peer.write_all(&request)).await {
+                Ok(Ok(())) => requests += 1,
+                Ok(Err(_)) => return (requests, true), // Cut off.
+                Err(_) => {}                           // The sender reads no more: keep trying.
+            }
+        }
+        (requests, false)
+    });
+    send_all(&mut sender, &products).await;
+    let outcome = receiving.await.expect("receiver");
+    assert!(outcome.missed.is_empty(), "{outcome:?}");
+    assert_each_once(&outcome, &products);
+    wait_for("the stalled peer to be cut off", || sender.driver_counters().connections_stalled == 1).await;
+    let (requests, cut_off) = flood.await.expect("flood");
+    assert!(cut_off, "the peer's connection was closed after {requests} requests");
+}

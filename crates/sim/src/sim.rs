@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
-    Assembly, BlockRun, Destination, EnqueueRefusal, Instant, Product, ProductIndex, Receiver, ReceiverConfig,
-    ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent, block_fingerprint,
+    Assembly, BlockRun, Destination, EnqueueRefusal, IndexTrust, Instant, Product, ProductIndex, Receiver,
+    ReceiverConfig, ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent, block_fingerprint,
 };
 use ldm7_types::Signature;
 
@@ -170,7 +170,11 @@ pub struct SimConfig {
     pub seed: u64,
     /// The sender.
     pub sender: SenderConfig,
-    /// Receivers without their own settings.
+    /// Receivers without their own settings. By default they believe every product index
+    /// ([`IndexTrust::All`]): the simulated paths carry no forged datagrams, and the ledger's
+    /// liveness check counts from each receiver's first datagram, where a receiver that asks the
+    /// sender to confirm its first index drops a first product the sender already released
+    /// (covered by LDM-7's backlog, not by FMTP).
     pub receiver: ReceiverConfig,
     /// How product bytes are made and checked.
     pub content: ContentMode,
@@ -195,7 +199,7 @@ impl SimConfig {
         Self {
             seed,
             sender: SenderConfig::with_rate(100_000_000),
-            receiver: ReceiverConfig::default(),
+            receiver: ReceiverConfig { index_trust: IndexTrust::All, ..ReceiverConfig::default() },
             content: ContentMode::Memory,
             shared_loss: LossModel::None,
             bottleneck: None,

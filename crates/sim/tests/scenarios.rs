@@ -312,6 +312,7 @@ fn receivers_stay_within_their_bounds_when_repairs_cannot_keep_up() {
         in_flight_bytes_max: 2_000_000,
         product_size_max: 1_000_000,
         early_bytes_max: 1_000_000,
+        index_trust: ldm7_fmtp_proto::IndexTrust::All,
         ..ldm7_fmtp_proto::ReceiverConfig::default()
     };
     let specs = (0..20)

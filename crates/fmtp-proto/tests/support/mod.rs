@@ -11,9 +11,16 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{Body, Message, MessageType};
 use ldm7_fmtp_proto::{
-    Delivery, Destination, Instant, MissReason, Product, ProductIndex, Receiver, ReceiverConfig, ReceiverEvent,
-    ReceiverId, Sender, SenderConfig, SenderEvent,
+    Delivery, Destination, IndexTrust, Instant, MissReason, Product, ProductIndex, Receiver, ReceiverConfig,
+    ReceiverEvent, ReceiverId, Sender, SenderConfig, SenderEvent,
 };
+
+/// The default receiver settings, but believing every product index as the reference does:
+/// the tests of loss and repair count requests exactly, and the confirmation of the first index
+/// ([`IndexTrust::Confirmed`], tested in `forged.rs`) would add one.
+pub fn trusting() -> ReceiverConfig {
+    ReceiverConfig { index_trust: IndexTrust::All, ..ReceiverConfig::default() }
+}
 
 /// Decides whether receiver `n` loses a multicast datagram.
 pub type DropFilter = Box<dyn FnMut(usize, &Message<'_>) -> bool>;
@@ -135,6 +142,12 @@ impl Net {
             self.sender.enqueue(self.now, Product::new(data.clone(), metadata.clone())).expect("enqueue accepted");
         self.sent.insert(index, (data, metadata));
         index
+    }
+
+    /// Delivers `bytes` to receiver `to` as a multicast datagram after the multicast delay, as
+    /// a forger on the path would.
+    pub fn inject(&mut self, to: usize, bytes: Vec<u8>) {
+        self.schedule(self.now + self.multicast_delay, Delivering::Datagram { to, bytes });
     }
 
     /// Runs until `limit` (virtual time).
