@@ -27,6 +27,11 @@
 //!   [`ReceiverConfig::index_gap_max`]; older skipped ones are reported as one
 //!   [`ReceiverEvent::IndexGap`]). Indexes are compared in serial arithmetic; a jump of exactly
 //!   2³¹ is invalid and counted as malformed.
+//! * Indexes are believed only within [`IndexTrust::Confirmed`]'s window of indexes the sender
+//!   confirmed (the default; the reference believes all, [`IndexTrust::All`]): the first index
+//!   seen and any index seen twice beyond the window are asked about with BOP_REQ (RETX_BOP
+//!   confirms, RETX_REJ refutes); messages beyond the window are dropped and counted, so forged
+//!   datagrams cannot move the receiver off the sender's stream (docs/security.md).
 //! * Receive timer, per product with a known size: fires when no multicast message for it came
 //!   for `slack + factor × (bytes still expected × 8 / rate)`; then the tail is requested and
 //!   EOP_REQ sent (lost tail and lost EOP, §3.9). An overall
