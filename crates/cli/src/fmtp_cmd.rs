@@ -6,11 +6,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use ldm7_fmtp::MacLevel;
 use ldm7_fmtp::app::{
     self, AppError, DropProbability, ProductSource, RecvOptions, RecvProgress, SendOptions, SendProgress, Speedup,
 };
+use ldm7_fmtp::keys;
 use ldm7_types::Rate;
 use ldm7_types::units::parse_duration;
 
@@ -23,6 +26,17 @@ pub enum FmtpCommand {
     Send(SendArgs),
     /// Receive products from a multicast group, repairing losses over TCP.
     Recv(RecvArgs),
+    /// Make a publisher identity: an Ed25519 key pair that signs the key exchange (FILE, mode
+    /// 0600) and its public key for subscribers to pin (FILE.pub).
+    Keygen(KeygenArgs),
+}
+
+/// Arguments of `fmtp keygen`.
+#[derive(clap::Args, Debug)]
+pub struct KeygenArgs {
+    /// The private key file to create (never overwritten); the public key goes to FILE.pub.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
 }
 
 /// Arguments of `fmtp send`.
@@ -61,6 +75,14 @@ pub struct SendArgs {
     /// With --replay: pace by the trace's times divided by SPEED (0 = as fast as the rate allows).
     #[arg(long, default_value = "0", allow_hyphen_values = true)]
     pub speed: Speedup,
+    /// MAC of each multicast datagram: 0 none, 1 HMAC-SHA-256, 2 Ed25519 (every receiver must use
+    /// the same level).
+    #[arg(long, env = "FMTP_MAC_LEVEL", default_value = "0", value_name = "LEVEL")]
+    pub mac_level: MacLevel,
+    /// Sign each key exchange with this publisher identity (`fmtp keygen`), for receivers that
+    /// pin its public key (an ldm7 extension: reference receivers cannot read signed answers).
+    #[arg(long, value_name = "FILE")]
+    pub identity: Option<PathBuf>,
     /// Files to send, one product each, read in turn as they are sent (a pipe is held in memory
     /// until its product is released).
     pub files: Vec<PathBuf>,
@@ -105,6 +127,13 @@ pub struct RecvArgs {
     /// Expected rate, e.g. 100M (sizes the socket buffer).
     #[arg(long, default_value = "100M", allow_hyphen_values = true)]
     pub rate: Rate,
+    /// MAC of each multicast datagram: the sender's level (0 none, 1 HMAC-SHA-256, 2 Ed25519).
+    #[arg(long, env = "FMTP_MAC_LEVEL", default_value = "0", value_name = "LEVEL")]
+    pub mac_level: MacLevel,
+    /// Accept only a key exchange signed by this publisher public key (the `.pub` file of
+    /// `fmtp keygen`): a man in the middle of the repair connection is refused.
+    #[arg(long, value_name = "FILE")]
+    pub pin: Option<PathBuf>,
 }
 
 /// Runs an `fmtp` subcommand.
@@ -114,10 +143,26 @@ pub fn run(command: &FmtpCommand) -> CmdResult {
     match command {
         FmtpCommand::Send(args) => runtime_handle.block_on(send(args)),
         FmtpCommand::Recv(args) => runtime_handle.block_on(recv(args)),
+        FmtpCommand::Keygen(args) => keygen(args),
     }
 }
 
+fn keygen(args: &KeygenArgs) -> CmdResult {
+    let public = keys::generate_identity(&args.out).map_err(bad_input)?;
+    println!(
+        "fmtp keygen: publisher identity {} (keep it private: `fmtp send --identity`); public key {} \
+         (give it to subscribers: `fmtp recv --pin`)",
+        args.out.display(),
+        public.display()
+    );
+    Ok(())
+}
+
 async fn send(args: &SendArgs) -> CmdResult {
+    let identity = match &args.identity {
+        Some(path) => Some(Arc::new(keys::read_identity(path).map_err(bad_input)?)),
+        None => None,
+    };
     let source = match &args.replay {
         Some(trace) => ProductSource::Replay { trace: trace.clone(), limit: args.limit, speed: args.speed },
         None => ProductSource::Files(args.files.clone()),
@@ -132,6 +177,8 @@ async fn send(args: &SendArgs) -> CmdResult {
         retx_timeout: args.retx_timeout,
         linger: args.linger,
         source,
+        mac_level: args.mac_level,
+        identity,
     };
     let summary = app::send(&options, |progress| match progress {
         SendProgress::Started { source, retx } => {
@@ -168,6 +215,10 @@ async fn send(args: &SendArgs) -> CmdResult {
 }
 
 async fn recv(args: &RecvArgs) -> CmdResult {
+    let pin = match &args.pin {
+        Some(path) => Some(keys::read_pin(path).map_err(bad_input)?),
+        None => None,
+    };
     let options = RecvOptions {
         group: args.group,
         interface: args.iface,
@@ -180,6 +231,8 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         idle_timeout: args.timeout,
         rate: args.rate,
         connect_deadline: args.connect_timeout.unwrap_or(args.timeout),
+        mac_level: args.mac_level,
+        pin,
     };
     let summary = app::recv(&options, |progress| match progress {
         RecvProgress::Waiting { sender, deadline, last_error } => tracing::info!(
@@ -210,6 +263,8 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         ("other malformed", protocol.malformed - protocol.truncated - protocol.oversized - protocol.unknown_type),
         ("unexpected type", protocol.unexpected),
         ("index not believed", protocol.index_unbelieved),
+        ("stale or replayed", protocol.stale),
+        ("bad MAC", summary.report.driver.bad_mac),
         ("past the product's end", protocol.out_of_range),
     ];
     if dropped.iter().any(|(_, count)| *count > 0) || protocol.index_forged > 0 {

@@ -12,9 +12,11 @@
 //!
 //! * [`wire`] — the 12-byte header, every message type, the BOP body; [`wire::Packet`] view and
 //!   [`wire::Message`] parse/emit; [`wire::split_frame`] for TCP streams;
-//!   [`wire::handshake`] for the length-prefixed key blobs that open each TCP connection (§3.7:
-//!   the RSA exchange itself — a PEM public key one way, a 256-byte ciphertext back, even at MAC
-//!   level 0 — is the driver's job; MAC levels > 0 are not supported).
+//!   [`wire::handshake`] for the length-prefixed key blobs that open each TCP connection.
+//! * [`mac`] — §3.6–§3.7: MAC levels 0/1/2 (none, HMAC-SHA-256, Ed25519) on multicast
+//!   datagrams and the RSA-OAEP key exchange that opens each TCP connection (a PEM public key
+//!   one way, a 256-byte ciphertext back, even at level 0), with the ldm7 extension that binds
+//!   the exchange to a pinned publisher identity.
 //! * [`sender`] — [`Sender`]: numbering, paced multicast, repairs, deadlines, release.
 //! * [`receiver`] — [`Receiver`]: assembly, loss detection, requests, delivery.
 //! * [`sink`] — [`ProductSink`]: where a receiver writes product bytes when they are not
@@ -116,6 +118,7 @@
 //! ```
 
 pub mod index;
+pub mod mac;
 pub mod pacing;
 mod ranges;
 pub mod receiver;

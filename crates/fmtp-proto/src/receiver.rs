@@ -263,6 +263,9 @@ pub enum MissReason {
     Evicted,
     /// Larger than [`ReceiverConfig::product_size_max`].
     TooLarge,
+    /// The sender closed the connection (or the receiver stopped) while it was in flight
+    /// ([`Receiver::disconnected`]).
+    Disconnected,
     /// The [`ProductSink`] refused to open or write it (for example, a full disk).
     SinkFailed,
 }
@@ -314,6 +317,9 @@ pub struct ReceiverCounters {
     /// Messages that brought nothing new (duplicate blocks, BOPs, messages of finished
     /// products).
     pub duplicates: u64,
+    /// Multicast messages of products already finished here, or older than the first one: late
+    /// copies, or replays of captured datagrams (dropped).
+    pub stale: u64,
     /// Data blocks that did not fit the product (past its size).
     pub out_of_range: u64,
     /// A repeated BOP that disagreed with the first (§3.4: an error).
@@ -382,6 +388,12 @@ pub struct Receiver {
     candidates: HashMap<ProductIndex, u32>,
     /// Indexes the sender refuted lately (not asked about again).
     refuted: VecDeque<ProductIndex>,
+    /// The multicast message being handled is an EOP (one of a product already complete is
+    /// usual, not stale).
+    eop_seen_last: bool,
+    /// Indexes beyond the window seen twice lately (the last 64): when the sender confirms one,
+    /// those shortly before it were its stream's too.
+    repeated: VecDeque<ProductIndex>,
 }
 
 /// Bound of [`Receiver::candidates`].
@@ -455,6 +467,8 @@ impl Receiver {
             frontier: None,
             candidates: HashMap::new(),
             refuted: VecDeque::new(),
+            repeated: VecDeque::new(),
+            eop_seen_last: false,
         })
     }
 
@@ -481,6 +495,7 @@ impl Receiver {
             self.counters.unexpected += 1;
             return;
         }
+        self.eop_seen_last = matches!(message.body, Body::Eop);
         let Some(key) = self.observe_multicast(message.index, matches!(message.body, Body::Bop(_))) else {
             return;
         };
@@ -515,6 +530,7 @@ impl Receiver {
             self.counters.unexpected += u64::from(run.datagrams);
             return;
         }
+        self.eop_seen_last = false;
         let Some(key) = self.observe_multicast(run.index, false) else { return };
         let Some(product) = self.products.get_mut(&key) else { return };
         let (start, end) = (u64::from(run.start), u64::from(run.end));
@@ -644,6 +660,28 @@ impl Receiver {
         }
     }
 
+    /// The session is over (the sender closed the connection, or the application stops the
+    /// receiver with no new connection to come): every product in flight is reported missed
+    /// ([`MissReason::Disconnected`]), and events held for the first index's confirmation are
+    /// released (nothing can confirm it any more; what arrived is reported as it stands).
+    pub fn disconnected(&mut self, now: Instant) {
+        self.advance(now);
+        self.anchor = Anchor::Confirmed;
+        self.confirming = None;
+        let keys: Vec<i64> = self.products.keys().copied().collect();
+        for key in keys {
+            let Some(product) = self.remove(key) else { continue };
+            if product.sink_open {
+                if let Some(sink) = &mut self.sink {
+                    sink.0.close(product.index, false);
+                }
+            }
+            self.counters.missed += 1;
+            self.events.push_back(ReceiverEvent::Missed { index: product.index, reason: MissReason::Disconnected });
+        }
+        self.transmits.clear();
+    }
+
     /// The next message to send on the TCP connection (BOP_REQ, RETX_REQ, EOP_REQ,
     /// RETX_END), in the order decided. Emit it with [`Message::emit_to_vec`].
     pub fn poll_transmit(&mut self) -> Option<Message<'static>> {
@@ -724,6 +762,11 @@ impl Receiver {
     /// or `None` when the message concerns a finished product or is invalid.
     fn observe_multicast(&mut self, index: ProductIndex, is_bop: bool) -> Option<i64> {
         let Some((newest, newest_key)) = self.newest else {
+            if self.refuted.contains(&index) {
+                // The sender said it has no such product: not a first index either.
+                self.counters.index_unbelieved += 1;
+                return None;
+            }
             self.newest = Some((index, 0));
             self.events.push_back(ReceiverEvent::Started { index });
             self.create(0, index, false, !is_bop);
@@ -767,7 +810,13 @@ impl Receiver {
             if self.products.contains_key(&key) {
                 return Some(key);
             }
-            self.counters.duplicates += 1;
+            if self.eop_seen_last {
+                // The EOP of a product completed from its blocks (it need not wait for it).
+                self.counters.duplicates += 1;
+            } else {
+                // A product finished here (or older than the first one): a late copy or a replay.
+                self.counters.stale += 1;
+            }
             return None;
         }
         // Everything older has finished its multicast: request what it still lacks.
@@ -809,6 +858,21 @@ impl Receiver {
     /// about once seen twice (one question at a time), unless refuted lately.
     fn unbelieved(&mut self, index: ProductIndex, window: u32) {
         self.counters.index_unbelieved += 1;
+        if self.refuted.contains(&index) {
+            return;
+        }
+        if self.candidates.len() >= CANDIDATES_MAX && !self.candidates.contains_key(&index) {
+            self.candidates.clear();
+        }
+        let seen = self.candidates.entry(index).or_insert(0);
+        *seen += 1;
+        let repeated = *seen == 2;
+        if repeated {
+            if self.repeated.len() >= REFUTED_MAX {
+                self.repeated.pop_front();
+            }
+            self.repeated.push_back(index);
+        }
         if let Some(asked) = self.confirming {
             // The stream goes on from the index asked about, a window at a time.
             let from = self.frontier.unwrap_or(asked);
@@ -817,20 +881,23 @@ impl Receiver {
             }
             return;
         }
-        if self.refuted.contains(&index) {
-            return;
-        }
-        let seen = self.candidates.entry(index).or_insert(0);
-        *seen += 1;
-        if *seen >= 2 {
-            self.candidates.clear();
+        if repeated {
             self.confirming = Some(index);
             self.frontier = None;
             self.counters.index_confirmations += 1;
             self.ask_to_confirm(index);
-        } else if self.candidates.len() > CANDIDATES_MAX {
-            self.candidates.clear();
         }
+    }
+
+    /// The oldest index seen repeatedly beyond the window that lies within the window before
+    /// `index` (the sender confirmed `index`: they are its stream's, seen while the receiver did
+    /// not yet know where that stream was).
+    fn earliest_repeated_before(&self, index: ProductIndex, window: u32) -> Option<ProductIndex> {
+        self.repeated
+            .iter()
+            .filter_map(|seen| seen.serial_difference(index).filter(|d| *d < 0 && d.unsigned_abs() <= window))
+            .min()
+            .map(|difference| index.wrapping_add(difference as u32))
     }
 
     fn refuted(&mut self, index: ProductIndex) {
@@ -875,7 +942,36 @@ impl Receiver {
             return true;
         };
         // The sender has it: the index is real.
+        let window = match self.config.index_trust {
+            IndexTrust::Confirmed { window } => window,
+            IndexTrust::All => u32::MAX,
+        };
+        let starting = self.tentative_anchor().is_some() || self.newest.is_none();
         let key = match (self.tentative_anchor(), self.newest) {
+            (Some((anchor, anchor_key)), _)
+                if message.index.serial_difference(anchor).is_some_and(|d| d.unsigned_abs() <= window) =>
+            {
+                // Near the first index seen: that one is the sender's too.
+                let Anchor::Tentative { end_held, .. } = self.anchor else { return true };
+                self.anchor = Anchor::Confirmed;
+                if end_held {
+                    self.request(Message { index: anchor, body: Body::RetxEnd });
+                    self.counters.retx_ends += 1;
+                }
+                let Some(difference) = message.index.serial_difference(anchor) else { return true };
+                if difference < 0 {
+                    // Older than the first index: the session starts there instead.
+                    self.start_earlier(message.index, anchor_key + i64::from(difference), anchor, true);
+                    anchor_key + i64::from(difference)
+                } else {
+                    let Some((newest, newest_key)) = self.newest else { return true };
+                    let Some(ahead) = message.index.serial_difference(newest) else { return true };
+                    match self.advance_newest(message.index, newest_key + i64::from(ahead), ahead, true) {
+                        Some(key) => key,
+                        None => return true,
+                    }
+                }
+            }
             (Some((anchor, _)), _) => {
                 // The first index seen was not the sender's (it is far from a real one).
                 self.refuted(anchor);
@@ -892,6 +988,18 @@ impl Receiver {
             }
         };
         self.on_bop(key, &bop, true);
+        // At the start, the stream's products seen before the one confirmed are taken too.
+        let started = self.events.iter().find_map(|event| match event {
+            ReceiverEvent::Started { index } => Some(*index),
+            _ => None,
+        });
+        if let (true, Some(first), Some((newest, newest_key))) = (starting, started, self.newest) {
+            if let Some(earliest) = self.earliest_repeated_before(first, window) {
+                let first_key = newest_key + i64::from(first.serial_difference(newest).unwrap_or(0));
+                let earliest_key = first_key + i64::from(earliest.serial_difference(first).unwrap_or(0));
+                self.start_earlier(earliest, earliest_key, first, false);
+            }
+        }
         // The messages that came meanwhile went on from it: take the newest of them.
         if let (Some(frontier), Some((newest, newest_key))) = (frontier, self.newest) {
             if let Some(difference) = frontier.serial_difference(newest).filter(|d| *d > 0) {
@@ -899,6 +1007,23 @@ impl Receiver {
             }
         }
         true
+    }
+
+    /// The session starts at `index` (key `key`), before the first index seen (`first`): the
+    /// products between are requested, and [`ReceiverEvent::Started`] names `index`.
+    fn start_earlier(&mut self, index: ProductIndex, key: i64, first: ProductIndex, bop_known: bool) {
+        for event in &mut self.events {
+            if let ReceiverEvent::Started { index: started } = event {
+                if *started == first {
+                    *started = index;
+                }
+            }
+        }
+        let skipped = first.serial_difference(index).unwrap_or(0).max(0) as u32;
+        for back in 1..skipped {
+            self.create(key + i64::from(back), index.wrapping_add(back), true, true);
+        }
+        self.create(key, index, true, !bop_known);
     }
 
     /// Starts over at a confirmed index (nothing held): key 0.

@@ -180,6 +180,10 @@ pub struct SenderConfig {
     /// Hard bound, per receiver: queued repair messages. Requests beyond it are dropped (the
     /// receiver's own timers then report the product missed).
     pub retx_backlog_items_max: usize,
+    /// Bytes of a data block (1..=1448): block `k` starts at `k × block_len`. 1448 fills a
+    /// 1460-byte PDU with no MAC; with a MAC of M bytes the reference sends 1448 − M so that the
+    /// datagram stays 1460 bytes ([`crate::mac::MacLevel::mac_len`]).
+    pub block_len: usize,
 }
 
 impl Default for SenderConfig {
@@ -194,6 +198,7 @@ impl Default for SenderConfig {
             retained_products_max: 65_536,
             retx_backlog_bytes_max: 8 << 20,
             retx_backlog_items_max: 4096,
+            block_len: BLOCK_LEN,
         }
     }
 }
@@ -442,6 +447,9 @@ impl Sender {
                 "queued_products_max, retained_products_max and retx_backlog_items_max must be at least 1".into(),
             ));
         }
+        if !(1..=BLOCK_LEN).contains(&config.block_len) {
+            return Err(ConfigError(format!("block_len {} must be 1 to {BLOCK_LEN} bytes", config.block_len)));
+        }
         if let DeadlinePolicy::Proportional { f_snd, .. } = config.deadline {
             if !(f_snd.is_finite() && f_snd >= 0.0) {
                 return Err(ConfigError(format!("deadline factor f_snd = {f_snd} must be a finite number ≥ 0")));
@@ -599,7 +607,8 @@ impl Sender {
                 self.counters.retx_requests += 1;
                 let range = key.and_then(|key| self.products.get(&key)).map(|product| {
                     // §3.8: start rounded down to a block; end = min(size, start + len).
-                    let start = u64::from(offset) / BLOCK_LEN as u64 * BLOCK_LEN as u64;
+                    let block = self.config.block_len as u64;
+                    let start = u64::from(offset) / block * block;
                     (start, u64::from(product.size).min(u64::from(offset) + u64::from(len)))
                 });
                 match (key, range) {
@@ -895,7 +904,7 @@ impl Sender {
     fn head_cost(&self, id: ReceiverId) -> usize {
         let Some(work) = self.receivers.get(&id).and_then(|r| r.work.front()) else { return HEADER_LEN };
         match work.kind {
-            WorkKind::Data { next, end } => HEADER_LEN + BLOCK_LEN.min((end - next) as usize),
+            WorkKind::Data { next, end } => HEADER_LEN + self.config.block_len.min((end - next) as usize),
             WorkKind::Bop => HEADER_LEN + self.products.get(&work.key).map_or(0, |p| 18 + p.metadata.len()),
             WorkKind::Eop | WorkKind::Reject => HEADER_LEN,
         }
@@ -904,12 +913,13 @@ impl Sender {
     fn transmit_repair(&mut self, id: ReceiverId, buf: &mut Vec<u8>) -> Transmit {
         self.last_served = Some(id);
         let start = buf.len();
+        let block_len = self.config.block_len;
         let receiver = self.receivers.get_mut(&id).expect("next_receiver_to_serve returned a known receiver");
         let work = receiver.work.front_mut().expect("next_receiver_to_serve returned a receiver with work");
         let product = self.products.get(&work.key);
         let (message_type, finished, unavailable) = match (&mut work.kind, product) {
             (WorkKind::Data { next, end }, Some(product)) => {
-                let len = BLOCK_LEN.min((*end - *next) as usize);
+                let len = block_len.min((*end - *next) as usize);
                 match emit_block(buf, product, MessageType::RetxData, *next, len) {
                     Ok(()) => {
                         *next += len as u32;
@@ -967,7 +977,7 @@ impl Sender {
         let product = self.products.get(self.multicast_queue.front()?)?;
         Some(match self.stage {
             Stage::Bop => HEADER_LEN + 18 + product.metadata.len(),
-            Stage::Data(offset) => HEADER_LEN + BLOCK_LEN.min((product.size - offset) as usize),
+            Stage::Data(offset) => HEADER_LEN + self.config.block_len.min((product.size - offset) as usize),
             Stage::Eop => HEADER_LEN,
         })
     }
@@ -985,7 +995,7 @@ impl Sender {
                 MessageType::Bop
             }
             Stage::Data(offset) => {
-                let len = BLOCK_LEN.min((product.size - offset) as usize);
+                let len = self.config.block_len.min((product.size - offset) as usize);
                 match emit_block(buf, product, MessageType::MemData, offset, len) {
                     Ok(()) => {
                         let next = offset + len as u32;
@@ -1115,7 +1125,7 @@ fn emit_block(
     let mut packet = Packet::new_unchecked(&mut buf[start..]);
     packet.set_index(product.index);
     packet.set_seqnum(offset);
-    // len ≤ BLOCK_LEN.
+    // len ≤ block_len ≤ BLOCK_LEN.
     packet.set_payload_len(len as u16);
     packet.set_flags(message_type.flags());
     product.data.read_at(u64::from(offset), &mut buf[start + HEADER_LEN..])

@@ -11,9 +11,10 @@
 //! * Payloads are at most [`PAYLOAD_LEN_MAX`] = 1448 bytes (§3.5, no MAC); BOP metadata at most
 //!   [`METADATA_LEN_MAX`] = 1430. The `FMTP_CANON_PDU_SIZE` override of the reference is not
 //!   supported.
-//! * Datagrams carry no MAC (MAC level 0, the default, §3.7): a datagram must be exactly
-//!   `12 + payloadlen` bytes (§3.6). TCP messages never carry a MAC; [`split_frame`] cuts them
-//!   out of a byte stream.
+//! * A datagram is `12 + payloadlen` bytes and its MAC (§3.6); [`Message::parse`] takes the
+//!   message without the MAC, which [`crate::mac::Verifier::verify`] checks and strips first (at
+//!   level 0 there is none: the datagram must be exactly `12 + payloadlen` bytes). TCP messages
+//!   never carry a MAC; [`split_frame`] cuts them out of a byte stream.
 //! * Parsing never panics, whatever the input; lengths are bounded before anything is sliced.
 //!   Parsing is liberal where the reference is: unused `seqnum` fields of control messages and
 //!   bytes after the BOP metadata are ignored; emitting writes them as 0 / nothing, so
@@ -116,11 +117,11 @@ pub enum Error {
         /// Bytes present.
         available: usize,
     },
-    /// More bytes than the header announces (a MAC trailer, which this implementation does not
-    /// support, or garbage).
+    /// More bytes than the header announces (a MAC trailer of a level this end does not use,
+    /// or garbage).
     #[error(
-        "FMTP datagram is {actual} bytes but its header announces {expected}: \
-         MAC trailers (FMTP_MAC_LEVEL > 0) are not supported; run both ends at MAC level 0"
+        "FMTP datagram is {actual} bytes but its header announces {expected}: a MAC trailer \
+         (the sender's FMTP_MAC_LEVEL differs from this end's) or garbage"
     )]
     TrailingBytes {
         /// Bytes the header announces.

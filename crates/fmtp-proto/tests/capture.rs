@@ -257,6 +257,26 @@ fn split_stream(stream: &[u8]) -> (Vec<u8>, Vec<Message<'_>>) {
     (blob.to_vec(), messages)
 }
 
+/// Interop of the key exchange (§3.7) with the captured reference receiver: its offer is a key
+/// our sender can encrypt to (levels 0 and 1 give the 256-byte answer the reference sender
+/// gave), and our receiver's offer has the reference's exact form.
+#[test]
+fn the_captured_key_offer_is_answered_as_the_reference_answered_it() {
+    use ldm7_fmtp_proto::mac::{self, CIPHERTEXT_LEN, KeyOffer, MacLevel, SenderKey};
+    let (offer, _) = split_stream(&hex(STREAM_RECEIVER_TO_SENDER));
+    let (answer, _) = split_stream(&hex(STREAM_SENDER_TO_RECEIVER));
+    assert_eq!(answer.len(), CIPHERTEXT_LEN, "the reference sender's answer at level 0");
+    for level in [MacLevel::None, MacLevel::Hmac] {
+        let key = SenderKey::generate(level, &mut rand_core::OsRng);
+        let ours = mac::answer_offer(&offer, &key.material(), None, &mut rand_core::OsRng).expect("the offer is a key");
+        assert_eq!(ours.len(), answer.len(), "level {level}");
+    }
+    let ours = KeyOffer::generate(&mut rand_core::OsRng).expect("key");
+    let shape = |pem: &[u8]| -> Vec<usize> { pem.split(|byte| *byte == b'\n').map(<[u8]>::len).collect() };
+    assert_eq!(shape(ours.pem()), shape(&offer), "same header, 64-column lines, footer");
+    assert_eq!(&ours.pem()[..40], &offer[..40], "same PEM label and DER prefix (PKCS#1, 2048-bit, e = 65537)");
+}
+
 #[test]
 fn receiver_to_sender_stream_decodes() {
     let stream = hex(STREAM_RECEIVER_TO_SENDER);

@@ -159,3 +159,51 @@ fn a_real_jump_beyond_the_window_is_confirmed_and_the_skipped_products_requested
     assert_eq!((counters.index_confirmations, counters.index_forged), (2, 0), "{counters:?}");
     assert_eq!(index_gaps(&net.nodes[0].events), 0);
 }
+
+#[test]
+fn a_forger_flooding_before_and_during_the_transfer_costs_no_product() {
+    for (stream_delay_us, seed) in [(50u64, 1u64), (50, 2), (500, 3), (5_000, 4), (50, 5), (200, 6)] {
+        let mut net = Net::new(sender_config(), vec![ReceiverConfig::default(); 2]);
+        net.multicast_delay = Duration::from_micros(20);
+        for node in &mut net.nodes {
+            node.stream_delay = Duration::from_micros(stream_delay_us);
+        }
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut random = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u32
+        };
+        let mut forge = |net: &mut Net| {
+            let mut batch = vec![forged_bop(100_000), forged_bop(100_000), forged_bop(100_000)];
+            batch.extend((0..40).map(|_| forged_bop(random())));
+            for datagram in batch {
+                for to in 0..2 {
+                    net.inject(to, datagram.clone());
+                }
+            }
+        };
+        for _ in 0..5 {
+            forge(&mut net);
+            net.run_for(Duration::from_micros(300));
+        }
+        for product in 0..100u64 {
+            net.enqueue(1 + (product as usize * 7_919) % 30_000, product);
+            forge(&mut net);
+            net.run_for(Duration::from_micros(300));
+        }
+        for _ in 0..200 {
+            forge(&mut net);
+            net.run_for(Duration::from_micros(300));
+        }
+        net.settle(Duration::from_secs(30));
+        let counters: Vec<String> = net.nodes.iter().map(|n| format!("{:?}", n.receiver.counters())).collect();
+        let accounted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| net.check_accounted()));
+        assert!(
+            matches!(accounted, Ok((200, 0))),
+            "stream delay {stream_delay_us} µs, seed {seed}: {accounted:?}\n{}",
+            counters.join("\n")
+        );
+    }
+}

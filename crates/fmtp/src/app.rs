@@ -29,6 +29,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use ldm7_fmtp_proto::mac::MacLevel;
 use ldm7_fmtp_proto::{
     DeadlinePolicy, EnqueueRefusal, MissReason, ProductIndex, SenderConfig, SenderCounters, SenderEvent,
 };
@@ -148,6 +150,10 @@ pub struct SendOptions {
     pub linger: Duration,
     /// The products.
     pub source: ProductSource,
+    /// MAC level of the multicast datagrams (§3.7).
+    pub mac_level: MacLevel,
+    /// The publisher identity signing each key answer (the ldm7 extension).
+    pub identity: Option<Arc<SigningKey>>,
 }
 
 /// What [`send`] reports as it goes.
@@ -240,6 +246,10 @@ pub struct RecvOptions {
     pub rate: Rate,
     /// How long to keep trying to connect to the sender.
     pub connect_deadline: Duration,
+    /// MAC level of the multicast datagrams: the sender's (§3.7).
+    pub mac_level: MacLevel,
+    /// The pinned publisher key: the key answer must be signed by it (the ldm7 extension).
+    pub pin: Option<VerifyingKey>,
 }
 
 /// What [`recv`] reports as it goes.
@@ -369,6 +379,8 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
     proto.retained_products_max = proto.retained_products_max.max(total + 1);
     let retx_listen = options.retx_listen.unwrap_or(SocketAddr::new(options.interface, 0));
     let mut sender_options = SenderOptions::new(multicast, retx_listen, proto);
+    sender_options.mac_level = options.mac_level;
+    sender_options.identity = options.identity.clone();
     sender_options.bounds.product_inputs_max = PRODUCT_INPUTS_MAX;
     let mut sender = FmtpSender::start(sender_options).await.map_err(AppError::Start)?;
     let retx = sender.retx_addr();
@@ -472,6 +484,8 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
     receiver_options.drop_probability = options.drop.probability();
     receiver_options.seed = options.seed;
     receiver_options.connect_deadline = options.connect_deadline;
+    receiver_options.mac_level = options.mac_level;
+    receiver_options.pin = options.pin;
     let mut receiver = FmtpReceiver::start(receiver_options).map_err(AppError::Receive)?;
     let mut connection = receiver.connection();
     let (mut connected, mut said_waiting) = (false, false);

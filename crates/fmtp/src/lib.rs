@@ -21,12 +21,14 @@
 //! `tracing`. Nothing accepted is dropped: full queues make the producer wait.
 
 pub mod app;
+pub mod keys;
 pub mod receiver;
 pub mod sender;
 pub mod spool;
 pub mod stream;
 pub mod udp;
 
+pub use ldm7_fmtp_proto::mac::MacLevel;
 pub use receiver::{
     ConnectionState, FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters,
     ReceiverNotice, ReceiverOptions, ReceiverReport,

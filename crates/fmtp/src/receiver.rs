@@ -18,6 +18,7 @@
 //! sender that stops reading (its TCP backpressure) never stops this receiver from reading
 //! repairs.
 
+use std::collections::VecDeque;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -39,8 +40,10 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::spool::{SpoolSink, SpooledProduct};
-use crate::stream::{ConnectError, READ_CHUNK_BYTES, connect_with_backoff, offer_handshake, read_more};
+use crate::stream::{ConnectError, HandshakeError, READ_CHUNK_BYTES, connect_with_backoff, offer_handshake, read_more};
 use crate::udp::{MulticastConfig, MulticastReceiver, SocketError, datagrams};
+use ed25519_dalek::VerifyingKey;
+use ldm7_fmtp_proto::mac::{MacError, MacLevel, Verifier};
 
 /// First pause between attempts to connect to the retransmission server.
 pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(20);
@@ -101,6 +104,12 @@ pub struct ReceiverOptions {
     pub seed: u64,
     /// The driver's queue bounds.
     pub bounds: ReceiverBounds,
+    /// MAC level of the multicast datagrams: the sender's (§3.7; not negotiated — a sender of
+    /// another level is refused with a message naming its level).
+    pub mac_level: MacLevel,
+    /// The publisher's identity key: the key answer must be signed by it (an ldm7 extension;
+    /// `None` accepts any answer, as the reference does).
+    pub pin: Option<VerifyingKey>,
 }
 
 impl ReceiverOptions {
@@ -117,6 +126,8 @@ impl ReceiverOptions {
             drop_probability: 0.0,
             seed: 1,
             bounds: ReceiverBounds::default(),
+            mac_level: MacLevel::None,
+            pin: None,
         }
     }
 }
@@ -224,6 +235,8 @@ pub struct ReceiverDriverCounters {
     pub request_queue_full: u64,
     /// Datagrams dropped by the receive-side loss filter.
     pub datagrams_dropped: u64,
+    /// Datagrams dropped because their MAC did not verify (forged, damaged, another key).
+    pub bad_mac: u64,
 }
 
 /// What a receiver totals at its end.
@@ -265,6 +278,15 @@ pub enum ReceiveError {
         addr: SocketAddr,
         /// Why.
         source: io::Error,
+    },
+    /// The key exchange's answer cannot be used: the sender uses another MAC level, the answer
+    /// is not signed by the pinned publisher key, or it does not decrypt.
+    #[error("FMTP key exchange with {addr}: {source}")]
+    Key {
+        /// The sender's retransmission server.
+        addr: SocketAddr,
+        /// Why.
+        source: MacError,
     },
     /// The receiver task panicked or was cancelled.
     #[error("the FMTP receiver task ended abnormally: {0}")]
@@ -316,6 +338,7 @@ impl FmtpReceiver {
             counters: counters_tx,
             drop_filter: None,
             bound_log: Throttle::new(BOUND_LOG_INTERVAL),
+            verifier: None,
         };
         let task = tokio::spawn(task.run(udp, stop_rx));
         Ok(Self { notices, stop, task, counters, connection, shared })
@@ -369,6 +392,7 @@ struct Shared {
     notices: BoundHits,
     request_queue: BoundHits,
     datagrams_dropped: AtomicU64,
+    bad_mac: AtomicU64,
 }
 
 impl Shared {
@@ -378,6 +402,29 @@ impl Shared {
             notices_full: self.notices.count(),
             request_queue_full: self.request_queue.count(),
             datagrams_dropped: self.datagrams_dropped.load(Ordering::Relaxed),
+            bad_mac: self.bad_mac.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Multicast datagrams read while the key exchange runs: the newest kept, up to
+/// [`EarlyDatagrams::BYTES_MAX`].
+#[derive(Debug, Default)]
+struct EarlyDatagrams {
+    datagrams: VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+impl EarlyDatagrams {
+    /// Bound on the bytes kept (about a second of a 30 Mbit/s feed).
+    const BYTES_MAX: usize = 4 << 20;
+
+    fn push(&mut self, datagram: &[u8]) {
+        self.bytes += datagram.len();
+        self.datagrams.push_back(datagram.to_vec());
+        while self.bytes > Self::BYTES_MAX {
+            let Some(oldest) = self.datagrams.pop_front() else { break };
+            self.bytes -= oldest.len();
         }
     }
 }
@@ -400,6 +447,8 @@ struct ReceiverTask {
     drop_filter: Option<DropFilter>,
     /// Protocol bound hits: logged once, then at most once a minute per bound with the count.
     bound_log: Throttle<ReceiverBound>,
+    /// Checks multicast datagrams: set by the key exchange, before any is read.
+    verifier: Option<Verifier>,
 }
 
 /// Why the receive loop stopped without an error.
@@ -439,9 +488,38 @@ impl ReceiverTask {
         };
         stream.set_nodelay(true).map_err(connection)?;
         let (mut read, mut write) = stream.into_split();
-        let mut stream_buffer = tokio::select! {
-            rest = offer_handshake(&mut read, &mut write) => rest.map_err(connection)?,
-            () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
+        let pin = self.options.pin;
+        let (verifier, mut stream_buffer, early) = {
+            let handshake = offer_handshake(&mut read, &mut write, self.options.mac_level, pin.as_ref());
+            tokio::pin!(handshake);
+            // The multicast is read meanwhile (the sender may start as soon as it answered, and a
+            // socket buffer left to fill — with a forger's junk, say — would lose the first
+            // products): the newest datagrams are kept, up to a bound, and taken once the key is
+            // known.
+            let mut early = EarlyDatagrams::default();
+            let mut storage = vec![vec![0u8; DATAGRAM_LEN_MAX.max(2048)]; RECV_BATCH];
+            let mut meta = vec![quinn_udp::RecvMeta::default(); RECV_BATCH];
+            let (verifier, stream_buffer) = loop {
+                tokio::select! {
+                    answer = &mut handshake => break answer.map_err(|error| match error {
+                        HandshakeError::Io(source) => ReceiveError::Connection { addr, source },
+                        HandshakeError::Key(source) => ReceiveError::Key { addr, source },
+                    })?,
+                    received = async {
+                        let mut buffers: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
+                        udp.recv_batch(&mut buffers, &mut meta).await
+                    } => {
+                        let count = received.map_err(connection)?;
+                        for (buffer, meta) in storage.iter().zip(&meta).take(count) {
+                            for datagram in datagrams(buffer, meta) {
+                                early.push(datagram);
+                            }
+                        }
+                    }
+                    () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
+                }
+            };
+            (verifier, stream_buffer, early)
         };
         tracing::info!(sender = %addr, "FMTP receiver connected");
         self.connection.send_replace(ConnectionState::Connected);
@@ -453,6 +531,17 @@ impl ReceiverTask {
         let queue = Arc::new(RequestQueue::default());
         let (requests, request_rx) = mpsc::unbounded_channel();
         let mut writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
+        let now = Clock::now();
+        let mut early = early;
+        for datagram in early.datagrams.drain(..) {
+            match verifier.verify(&datagram) {
+                Ok(message) => self.receiver.handle_datagram(now, message),
+                Err(_) => {
+                    self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.verifier = Some(verifier);
         let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
         if matches!(result, Ok(Stopped::Asked)) {
             // Asked to stop: what is queued still goes out (the RETX_END of products already
@@ -465,7 +554,17 @@ impl ReceiverTask {
         writer.abort();
         match result {
             Ok(Stopped::Asked) => {}
-            Ok(Stopped::SenderClosed) => tracing::info!(sender = %addr, "FMTP sender closed the connection"),
+            Ok(Stopped::SenderClosed) => {
+                tracing::info!(sender = %addr, "FMTP sender closed the connection");
+                // What was in flight will not come: say so (never silently lost).
+                self.receiver.disconnected(Clock::now());
+                while let Some(event) = self.receiver.poll_event() {
+                    let notice = self.notice_of(event);
+                    if self.notices.send(notice).await.is_err() {
+                        break;
+                    }
+                }
+            }
             Err(error) => return Err(connection(error)),
         }
         Ok(self.receiver.counters().clone())
@@ -543,7 +642,13 @@ impl ReceiverTask {
                                 self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             }
-                            self.receiver.handle_datagram(now, datagram);
+                            let Some(verifier) = &self.verifier else { continue };
+                            match verifier.verify(datagram) {
+                                Ok(message) => self.receiver.handle_datagram(now, message),
+                                Err(_) => {
+                                    self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
                         }
                     }
                 }

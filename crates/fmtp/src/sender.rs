@@ -45,8 +45,11 @@ use tokio::sync::mpsc::error::TrySendError as ChannelFull;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::stream::{self, accept_handshake, read_more, tcp_rtt};
+use crate::stream::{self, KeyAnswer, accept_handshake, read_more, tcp_rtt};
 use crate::udp::{MulticastConfig, MulticastSender};
+use ed25519_dalek::SigningKey;
+use ldm7_fmtp_proto::mac::{MacLevel, SenderKey};
+use ldm7_fmtp_proto::wire::PAYLOAD_LEN_MAX;
 
 /// A protocol bound hit is logged at most this often (per bound), with the count.
 const BOUND_LOG_INTERVAL: Duration = Duration::from_secs(60);
@@ -127,12 +130,28 @@ pub struct SenderOptions {
     pub authorize: Authorizer,
     /// The driver's queue bounds.
     pub bounds: SenderBounds,
+    /// MAC level of the multicast datagrams (§3.7; every receiver must use the same). A fresh
+    /// key is made for each sender; with a MAC, data blocks shrink by its length so that a
+    /// datagram stays 1460 bytes, as the reference's do.
+    pub mac_level: MacLevel,
+    /// The publisher's long-term identity: each key answer is signed with it, for receivers
+    /// that pin its public key (an ldm7 extension; a reference receiver cannot read a signed
+    /// answer).
+    pub identity: Option<Arc<SigningKey>>,
 }
 
 impl SenderOptions {
-    /// Options that authorize every peer, with the default bounds.
+    /// Options that authorize every peer, with the default bounds, no MAC and no identity.
     pub fn new(multicast: MulticastConfig, retx_listen: SocketAddr, proto: SenderConfig) -> Self {
-        Self { multicast, retx_listen, proto, authorize: Arc::new(|_| true), bounds: SenderBounds::default() }
+        Self {
+            multicast,
+            retx_listen,
+            proto,
+            authorize: Arc::new(|_| true),
+            bounds: SenderBounds::default(),
+            mac_level: MacLevel::None,
+            identity: None,
+        }
     }
 }
 
@@ -319,6 +338,9 @@ impl FmtpSender {
         let listener = TcpListener::bind(options.retx_listen).await?;
         let retx_addr = listener.local_addr()?;
         let mut proto = options.proto.clone();
+        let mac = SenderKey::generate(options.mac_level, &mut rand_core::OsRng);
+        proto.block_len = proto.block_len.min(PAYLOAD_LEN_MAX - options.mac_level.mac_len());
+        let keys = KeyAnswer { material: Arc::new(mac.material()), identity: options.identity.clone() };
         for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
             pacing.bucket_bytes = pacing.bucket_bytes.max(timer_burst_bytes(pacing.rate_bits_per_s));
         }
@@ -334,7 +356,7 @@ impl FmtpSender {
         let (counters_tx, counters) = watch::channel(SenderCounters::default());
         let inputs = Inputs { inputs: input_tx, shared: shared.clone() };
         let rate = RateHandle { inputs: inputs.clone() };
-        let accept = tokio::spawn(accept_loop(listener, options.authorize.clone(), inputs, bounds));
+        let accept = tokio::spawn(accept_loop(listener, options.authorize.clone(), inputs, bounds, keys));
         let max_segments = udp.max_segments().clamp(1, GSO_SEGMENTS_MAX);
         let task = SenderTask {
             sender,
@@ -352,6 +374,7 @@ impl FmtpSender {
             segment_len: 0,
             segments: 0,
             bound_log: Throttle::new(BOUND_LOG_INTERVAL),
+            mac,
         };
         let run = tokio::spawn(task.run(product_rx, input_rx));
         Ok(Self {
@@ -583,6 +606,8 @@ struct SenderTask {
     segments: usize,
     /// Protocol bound hits: logged once, then at most once a minute per bound with the count.
     bound_log: Throttle<SenderBound>,
+    /// Signs each multicast datagram (§3.6).
+    mac: SenderKey,
 }
 
 /// What woke the sender task.
@@ -768,6 +793,7 @@ impl SenderTask {
             let Some(transmit) = self.sender.poll_transmit(now, &mut self.message) else { break };
             match transmit.destination {
                 Destination::Multicast => {
+                    self.mac.sign_in_place(&mut self.message);
                     let len = self.message.len();
                     if self.segments > 0 && (len > self.segment_len || self.batch.len() % self.segment_len != 0) {
                         self.flush_multicast().await;
@@ -867,7 +893,13 @@ impl SenderTask {
     }
 }
 
-async fn accept_loop(listener: TcpListener, authorize: Authorizer, inputs: Inputs, bounds: SenderBounds) {
+async fn accept_loop(
+    listener: TcpListener,
+    authorize: Authorizer,
+    inputs: Inputs,
+    bounds: SenderBounds,
+    keys: KeyAnswer,
+) {
     let live = Arc::new(AtomicUsize::new(0));
     let accept_errors = BoundHits::new();
     let mut next_id = 1u64;
@@ -902,8 +934,9 @@ async fn accept_loop(listener: TcpListener, authorize: Authorizer, inputs: Input
         next_id += 1;
         let inputs = inputs.clone();
         let live = live.clone();
+        let keys = keys.clone();
         tokio::spawn(async move {
-            if let Err(error) = serve_connection(stream, peer, id, &inputs, bounds).await {
+            if let Err(error) = serve_connection(stream, peer, id, &inputs, bounds, &keys).await {
                 tracing::info!(%peer, receiver = id.0, %error, "FMTP retransmission connection closed");
             }
             live.fetch_sub(1, Ordering::SeqCst);
@@ -920,6 +953,7 @@ async fn serve_connection(
     id: ReceiverId,
     inputs: &Inputs,
     bounds: SenderBounds,
+    keys: &KeyAnswer,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream::set_keepalive(&stream)?;
@@ -927,7 +961,7 @@ async fn serve_connection(
         socket2::SockRef::from(&stream).set_send_buffer_size(bytes)?;
     }
     let (mut read, mut write) = stream.into_split();
-    let first = accept_handshake(&mut read, &mut write).await?;
+    let first = accept_handshake(&mut read, &mut write, keys).await?;
     let queue = Arc::new(RepairQueue::default());
     let credit = Arc::new(Semaphore::new(0));
     let (writer, repairs) = mpsc::unbounded_channel();

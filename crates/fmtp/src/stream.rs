@@ -3,28 +3,23 @@
 //! connect with back-off, keep-alive, and the round-trip time the kernel measures (Linux
 //! `TCP_INFO`), which the sender feeds to `Sender::set_rtt`.
 //!
-//! Connection opening (§3.7): the receiver sends a length-prefixed blob (the reference sends a
-//! PEM RSA public key), the sender answers with a length-prefixed blob (the reference: a
-//! 256-byte RSA-OAEP ciphertext of the MAC key, an empty key at MAC level 0). We frame both
-//! exactly; at MAC level 0 our sender answers with 256 zero bytes and our receiver ignores the
-//! answer. Interoperating with a reference LDM-7 receiver needs the real RSA encryption, which
-//! is not implemented yet.
+//! Connection opening (§3.7): the receiver sends a fresh RSA-2048 public key (PEM, PKCS#1), the
+//! sender answers with the RSA-OAEP encryption of its MAC key material (empty at MAC level 0;
+//! see `ldm7_fmtp_proto::mac`), optionally followed by its identity's signature (the ldm7
+//! extension a pinning receiver requires).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BufMut;
+use ldm7_fmtp_proto::mac::{self, KeyOffer, MacError, MacLevel, Verifier};
 use ldm7_fmtp_proto::wire::{Split, handshake};
 use ldm7_io::{Backoff, Clock};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Bytes of the sender's answer blob at MAC level 0 (the size of an RSA-2048 ciphertext).
-const KEY_ANSWER_LEN: usize = 256;
-
-/// The receiver's key blob at MAC level 0 (a placeholder public key; our sender ignores it).
-const KEY_OFFER: &[u8] = b"-----BEGIN RSA PUBLIC KEY-----\nldm7 MAC level 0\n-----END RSA PUBLIC KEY-----\n";
+use zeroize::Zeroizing;
 
 /// Longest the key exchange may take before the connection is dropped (a peer that connects
 /// and says nothing must not hold a connection for ever).
@@ -36,16 +31,28 @@ pub const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest read from a TCP connection at once.
 pub(crate) const READ_CHUNK_BYTES: usize = 64 << 10;
 
-/// Sender side of §3.7: reads the receiver's blob, answers. Returns the bytes that followed the
-/// blob (the first frames).
+/// What the sender hands every receiver in the exchange.
+#[derive(Clone)]
+pub(crate) struct KeyAnswer {
+    /// The MAC key material (§3.7).
+    pub material: Arc<Zeroizing<Vec<u8>>>,
+    /// The publisher's identity, signing each answer (the extension).
+    pub identity: Option<Arc<ed25519_dalek::SigningKey>>,
+}
+
+/// Sender side of §3.7: reads the receiver's key offer, answers with the key material encrypted
+/// to it. Returns the bytes that followed the offer (the first frames).
 pub(crate) async fn accept_handshake(
     read: &mut (impl AsyncRead + Unpin),
     write: &mut (impl AsyncWrite + Unpin),
+    keys: &KeyAnswer,
 ) -> io::Result<Vec<u8>> {
     let exchange = async {
-        let rest = read_blob(read).await?;
+        let (offer, rest) = read_blob(read).await?;
+        let encrypted = mac::answer_offer(&offer, &keys.material, keys.identity.as_deref(), &mut rand_core::OsRng)
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
         let mut answer = Vec::new();
-        handshake::emit_blob(&[0u8; KEY_ANSWER_LEN], &mut answer).map_err(io::Error::other)?;
+        handshake::emit_blob(&encrypted, &mut answer).map_err(io::Error::other)?;
         write.write_all(&answer).await?;
         Ok(rest)
     };
@@ -54,27 +61,49 @@ pub(crate) async fn accept_handshake(
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the FMTP key exchange did not finish"))?
 }
 
-/// Receiver side of §3.7: offers a key, reads the answer. Returns the bytes that followed it.
+/// Why the receiver's side of the exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The connection failed or timed out.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The answer cannot be used: levels differ, not pinned, not decryptable.
+    #[error(transparent)]
+    Key(#[from] MacError),
+}
+
+/// Receiver side of §3.7: offers a fresh key, opens the answer (checking the publisher's
+/// signature when `pin` is given) and returns the check of multicast datagrams at `level`, with
+/// the bytes that followed the answer.
 pub(crate) async fn offer_handshake(
     read: &mut (impl AsyncRead + Unpin),
     write: &mut (impl AsyncWrite + Unpin),
-) -> io::Result<Vec<u8>> {
+    level: MacLevel,
+    pin: Option<&ed25519_dalek::VerifyingKey>,
+) -> Result<(Verifier, Vec<u8>), HandshakeError> {
     let exchange = async {
-        let mut offer = Vec::new();
-        handshake::emit_blob(KEY_OFFER, &mut offer).map_err(io::Error::other)?;
-        write.write_all(&offer).await?;
-        read_blob(read).await
+        // RSA key generation takes tens of milliseconds: off the runtime's threads.
+        let offer = tokio::task::spawn_blocking(|| KeyOffer::generate(&mut rand_core::OsRng))
+            .await
+            .map_err(|error| io::Error::other(error.to_string()))??;
+        let mut blob = Vec::new();
+        handshake::emit_blob(offer.pem(), &mut blob).map_err(io::Error::other)?;
+        write.write_all(&blob).await?;
+        let (answer, rest) = read_blob(read).await?;
+        let material = offer.open(&answer, pin)?;
+        Ok((Verifier::from_material(level, &material)?, rest))
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, exchange)
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the FMTP key exchange did not finish"))?
 }
 
-async fn read_blob(read: &mut (impl AsyncRead + Unpin)) -> io::Result<Vec<u8>> {
+/// Reads one length-prefixed blob; returns it and the bytes that followed it.
+async fn read_blob(read: &mut (impl AsyncRead + Unpin)) -> io::Result<(Vec<u8>, Vec<u8>)> {
     let mut buffer = Vec::with_capacity(1024);
     loop {
         match handshake::split_blob(&buffer).map_err(io::Error::other)? {
-            Split::Frame { rest, .. } => return Ok(rest.to_vec()),
+            Split::Frame { frame, rest } => return Ok((frame.to_vec(), rest.to_vec())),
             Split::Incomplete { .. } => {
                 read_more(read, &mut buffer, READ_CHUNK_BYTES).await?;
             }
@@ -217,12 +246,18 @@ mod tests {
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
         client_write.write_all(b"").await.expect("write");
+        let key = ldm7_fmtp_proto::mac::SenderKey::generate(MacLevel::Hmac, &mut rand_core::OsRng);
+        let keys = KeyAnswer { material: Arc::new(key.material()), identity: None };
         let (offered, accepted) = tokio::join!(
-            offer_handshake(&mut client_read, &mut client_write),
-            accept_handshake(&mut server_read, &mut server_write)
+            offer_handshake(&mut client_read, &mut client_write, MacLevel::Hmac, None),
+            accept_handshake(&mut server_read, &mut server_write, &keys)
         );
-        assert!(offered.expect("offer").is_empty());
+        let (verifier, rest) = offered.expect("offer");
+        assert!(rest.is_empty());
         assert!(accepted.expect("accept").is_empty());
+        let mut datagram = b"twelve bytes".to_vec();
+        key.sign_in_place(&mut datagram);
+        assert_eq!(verifier.verify(&datagram).expect("the handed-over key checks"), b"twelve bytes");
         let rtt = tcp_rtt(server_read.as_ref());
         if cfg!(target_os = "linux") {
             assert!(rtt.is_some_and(|rtt| rtt < Duration::from_secs(1)), "{rtt:?}");

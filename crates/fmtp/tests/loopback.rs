@@ -372,8 +372,9 @@ mod slow {
         socket.set_nonblocking(true).expect("non-blocking");
         let stream = tokio::net::TcpStream::from_std(socket.into()).expect("register");
         let (mut read, mut write) = stream.into_split();
+        let key = ldm7_fmtp_proto::mac::KeyOffer::generate(&mut rand_core::OsRng).expect("RSA key");
         let mut hello = Vec::new();
-        handshake::emit_blob(b"slow receiver", &mut hello).expect("blob");
+        handshake::emit_blob(key.pem(), &mut hello).expect("blob");
         write.write_all(&hello).await.expect("offer");
         let mut buffer = Vec::new();
         let mut chunk = [0u8; 1024];
@@ -496,9 +497,9 @@ async fn a_peer_that_asks_for_repairs_and_never_reads_them_is_cut_off_while_othe
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("receive buffer");
     let mut peer = socket.connect(sender.retx_addr()).await.expect("connect");
+    let key = ldm7_fmtp_proto::mac::KeyOffer::generate(&mut rand_core::OsRng).expect("RSA key");
     let mut offer = Vec::new();
-    handshake::emit_blob(b"-----BEGIN RSA PUBLIC KEY-----\nx\n-----END RSA PUBLIC KEY-----\n", &mut offer)
-        .expect("blob");
+    handshake::emit_blob(key.pem(), &mut offer).expect("blob");
     peer.write_all(&offer).await.expect("offer");
     joined(&mut sender, 2).await;
     let largest = ProductIndex(8); // 250,000 bytes (SIZES[8]).
@@ -522,4 +523,239 @@ async fn a_peer_that_asks_for_repairs_and_never_reads_them_is_cut_off_while_othe
     wait_for("the stalled peer to be cut off", || sender.driver_counters().connections_stalled == 1).await;
     let (requests, cut_off) = flood.await.expect("flood");
     assert!(cut_off, "the peer's connection was closed after {requests} requests");
+}
+
+/// Joins `group` on loopback and returns a socket that reads its datagrams (a sniffer on the
+/// path, or the forger's own copy).
+fn sniffer(group: SocketAddr) -> std::net::UdpSocket {
+    let IpAddr::V4(address) = group.ip() else { panic!("IPv4 group") };
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).expect("socket");
+    socket.set_reuse_address(true).expect("reuse");
+    socket.bind(&SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), group.port()).into()).expect("bind");
+    socket.join_multicast_v4(&address, &Ipv4Addr::LOCALHOST).expect("join");
+    socket.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
+    socket.into()
+}
+
+/// A socket that sends to `group` on loopback as a forger would.
+fn forger() -> std::net::UdpSocket {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).expect("socket");
+    socket.set_multicast_if_v4(&Ipv4Addr::LOCALHOST).expect("interface");
+    socket.set_multicast_loop_v4(true).expect("loop");
+    socket.bind(&SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0).into()).expect("bind");
+    socket.into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_dropped() {
+    use ldm7_fmtp_proto::ProductIndex;
+    use ldm7_fmtp_proto::mac::MacLevel;
+    use ldm7_fmtp_proto::wire::{Body, Message};
+    for (octet, level) in [(20, MacLevel::None), (21, MacLevel::Hmac), (22, MacLevel::Ed25519)] {
+        let multicast = loopback_group(octet);
+        let group = multicast.group;
+        let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
+        options.mac_level = level;
+        let mut sender = FmtpSender::start(options).await.expect("sender");
+        let mut receiver_options = ReceiverOptions::new(multicast, sender.retx_addr());
+        receiver_options.mac_level = level;
+        receiver_options.drop_probability = 0.05;
+        let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), 20));
+        joined(&mut sender, 1).await;
+        // A forger on the path sends data blocks for the products being sent, with a MAC of
+        // the right length that it cannot compute. (At level 0 nothing tells them apart.)
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let forging = (level != MacLevel::None).then(|| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let socket = forger();
+                let mut sent = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for index in 0..20 {
+                        let block = Message {
+                            index: ProductIndex(index),
+                            body: Body::MemData { offset: 0, data: &[0x66; 100] },
+                        };
+                        let mut datagram = block.to_vec().expect("emit");
+                        datagram.extend(std::iter::repeat_n(0x77, level.mac_len()));
+                        if socket.send_to(&datagram, group).is_ok() {
+                            sent += 1;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                sent
+            })
+        });
+        let products = products(20);
+        send_all(&mut sender, &products).await;
+        let outcome = receiving.await.expect("receiver");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let forged = forging.map(|thread| thread.join().expect("forger")).unwrap_or(0);
+        assert!(outcome.missed.is_empty(), "level {level}: {outcome:?}");
+        assert_each_once(&outcome, &products);
+        assert!(outcome.retransmitted_blocks > 0, "level {level}: losses repaired");
+        if level != MacLevel::None {
+            assert!(forged > 0 && outcome.report.driver.bad_mac > 0, "level {level}: {forged} forged, {outcome:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_datagram_is_dropped_and_counted() {
+    use ldm7_fmtp_proto::mac::MacLevel;
+    let multicast = loopback_group(23);
+    let group = multicast.group;
+    let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
+    options.mac_level = MacLevel::Hmac;
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let mut receiver_options = ReceiverOptions::new(multicast, sender.retx_addr());
+    receiver_options.mac_level = MacLevel::Hmac;
+    let mut receiver = FmtpReceiver::start(receiver_options).expect("receiver");
+    let capture = sniffer(group);
+    joined(&mut sender, 1).await;
+    let products = products(5);
+    send_all(&mut sender, &products).await;
+    let mut delivered = 0;
+    while delivered < products.len() {
+        match tokio::time::timeout(PATIENCE, receiver.next_notice()).await.expect("in time").expect("runs") {
+            ReceiverNotice::Delivered { .. } => delivered += 1,
+            ReceiverNotice::Event(ReceiverEvent::Missed { .. }) => panic!("missed"),
+            _ => {}
+        }
+    }
+    // Everything the sniffer saw, sent again later: valid MACs, old products.
+    let mut captured = Vec::new();
+    let mut buffer = [0u8; 2048];
+    while let Ok(len) = capture.recv(&mut buffer) {
+        captured.push(buffer[..len].to_vec());
+    }
+    assert!(!captured.is_empty(), "the sniffer saw the multicast");
+    let replay = forger();
+    for datagram in &captured {
+        replay.send_to(datagram, group).expect("replay");
+    }
+    // EOPs of products completed from their blocks are usual duplicates; BOPs and blocks of
+    // finished products are stale.
+    let replayed = captured.iter().filter(|datagram| datagram[10..12] != [0, 2]).count() as u64;
+    wait_for("the replays to be counted", || receiver.counters().stale >= replayed).await;
+    let extra = tokio::time::timeout(Duration::from_millis(300), receiver.next_notice()).await;
+    assert!(
+        !matches!(extra, Ok(Some(ReceiverNotice::Delivered { .. }))),
+        "a replay delivered nothing again: {extra:?}"
+    );
+    let report = receiver.finish().await.expect("ran");
+    assert_eq!(report.driver.bad_mac, 0, "replays carry valid MACs: {report:?}");
+    assert_eq!(report.protocol.delivered, products.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_of_another_mac_level_is_told_which_level_the_sender_uses() {
+    use ldm7_fmtp::ReceiveError;
+    use ldm7_fmtp_proto::mac::{MacError, MacLevel};
+    let multicast = loopback_group(24);
+    let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(100_000_000));
+    options.mac_level = MacLevel::Hmac;
+    let sender = FmtpSender::start(options).await.expect("sender");
+    let receiver = FmtpReceiver::start(ReceiverOptions::new(multicast, sender.retx_addr())).expect("receiver");
+    let error = ended_with_error(receiver).await;
+    assert!(
+        matches!(
+            &error,
+            ReceiveError::Key {
+                source: MacError::LevelMismatch { sender: MacLevel::Hmac, receiver: MacLevel::None },
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("uses MAC level 1 (HMAC-SHA-256)"), "{error}");
+}
+
+/// Waits for a receiver to end by itself (its notices end), then returns its error.
+async fn ended_with_error(mut receiver: FmtpReceiver) -> ldm7_fmtp::ReceiveError {
+    while tokio::time::timeout(PATIENCE, receiver.next_notice()).await.expect("the receiver ends in time").is_some() {}
+    receiver.finish().await.expect_err("the receiver failed")
+}
+
+/// A man in the middle of the repair connection: performs its own key exchange with the sender,
+/// answers the receiver with a key of its own choosing, then relays the rest both ways.
+async fn man_in_the_middle(sender: SocketAddr) -> SocketAddr {
+    use ldm7_fmtp_proto::mac::{self, KeyOffer, MacLevel, SenderKey};
+    use ldm7_fmtp_proto::wire::{Split, handshake};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn blob(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
+        let mut buffer = Vec::new();
+        loop {
+            if let Ok(Split::Frame { frame, .. }) = handshake::split_blob(&buffer) {
+                return frame.to_vec();
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed during the exchange");
+            buffer.extend_from_slice(&chunk[..n]);
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let (mut victim, _) = listener.accept().await.expect("accept");
+        let offer = blob(&mut victim).await;
+        let mut upstream = tokio::net::TcpStream::connect(sender).await.expect("connect");
+        let own = KeyOffer::generate(&mut rand_core::OsRng).expect("key");
+        let mut message = Vec::new();
+        handshake::emit_blob(own.pem(), &mut message).expect("blob");
+        upstream.write_all(&message).await.expect("offer");
+        let _real_key = own.open(&blob(&mut upstream).await, None).expect("the sender's answer");
+        let chosen = SenderKey::generate(MacLevel::Hmac, &mut rand_core::OsRng);
+        let answer = mac::answer_offer(&offer, &chosen.material(), None, &mut rand_core::OsRng).expect("answer");
+        let mut message = Vec::new();
+        handshake::emit_blob(&answer, &mut message).expect("blob");
+        if victim.write_all(&message).await.is_ok() {
+            let _ = tokio::io::copy_bidirectional(&mut victim, &mut upstream).await;
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_receiver_refuses_a_key_swapped_in_the_middle_and_takes_its_publishers() {
+    use ldm7_fmtp::ReceiveError;
+    use ldm7_fmtp_proto::mac::{MacError, MacLevel};
+    let identity = Arc::new(ed25519_dalek::SigningKey::generate(&mut rand_core::OsRng));
+    let multicast = loopback_group(25);
+    // The fooled receiver never finishes a product: the deadline releases them.
+    let deadline = ldm7_fmtp_proto::DeadlinePolicy::Constant(Duration::from_secs(3));
+    let proto = SenderConfig { deadline, ..SenderConfig::with_rate(100_000_000) };
+    let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), proto);
+    options.mac_level = MacLevel::Hmac;
+    options.identity = Some(identity.clone());
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let receiver_options = |retx: SocketAddr, pin: Option<ed25519_dalek::VerifyingKey>| {
+        let mut options = ReceiverOptions::new(multicast.clone(), retx);
+        options.mac_level = MacLevel::Hmac;
+        options.pin = pin;
+        options
+    };
+    // Pinned, through the man in the middle: refused.
+    let proxy = man_in_the_middle(sender.retx_addr()).await;
+    let pinned = FmtpReceiver::start(receiver_options(proxy, Some(identity.verifying_key()))).expect("receiver");
+    let error = ended_with_error(pinned).await;
+    assert!(matches!(&error, ReceiveError::Key { source: MacError::NotPinned(_), .. }), "{error}");
+    // Not pinned, through the man in the middle: the exchange is accepted (the reference's
+    // weakness), and the real sender's datagrams then fail the swapped key.
+    let proxy = man_in_the_middle(sender.retx_addr()).await;
+    let mut fooled = FmtpReceiver::start(receiver_options(proxy, None)).expect("receiver");
+    let first = tokio::time::timeout(PATIENCE, fooled.next_notice()).await.expect("in time");
+    assert!(matches!(first, Some(ReceiverNotice::Connected(_))), "{first:?}");
+    // Pinned, directly: the publisher's signed answer is taken and products arrive.
+    let receiving = tokio::spawn(collect(
+        FmtpReceiver::start(receiver_options(sender.retx_addr(), Some(identity.verifying_key()))).expect("receiver"),
+        3,
+    ));
+    joined(&mut sender, 3).await;
+    let products = products(3);
+    send_all(&mut sender, &products).await;
+    assert_each_once(&receiving.await.expect("receiver"), &products);
+    wait_for("the swapped key to fail the sender's datagrams", || fooled.driver_counters().bad_mac > 0).await;
 }

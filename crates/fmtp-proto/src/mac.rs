@@ -1,0 +1,494 @@
+//! FMTP message authentication and its key exchange (ldm7-multicast.md §3.6–§3.7), sans-IO.
+//!
+//! The reference's mechanism, byte-compatible:
+//! * MAC levels, chosen on both ends (the reference reads `FMTP_MAC_LEVEL`; not negotiated):
+//!   0 none, 1 HMAC-SHA-256 (32-byte MAC, 64-byte random key), 2 Ed25519 (64-byte signature;
+//!   the key handed out is the PEM SubjectPublicKeyInfo of the sender's Ed25519 key). The MAC
+//!   covers header and payload and trails the multicast datagram; TCP messages carry none.
+//! * Right after the repair connection opens, even at level 0: the receiver sends a fresh
+//!   RSA-2048 public key (PEM, PKCS#1, `-----BEGIN RSA PUBLIC KEY-----`), the sender answers
+//!   with the RSA-OAEP (SHA-1, MGF1-SHA-1, no label: OpenSSL's `RSA_PKCS1_OAEP_PADDING`)
+//!   encryption of the key material — empty at level 0, still a 256-byte ciphertext.
+//!
+//! Beyond the reference (an ldm7 extension, off unless both ends are configured for it): that
+//! exchange is unauthenticated, so a man in the middle of the repair connection can hand out a
+//! key of its own. A publisher with a long-term Ed25519 identity key appends to its answer a
+//! signature of [`PINNED_CONTEXT`] ‖ the receiver's offer ‖ the ciphertext; a receiver that pins
+//! the publisher's public key accepts only an answer whose signature verifies (the offer is
+//! fresh per connection, so an old answer cannot be replayed). A receiver that pins nothing
+//! ignores the signature, and a reference receiver cannot read such an answer: turn identities on
+//! only where every receiver is ldm7.
+//!
+//! Key material is zeroized after use ([`Zeroizing`]; the Ed25519 and RSA keys zeroize on drop).
+//! Well-kept RustCrypto crates do the cryptography (`rsa`, `hmac`, `sha2`, `ed25519-dalek`).
+
+use ed25519_dalek::pkcs8::{DecodePublicKey, EncodePublicKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier as _, VerifyingKey};
+use hmac::{Hmac, Mac};
+use rand_core::{CryptoRngCore, RngCore};
+use rsa::pkcs1::{DecodeRsaPublicKey, EncodeRsaPublicKey, LineEnding};
+use rsa::{Oaep, RsaPrivateKey, RsaPublicKey};
+use sha2::Sha256;
+use zeroize::Zeroizing;
+
+/// Bytes of a level-1 key.
+pub const HMAC_KEY_LEN: usize = 64;
+/// Bytes of a level-1 MAC.
+pub const HMAC_LEN: usize = 32;
+/// Bytes of a level-2 MAC (an Ed25519 signature).
+pub const SIGNATURE_LEN: usize = 64;
+/// Bits of the receiver's RSA key.
+pub const RSA_BITS: usize = 2048;
+/// Bytes of the sender's answer: an RSA-2048 ciphertext.
+pub const CIPHERTEXT_LEN: usize = RSA_BITS / 8;
+/// What a publisher's identity signs before the offer and the ciphertext (the extension).
+pub const PINNED_CONTEXT: &[u8] = b"ldm7 FMTP key answer v1\0";
+
+/// A MAC level (§3.7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MacLevel {
+    /// No MAC (the reference's default).
+    #[default]
+    None,
+    /// HMAC-SHA-256 with a 64-byte random key.
+    Hmac,
+    /// Ed25519 signatures; receivers get the public key.
+    Ed25519,
+}
+
+impl MacLevel {
+    /// The level of its number (0, 1, 2).
+    pub const fn from_number(number: u8) -> Option<Self> {
+        match number {
+            0 => Some(Self::None),
+            1 => Some(Self::Hmac),
+            2 => Some(Self::Ed25519),
+            _ => None,
+        }
+    }
+
+    /// Its number, as `FMTP_MAC_LEVEL` writes it.
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::None => 0,
+            Self::Hmac => 1,
+            Self::Ed25519 => 2,
+        }
+    }
+
+    /// Bytes of the MAC trailing each multicast datagram.
+    pub const fn mac_len(self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::Hmac => HMAC_LEN,
+            Self::Ed25519 => SIGNATURE_LEN,
+        }
+    }
+}
+
+impl std::str::FromStr for MacLevel {
+    type Err = MacError;
+
+    fn from_str(text: &str) -> Result<Self, MacError> {
+        text.trim().parse::<u8>().ok().and_then(Self::from_number).ok_or_else(|| MacError::BadLevel(text.to_owned()))
+    }
+}
+
+impl std::fmt::Display for MacLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            Self::None => "0 (no MAC)",
+            Self::Hmac => "1 (HMAC-SHA-256)",
+            Self::Ed25519 => "2 (Ed25519)",
+        };
+        f.write_str(name)
+    }
+}
+
+/// Why authentication or the key exchange failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MacError {
+    /// Not a level.
+    #[error("FMTP MAC level must be 0 (none), 1 (HMAC-SHA-256) or 2 (Ed25519), not {0:?}")]
+    BadLevel(String),
+    /// A datagram too short to carry its MAC.
+    #[error("FMTP datagram of {len} bytes is too short for a {mac_len}-byte MAC")]
+    Short {
+        /// The datagram's length.
+        len: usize,
+        /// The MAC's.
+        mac_len: usize,
+    },
+    /// The MAC does not verify: forged, damaged, or made with another key.
+    #[error("FMTP datagram MAC does not verify")]
+    Mismatch,
+    /// The receiver's offer is not a PEM RSA public key of the right size.
+    #[error("the FMTP key offer is not a PEM PKCS#1 RSA-{RSA_BITS} public key: {0}")]
+    BadOffer(String),
+    /// The sender's answer cannot be opened with this connection's key.
+    #[error("the FMTP key answer cannot be decrypted with this connection's RSA key: {0}")]
+    BadAnswer(String),
+    /// The key material is of another level than this end's.
+    #[error(
+        "the FMTP sender uses MAC level {sender} and this receiver {receiver}: set the same level \
+         on both ends (FMTP_MAC_LEVEL, --mac-level)"
+    )]
+    LevelMismatch {
+        /// The level the material is of.
+        sender: MacLevel,
+        /// This receiver's.
+        receiver: MacLevel,
+    },
+    /// Pinning is on and the answer is not signed by the pinned publisher key.
+    #[error(
+        "the FMTP key answer is not signed by the pinned publisher key{0}: a man in the middle, or \
+         the wrong key pinned"
+    )]
+    NotPinned(&'static str),
+    /// The RSA operation failed.
+    #[error("RSA: {0}")]
+    Rsa(String),
+}
+
+/// The sender's key for one session: signs every multicast datagram.
+pub struct SenderKey {
+    level: MacLevel,
+    hmac: Option<Zeroizing<[u8; HMAC_KEY_LEN]>>,
+    signing: Option<SigningKey>,
+}
+
+impl std::fmt::Debug for SenderKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SenderKey").field("level", &self.level).finish_non_exhaustive()
+    }
+}
+
+impl SenderKey {
+    /// A fresh key of `level`.
+    pub fn generate(level: MacLevel, rng: &mut impl CryptoRngCore) -> Self {
+        match level {
+            MacLevel::None => Self { level, hmac: None, signing: None },
+            MacLevel::Hmac => {
+                let mut key = Zeroizing::new([0u8; HMAC_KEY_LEN]);
+                rng.fill_bytes(key.as_mut());
+                Self { level, hmac: Some(key), signing: None }
+            }
+            MacLevel::Ed25519 => Self { level, hmac: None, signing: Some(SigningKey::generate(rng)) },
+        }
+    }
+
+    /// The level.
+    pub fn level(&self) -> MacLevel {
+        self.level
+    }
+
+    /// What receivers are given (§3.7): nothing, the 64 key bytes, or the PEM
+    /// SubjectPublicKeyInfo of the Ed25519 public key.
+    pub fn material(&self) -> Zeroizing<Vec<u8>> {
+        match (&self.hmac, &self.signing) {
+            (Some(key), _) => Zeroizing::new(key.to_vec()),
+            (None, Some(signing)) => Zeroizing::new(
+                signing
+                    .verifying_key()
+                    .to_public_key_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+                    .expect("an Ed25519 public key encodes")
+                    .into_bytes(),
+            ),
+            (None, None) => Zeroizing::new(Vec::new()),
+        }
+    }
+
+    /// Appends the MAC of the message `datagram` holds (header and payload) to it.
+    pub fn sign_in_place(&self, datagram: &mut Vec<u8>) {
+        match (&self.hmac, &self.signing) {
+            (None, None) => {}
+            (Some(key), _) => {
+                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_ref()).expect("HMAC takes any key length");
+                mac.update(datagram);
+                datagram.extend_from_slice(&mac.finalize().into_bytes());
+            }
+            (None, Some(signing)) => {
+                let signature = signing.sign(datagram).to_bytes();
+                datagram.extend_from_slice(&signature);
+            }
+        }
+    }
+
+    /// Appends the MAC of `message` (header and payload, as sent) to `out`.
+    pub fn append_mac(&self, message: &[u8], out: &mut Vec<u8>) {
+        match (&self.hmac, &self.signing) {
+            (Some(key), _) => {
+                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_ref()).expect("HMAC takes any key length");
+                mac.update(message);
+                out.extend_from_slice(&mac.finalize().into_bytes());
+            }
+            (None, Some(signing)) => out.extend_from_slice(&signing.sign(message).to_bytes()),
+            (None, None) => {}
+        }
+    }
+}
+
+/// A receiver's check of multicast datagrams, from the key material the sender handed out.
+pub struct Verifier {
+    level: MacLevel,
+    hmac: Option<Zeroizing<Vec<u8>>>,
+    verifying: Option<VerifyingKey>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier").field("level", &self.level).finish_non_exhaustive()
+    }
+}
+
+impl Verifier {
+    /// The check for `level` from the sender's key material; material of another level (the
+    /// two ends disagree) is refused, saying which level the sender uses.
+    pub fn from_material(level: MacLevel, material: &[u8]) -> Result<Self, MacError> {
+        let sender = material_level(material);
+        if sender != level {
+            return Err(MacError::LevelMismatch { sender, receiver: level });
+        }
+        Ok(match level {
+            MacLevel::None => Self { level, hmac: None, verifying: None },
+            MacLevel::Hmac => Self { level, hmac: Some(Zeroizing::new(material.to_vec())), verifying: None },
+            MacLevel::Ed25519 => {
+                let pem = std::str::from_utf8(material).map_err(|error| MacError::BadAnswer(error.to_string()))?;
+                let key =
+                    VerifyingKey::from_public_key_pem(pem).map_err(|error| MacError::BadAnswer(error.to_string()))?;
+                Self { level, hmac: None, verifying: Some(key) }
+            }
+        })
+    }
+
+    /// The level.
+    pub fn level(&self) -> MacLevel {
+        self.level
+    }
+
+    /// Checks a datagram's trailing MAC; returns the message it covers (header and payload).
+    pub fn verify<'a>(&self, datagram: &'a [u8]) -> Result<&'a [u8], MacError> {
+        let mac_len = self.level.mac_len();
+        if datagram.len() < mac_len {
+            return Err(MacError::Short { len: datagram.len(), mac_len });
+        }
+        let (message, mac) = datagram.split_at(datagram.len() - mac_len);
+        match (&self.hmac, &self.verifying) {
+            (Some(key), _) => {
+                let mut check = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
+                check.update(message);
+                check.verify_slice(mac).map_err(|_| MacError::Mismatch)?;
+            }
+            (None, Some(key)) => {
+                let signature = Signature::from_slice(mac).map_err(|_| MacError::Mismatch)?;
+                key.verify(message, &signature).map_err(|_| MacError::Mismatch)?;
+            }
+            (None, None) => {}
+        }
+        Ok(message)
+    }
+}
+
+/// The level key material is of (see [`SenderKey::material`]).
+fn material_level(material: &[u8]) -> MacLevel {
+    if material.is_empty() {
+        MacLevel::None
+    } else if material.starts_with(b"-----BEGIN PUBLIC KEY-----") {
+        MacLevel::Ed25519
+    } else {
+        MacLevel::Hmac
+    }
+}
+
+/// A receiver's side of the exchange: a fresh RSA-2048 key for one connection.
+pub struct KeyOffer {
+    private: RsaPrivateKey,
+    pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for KeyOffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyOffer").field("pem_len", &self.pem.len()).finish_non_exhaustive()
+    }
+}
+
+impl KeyOffer {
+    /// A fresh key (tens of milliseconds: do it off a latency-sensitive thread).
+    pub fn generate(rng: &mut impl CryptoRngCore) -> Result<Self, MacError> {
+        let private = RsaPrivateKey::new(rng, RSA_BITS).map_err(|error| MacError::Rsa(error.to_string()))?;
+        let pem = RsaPublicKey::from(&private)
+            .to_pkcs1_pem(LineEnding::LF)
+            .map_err(|error| MacError::Rsa(error.to_string()))?
+            .into_bytes();
+        Ok(Self { private, pem })
+    }
+
+    /// The blob to send: the public key as PEM (PKCS#1).
+    pub fn pem(&self) -> &[u8] {
+        &self.pem
+    }
+
+    /// Opens the sender's answer: the key material. With `pin`, the answer must carry a
+    /// signature by that publisher key (the extension); without, a signature is ignored.
+    pub fn open(&self, answer: &[u8], pin: Option<&VerifyingKey>) -> Result<Zeroizing<Vec<u8>>, MacError> {
+        let ciphertext = match (answer.len(), pin) {
+            (CIPHERTEXT_LEN, None) => answer,
+            (CIPHERTEXT_LEN, Some(_)) => return Err(MacError::NotPinned(" (the answer is not signed at all)")),
+            (len, pin) if len == CIPHERTEXT_LEN + SIGNATURE_LEN => {
+                let (ciphertext, signature) = answer.split_at(CIPHERTEXT_LEN);
+                if let Some(pin) = pin {
+                    let signature = Signature::from_slice(signature).map_err(|_| MacError::NotPinned(""))?;
+                    pin.verify(&signed_answer(&self.pem, ciphertext), &signature)
+                        .map_err(|_| MacError::NotPinned(""))?;
+                }
+                ciphertext
+            }
+            (len, _) => {
+                return Err(MacError::BadAnswer(format!("{len} bytes, not {CIPHERTEXT_LEN}")));
+            }
+        };
+        self.private
+            .decrypt(Oaep::new::<sha1::Sha1>(), ciphertext)
+            .map(Zeroizing::new)
+            .map_err(|error| MacError::BadAnswer(error.to_string()))
+    }
+}
+
+/// The sender's side of the exchange: the answer to a receiver's offer (the encrypted key
+/// material; with an identity, followed by its signature — the extension).
+pub fn answer_offer(
+    offer: &[u8],
+    material: &[u8],
+    identity: Option<&SigningKey>,
+    rng: &mut impl CryptoRngCore,
+) -> Result<Vec<u8>, MacError> {
+    let pem = std::str::from_utf8(offer).map_err(|error| MacError::BadOffer(error.to_string()))?;
+    let public = RsaPublicKey::from_pkcs1_pem(pem).map_err(|error| MacError::BadOffer(error.to_string()))?;
+    if rsa::traits::PublicKeyParts::size(&public) != CIPHERTEXT_LEN {
+        return Err(MacError::BadOffer(format!("a {}-bit key", rsa::traits::PublicKeyParts::size(&public) * 8)));
+    }
+    let mut answer =
+        public.encrypt(rng, Oaep::new::<sha1::Sha1>(), material).map_err(|error| MacError::Rsa(error.to_string()))?;
+    if let Some(identity) = identity {
+        let signature = identity.sign(&signed_answer(offer, &answer));
+        answer.extend_from_slice(&signature.to_bytes());
+    }
+    Ok(answer)
+}
+
+fn signed_answer(offer: &[u8], ciphertext: &[u8]) -> Vec<u8> {
+    let mut signed = Vec::with_capacity(PINNED_CONTEXT.len() + offer.len() + ciphertext.len());
+    signed.extend_from_slice(PINNED_CONTEXT);
+    signed.extend_from_slice(offer);
+    signed.extend_from_slice(ciphertext);
+    signed
+}
+
+/// Fills `bytes` from the operating system's random source.
+pub fn os_random(bytes: &mut [u8]) {
+    rand_core::OsRng.fill_bytes(bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand_core::OsRng;
+
+    #[test]
+    fn levels_parse_and_refuse_others() {
+        assert_eq!("2".parse::<MacLevel>(), Ok(MacLevel::Ed25519));
+        assert_eq!(" 0 ".parse::<MacLevel>(), Ok(MacLevel::None));
+        assert!(matches!("3".parse::<MacLevel>(), Err(MacError::BadLevel(_))));
+        assert_eq!(MacLevel::Hmac.mac_len(), 32);
+    }
+
+    #[test]
+    fn each_level_signs_and_verifies_and_any_change_fails() {
+        let message = b"\0\0\0\x07\0\0\0\0\0\x03\0\x04abc";
+        for level in [MacLevel::None, MacLevel::Hmac, MacLevel::Ed25519] {
+            let key = SenderKey::generate(level, &mut OsRng);
+            let verifier = Verifier::from_material(level, &key.material()).expect("material of its level");
+            let mut datagram = message.to_vec();
+            key.append_mac(message, &mut datagram);
+            assert_eq!(datagram.len(), message.len() + level.mac_len());
+            assert_eq!(verifier.verify(&datagram), Ok(&message[..]));
+            if level != MacLevel::None {
+                for at in [0, 5, message.len(), datagram.len() - 1] {
+                    let mut forged = datagram.clone();
+                    forged[at] ^= 1;
+                    assert_eq!(verifier.verify(&forged), Err(MacError::Mismatch), "level {level}, byte {at}");
+                }
+                let other = SenderKey::generate(level, &mut OsRng);
+                let mut foreign = message.to_vec();
+                other.append_mac(message, &mut foreign);
+                assert_eq!(verifier.verify(&foreign), Err(MacError::Mismatch));
+            }
+        }
+    }
+
+    #[test]
+    fn the_exchange_hands_the_material_over_and_says_when_levels_differ() {
+        let offer = KeyOffer::generate(&mut OsRng).expect("key");
+        let pem = std::str::from_utf8(offer.pem()).expect("text");
+        assert!(pem.starts_with("-----BEGIN RSA PUBLIC KEY-----\n") && pem.ends_with("-----END RSA PUBLIC KEY-----\n"));
+        assert_eq!(offer.pem().len(), 426, "the reference's offer is 426 bytes (capture fmtp-ldm7)");
+        for level in [MacLevel::None, MacLevel::Hmac, MacLevel::Ed25519] {
+            let key = SenderKey::generate(level, &mut OsRng);
+            let answer = answer_offer(offer.pem(), &key.material(), None, &mut OsRng).expect("answer");
+            assert_eq!(answer.len(), CIPHERTEXT_LEN, "level {level}");
+            let material = offer.open(&answer, None).expect("open");
+            assert_eq!(*material, *key.material());
+            assert!(Verifier::from_material(level, &material).is_ok());
+            let other = if level == MacLevel::Hmac { MacLevel::None } else { MacLevel::Hmac };
+            assert_eq!(
+                Verifier::from_material(other, &material).err(),
+                Some(MacError::LevelMismatch { sender: level, receiver: other })
+            );
+        }
+    }
+
+    #[test]
+    fn a_pinned_identity_detects_a_swapped_answer() {
+        let identity = SigningKey::generate(&mut OsRng);
+        let offer = KeyOffer::generate(&mut OsRng).expect("key");
+        let key = SenderKey::generate(MacLevel::Hmac, &mut OsRng);
+        let answer = answer_offer(offer.pem(), &key.material(), Some(&identity), &mut OsRng).expect("answer");
+        assert_eq!(answer.len(), CIPHERTEXT_LEN + SIGNATURE_LEN);
+        let pin = identity.verifying_key();
+        assert_eq!(*offer.open(&answer, Some(&pin)).expect("pinned"), *key.material());
+        // A man in the middle answers with a key of its own (it cannot sign as the publisher).
+        let mallory = SenderKey::generate(MacLevel::Hmac, &mut OsRng);
+        let swapped = answer_offer(offer.pem(), &mallory.material(), None, &mut OsRng).expect("answer");
+        assert!(matches!(offer.open(&swapped, Some(&pin)), Err(MacError::NotPinned(_))));
+        let impostor = SigningKey::generate(&mut OsRng);
+        let signed = answer_offer(offer.pem(), &mallory.material(), Some(&impostor), &mut OsRng).expect("answer");
+        assert!(matches!(offer.open(&signed, Some(&pin)), Err(MacError::NotPinned(_))));
+        // Without a pin the swap goes unnoticed (the reference's exchange).
+        assert_eq!(*offer.open(&swapped, None).expect("unpinned"), *mallory.material());
+        // An answer made for another offer does not verify either.
+        let other_offer = KeyOffer::generate(&mut OsRng).expect("key");
+        let replayed = answer_offer(other_offer.pem(), &key.material(), Some(&identity), &mut OsRng).expect("answer");
+        assert!(offer.open(&replayed, Some(&pin)).is_err());
+    }
+
+    #[test]
+    fn bad_offers_and_answers_are_refused() {
+        assert!(matches!(
+            answer_offer(
+                b"-----BEGIN RSA PUBLIC KEY-----\nldm7\n-----END RSA PUBLIC KEY-----\n",
+                b"",
+                None,
+                &mut OsRng
+            ),
+            Err(MacError::BadOffer(_))
+        ));
+        assert!(matches!(answer_offer(&[0xff; 10], b"", None, &mut OsRng), Err(MacError::BadOffer(_))));
+        let offer = KeyOffer::generate(&mut OsRng).expect("key");
+        assert!(matches!(offer.open(&[0; 10], None), Err(MacError::BadAnswer(_))));
+        assert!(matches!(offer.open(&[0; CIPHERTEXT_LEN], None), Err(MacError::BadAnswer(_))));
+        let verifier =
+            Verifier::from_material(MacLevel::Ed25519, &SenderKey::generate(MacLevel::Ed25519, &mut OsRng).material())
+                .expect("verifier");
+        assert_eq!(verifier.verify(&[0; 10]), Err(MacError::Short { len: 10, mac_len: 64 }));
+    }
+}
