@@ -17,6 +17,7 @@
 mod notify;
 mod queue;
 mod record;
+mod reserve;
 
 pub use queue::{
     Capacity, CheckReport, CreateError, DATA_FILE, Follower, InsertError, InsertOutcome, LOCK_FILE, MinimumResidence,
