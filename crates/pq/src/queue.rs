@@ -399,14 +399,15 @@ impl Queue {
         };
         let data = fs::metadata(&data_path).map_err(|error| storage(error.into()))?;
         let damaged = |why: String| OpenError::Damaged { path: path.to_owned(), why };
-        if let Some(why) = data_file_problem(data.len(), allocated_bytes(&data), None) {
+        let recorded_map_bytes = recorded_map_bytes(&data_path).map_err(|error| storage(error.into()))?;
+        if let Some(why) = data_file_problem(data.len(), allocated_bytes(&data), recorded_map_bytes) {
             return Err(damaged(why));
         }
         // LMDB writes its lock file's header through a map as it opens it.
         reserve::open_reserved(&path.join(LOCK_FILE), LOCK_FILE_BYTES, LOCK_FILE_MODE)
             .map_err(reserve_failed(LOCK_FILE))?;
         // LMDB keeps the map size in its file: open with that, then read our capacity. It sizes a
-        // shorter file up to the map (with a hole), which is why its length was taken first.
+        // shorter file up to the map (with a hole), which is why the length was checked first.
         let env = open_env(path, None).map_err(storage)?;
         if let Some(why) = data_file_problem(data.len(), allocated_bytes(&data), Some(env.info().map_size as u64)) {
             return Err(damaged(why));
@@ -1262,6 +1263,31 @@ fn data_file_problem(len: u64, allocated: u64, map_bytes: Option<u64>) -> Option
         )),
         _ => None,
     }
+}
+
+/// The map size LMDB recorded in the data file's two meta pages (the larger), read before LMDB
+/// opens the file (which would size a short file up to it); `None` if they are not LMDB's.
+/// A meta page holds a 16-byte page header, then `MDB_meta`: magic (u32), version (u32),
+/// address (u64), map size (u64), in the machine's byte order.
+fn recorded_map_bytes(path: &Path) -> io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    const LMDB_MAGIC: u32 = 0xBEEF_C0DE;
+    let file = fs::File::open(path)?;
+    let mut map_bytes = None;
+    for page in 0..2u64 {
+        let mut meta = [0u8; 40];
+        if file.read_exact_at(&mut meta, page * PAGE_BYTES).is_err() {
+            continue;
+        }
+        let word = |at: usize| u32::from_ne_bytes([meta[at], meta[at + 1], meta[at + 2], meta[at + 3]]);
+        if word(16) != LMDB_MAGIC {
+            continue;
+        }
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&meta[32..40]);
+        map_bytes = map_bytes.max(Some(u64::from_ne_bytes(size)));
+    }
+    Ok(map_bytes)
 }
 
 /// Whether a storage error is the file system (or quota) being full.
