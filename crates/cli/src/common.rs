@@ -21,11 +21,12 @@ pub fn queue_path(given: Option<&Path>) -> PathBuf {
     given.map(Path::to_path_buf).unwrap_or_else(default_queue)
 }
 
-/// Opens a queue; a missing or foreign path is bad input, a storage failure a runtime failure.
+/// Opens a queue; a missing or foreign path is bad input, a damaged queue, a full file system or
+/// a storage failure a runtime failure.
 pub fn open_queue(path: &Path) -> CmdResult<Queue> {
     Queue::open(path).map_err(|error| match error {
         OpenError::Missing(_) | OpenError::NotAQueue { .. } => input(error),
-        OpenError::Storage { .. } => runtime(error),
+        OpenError::Damaged { .. } | OpenError::FileSystemFull { .. } | OpenError::Storage { .. } => runtime(error),
     })
 }
 

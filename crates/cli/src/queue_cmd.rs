@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use ldm7_pq::{Capacity, CreateError, Queue, QueueStats};
+use ldm7_pq::{Capacity, CreateError, OpenError, Queue, QueueStats};
 
 use crate::common::{now, open_queue, queue_path};
 use crate::exit::{CmdResult, bad_input, input, runtime};
@@ -86,7 +86,7 @@ fn create(args: &CreateArgs) -> CmdResult {
         CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) | CreateError::NoSpace { .. } => {
             input(error)
         }
-        CreateError::Storage { .. } => runtime(error),
+        CreateError::FileSystemFull { .. } | CreateError::Storage { .. } | CreateError::Open(_) => runtime(error),
     })?;
     let capacity = queue.capacity();
     println!("created product queue {}: {} bytes, {} slots", path.display(), capacity.bytes, capacity.slots);
@@ -107,7 +107,19 @@ fn info(args: &InfoArgs) -> CmdResult {
 
 fn check(args: &PathArgs) -> CmdResult {
     let path = queue_path(args.path.as_deref());
-    let queue = open_queue(&path)?;
+    let queue = match Queue::open(&path) {
+        Err(OpenError::Damaged { why, .. }) => {
+            println!("{}: not opened", path.display());
+            println!("problem: {why}");
+            return Err(runtime(anyhow::anyhow!(
+                "queue {} is damaged: recreate it with `ldm7 queue create --force --path {}` (its products are lost)",
+                path.display(),
+                path.display()
+            )));
+        }
+        Ok(queue) => queue,
+        Err(_) => open_queue(&path)?,
+    };
     let report = queue.check().map_err(runtime)?;
     println!(
         "{}: {} products, {} signatures, {} bytes",

@@ -11,12 +11,17 @@
 //!   reader cannot be evicted under it.
 //! - Crash-safe: every change is one LMDB transaction; a process killed at any moment leaves
 //!   the previous committed state.
+//! - Full-disk-safe: every byte of a queue's memory-mapped files has its disk block before
+//!   anything writes through a map (`reserve` module), a queue is built beside its path and
+//!   renamed into place, and a data file with holes or cut short is refused
+//!   ([`OpenError::Damaged`]), so a full file system is an error, never a SIGBUS.
 //!
 //! The on-disk layout is described in `docs/queue.md`.
 
 mod notify;
 mod queue;
 mod record;
+mod reserve;
 
 pub use queue::{
     Capacity, CheckReport, CreateError, DATA_FILE, Follower, InsertError, InsertOutcome, LOCK_FILE, MinimumResidence,

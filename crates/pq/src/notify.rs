@@ -12,7 +12,6 @@
 //! needless wake call per insert (about a microsecond) until the queue is re-created.
 #![allow(unsafe_code)]
 
-use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,7 +20,9 @@ use std::time::Duration;
 use memmap2::MmapRaw;
 
 /// Size of the notify file (one page).
-const NOTIFY_FILE_LEN: u64 = 4096;
+pub(crate) const NOTIFY_FILE_LEN: u64 = 4096;
+/// Permissions of a new notify file (before the umask).
+pub(crate) const NOTIFY_FILE_MODE: u32 = 0o644;
 
 #[derive(Debug)]
 pub(crate) struct Notifier {
@@ -29,12 +30,12 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    /// Opens (creating if needed) the notify file at `path`.
+    /// Opens (creating if needed) the notify file at `path`, its page reserved on the disk
+    /// first (`reserve`): the counter is written through the mapping, and a write into a page
+    /// the file system cannot back would kill the process with SIGBUS. Fails with `ENOSPC`
+    /// when the file system is full and the page has no block yet.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        if file.metadata()?.len() < NOTIFY_FILE_LEN {
-            file.set_len(NOTIFY_FILE_LEN)?;
-        }
+        let file = crate::reserve::open_reserved(path, NOTIFY_FILE_LEN, NOTIFY_FILE_MODE)?;
         let map = MmapRaw::map_raw(&file)?;
         Ok(Self { map })
     }

@@ -10,6 +10,12 @@
 //! Readers work in LMDB read transactions (snapshots): a product a reader holds stays intact
 //! even while a writer evicts it, because LMDB never reuses pages a live snapshot can see.
 //! A `kill -9` at any moment leaves the last committed transaction: never a torn product.
+//!
+//! A full file system never kills a process (see the `reserve` module): a queue is built in a
+//! directory beside its path with every byte of its files on the disk, then renamed into place,
+//! so a queue at its path is always whole; opening refuses a data file with fewer bytes on the
+//! disk than its map (a creation by an older ldm7 that did not finish, a truncated or sparse
+//! copy), because a write into such a hole kills the writer with SIGBUS when the disk is full.
 
 use std::fs;
 use std::io::{self, Write};
@@ -22,8 +28,9 @@ use heed::types::{Bytes, Str, U64};
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, PutFlags, RoTxn, WithoutTls};
 use ldm7_types::{ProdInfo, Signature, Timestamp};
 
-use crate::notify::Notifier;
+use crate::notify::{NOTIFY_FILE_LEN, NOTIFY_FILE_MODE, Notifier};
 use crate::record::{self, CorruptRecord, InvalidProduct, RecordView};
+use crate::reserve::{self, allocated_bytes, is_no_space};
 
 /// Name of the LMDB data file inside the queue directory.
 pub const DATA_FILE: &str = "data.mdb";
@@ -43,6 +50,11 @@ const MAP_FULL_RETRIES_MAX: usize = 3;
 const PAGE_BYTES: u64 = 4096;
 /// Most LMDB reader slots (processes and threads reading at once).
 const READERS_MAX: u32 = 1022;
+/// Bytes of LMDB's lock file for [`READERS_MAX`] readers: 64 bytes per reader slot after a
+/// 128-byte header, (1022 − 1) × 64 + 192 on 64-bit Linux. Reserved before LMDB maps it.
+const LOCK_FILE_BYTES: u64 = 64 << 10;
+/// Permissions of a new lock file: LMDB's own (heed opens with 0600).
+const LOCK_FILE_MODE: u32 = 0o600;
 
 type ProductsTable = Database<U64<BigEndian>, Bytes>;
 type SignaturesTable = Database<Bytes, U64<BigEndian>>;
@@ -108,6 +120,19 @@ pub enum CreateError {
         /// Bytes available to this user on the file system.
         free: u64,
     },
+    /// The file system filled up (or the user's quota ran out) while the queue was being
+    /// written; what was written is removed.
+    #[error(
+        "cannot create product queue {path}: the file system filled up while its {needed}-byte file was \
+         being written (nothing was left behind): free some space, or choose a smaller --size or another \
+         file system"
+    )]
+    FileSystemFull {
+        /// The queue path.
+        path: PathBuf,
+        /// Bytes the queue's files take.
+        needed: u64,
+    },
     /// Filesystem or LMDB failure.
     #[error("cannot create product queue {path}: {source}")]
     Storage {
@@ -116,6 +141,9 @@ pub enum CreateError {
         /// The cause.
         source: StorageError,
     },
+    /// The queue was made but could not be opened.
+    #[error(transparent)]
+    Open(#[from] OpenError),
 }
 
 /// Failure to open a queue.
@@ -131,6 +159,30 @@ pub enum OpenError {
         path: PathBuf,
         /// What is wrong.
         why: String,
+    },
+    /// The data file lacks disk space for part of its map (see [`Queue::open`]): writing into it
+    /// could kill the writer with SIGBUS on a full file system, so it is not opened.
+    #[error(
+        "product queue {path} is damaged: {why}: recreate it with `ldm7 queue create --force --path {path}` \
+         (its products are lost)"
+    )]
+    Damaged {
+        /// The queue path.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The file system is full and one of the queue's small files (lock, notify) still needs
+    /// its blocks.
+    #[error(
+        "cannot open product queue {path}: the file system is full and {file} has no disk space reserved \
+         (a queue made by an older ldm7): free some space and retry"
+    )]
+    FileSystemFull {
+        /// The queue path.
+        path: PathBuf,
+        /// The file lacking space.
+        file: &'static str,
     },
     /// Filesystem or LMDB failure.
     #[error("cannot open product queue {path}: {source}")]
@@ -226,7 +278,15 @@ pub struct Queue {
 
 impl Queue {
     /// Creates a queue at `path` (a directory). Refuses an existing path unless `force`, and
-    /// even then replaces only a product queue.
+    /// even then replaces only a product queue (removed first: its space may be what the new
+    /// one needs).
+    ///
+    /// The queue is built in `PATH.tmp-PID` beside `path` — its lock and notify files reserved,
+    /// its data file written full of zeros, then its tables — and renamed into place, so `path`
+    /// holds a whole queue or nothing. A failure removes what it wrote; a build left by a killed
+    /// creation is removed by the next creation at the same path. Without `fsync` (the queue's
+    /// durability is LMDB's `MDB_NOSYNC`): after an operating-system crash a queue whose blocks
+    /// did not reach the disk is refused by [`Queue::open`] as damaged.
     pub fn create(path: &Path, capacity: Capacity, force: bool) -> Result<Self, CreateError> {
         if capacity.bytes == 0 || capacity.slots == 0 {
             return Err(CreateError::Capacity("size and slots must both be at least 1".into()));
@@ -235,49 +295,83 @@ impl Queue {
             return Err(CreateError::Capacity(format!("{} bytes is more than 64 TiB", capacity.bytes)));
         }
         let storage = |source: StorageError| CreateError::Storage { path: path.to_owned(), source };
+        let Some(name) = path.file_name() else {
+            return Err(CreateError::NotAQueue(path.to_owned()));
+        };
         if path.exists() {
             if !force {
                 return Err(CreateError::Exists(path.to_owned()));
             }
             remove_queue_files(path)?;
+            fs::remove_dir(path).map_err(|error| storage(error.into()))?;
         }
-        fs::create_dir_all(path).map_err(|error| storage(error.into()))?;
+        let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        fs::create_dir_all(parent).map_err(|error| storage(error.into()))?;
+        remove_stale_builds(parent, name);
+        let mut build_name = name.to_owned();
+        build_name.push(format!("{BUILD_SUFFIX}{}", std::process::id()));
+        let build = parent.join(build_name);
+        if build.exists() {
+            remove_queue_files(&build)?;
+            fs::remove_dir(&build).map_err(|error| storage(error.into()))?;
+        }
+        fs::create_dir(&build).map_err(|error| storage(error.into()))?;
         // What a failed creation made is removed: a half-written file would hold the very
         // space whose lack made it fail.
-        Self::create_in(path, capacity).inspect_err(|_| {
-            if remove_queue_files(path).is_ok() {
-                let _ = fs::remove_dir(path);
+        let built = Self::build(&build, capacity)
+            .and_then(|()| fs::rename(&build, path).map_err(|error| storage(error.into())))
+            .map_err(|error| match error {
+                CreateError::Storage { source, .. } if storage_is_no_space(&source) => {
+                    CreateError::FileSystemFull { path: path.to_owned(), needed: queue_file_bytes(capacity) }
+                }
+                CreateError::Storage { source, .. } => storage(source),
+                CreateError::NoSpace { needed, free, .. } => {
+                    CreateError::NoSpace { path: path.to_owned(), needed, free }
+                }
+                other => other,
+            });
+        if let Err(error) = built {
+            if remove_queue_files(&build).is_ok() {
+                let _ = fs::remove_dir(&build);
             }
-        })
+            return Err(error);
+        }
+        Ok(Self::open(path)?)
     }
 
-    /// [`Queue::create`] in an existing, empty directory.
-    fn create_in(path: &Path, capacity: Capacity) -> Result<Self, CreateError> {
-        let storage = |source: StorageError| CreateError::Storage { path: path.to_owned(), source };
-        let needed = map_bytes(capacity) as u64;
-        let free = available_bytes(path).map_err(|error| storage(error.into()))?;
+    /// Builds a queue in the empty directory `dir`: every byte of its files gets its disk block
+    /// before anything is written through a map.
+    fn build(dir: &Path, capacity: Capacity) -> Result<(), CreateError> {
+        let storage = |source: StorageError| CreateError::Storage { path: dir.to_owned(), source };
+        let needed = queue_file_bytes(capacity);
+        let free = available_bytes(dir).map_err(|error| storage(error.into()))?;
         if free < needed {
-            return Err(CreateError::NoSpace { path: path.to_owned(), needed, free });
+            return Err(CreateError::NoSpace { path: dir.to_owned(), needed, free });
         }
-        let env = open_env(path, Some(capacity)).map_err(storage)?;
+        reserve::open_reserved(&dir.join(LOCK_FILE), LOCK_FILE_BYTES, LOCK_FILE_MODE)
+            .map_err(|error| storage(error.into()))?;
+        reserve::open_reserved(&dir.join(NOTIFY_FILE), NOTIFY_FILE_LEN, NOTIFY_FILE_MODE)
+            .map_err(|error| storage(error.into()))?;
+        // LMDB writes its two meta pages with `pwrite` and sizes the file to the map; nothing
+        // has been written through the map yet.
+        let env = open_env(dir, Some(capacity)).map_err(storage)?;
+        let info = env.info();
+        let written_bytes = (info.last_page_number as u64 + 1) * PAGE_BYTES;
+        allocate_data_file(&dir.join(DATA_FILE), written_bytes, info.map_size as u64)
+            .map_err(|error| storage(error.into()))?;
         let mut txn = env.write_txn().map_err(|error| storage(error.into()))?;
         let created = (|| -> Result<_, heed::Error> {
-            let products = env.create_database(&mut txn, Some("products"))?;
-            let signatures = env.create_database(&mut txn, Some("signatures"))?;
+            env.create_database::<U64<BigEndian>, Bytes>(&mut txn, Some("products"))?;
+            env.create_database::<Bytes, U64<BigEndian>>(&mut txn, Some("signatures"))?;
             let meta: MetaTable = env.create_database(&mut txn, Some("meta"))?;
             let created_micros = Timestamp::from_system_time(SystemTime::now()).as_unix_micros();
             meta.put(&mut txn, "config", &ConfigRecord { capacity, created_micros }.encode())?;
             meta.put(&mut txn, "state", &State::default().encode())?;
-            Ok((products, signatures, meta))
+            Ok(())
         })();
-        let (products, signatures, meta) = created.map_err(|error| storage(error.into()))?;
+        created.map_err(|error| storage(error.into()))?;
         txn.commit().map_err(|error| storage(error.into()))?;
-        let info = env.info();
-        let used_bytes = (info.last_page_number as u64 + 1) * PAGE_BYTES;
-        allocate_file(&path.join(DATA_FILE), used_bytes, info.map_size as u64)
-            .map_err(|error| storage(error.into()))?;
-        let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
-        Ok(Self::assemble(env, (products, signatures, meta), capacity, notifier, path))
+        Ok(())
     }
 
     /// Opens an existing queue for reading and inserting.
@@ -294,8 +388,30 @@ impl Queue {
         }
         let storage = |source: StorageError| OpenError::Storage { path: path.to_owned(), source };
         let not_a_queue = |why: String| OpenError::NotAQueue { path: path.to_owned(), why };
-        // LMDB keeps the map size in its file: open with that, then read our capacity.
+        let reserve_failed = |file: &'static str| {
+            move |error: io::Error| {
+                if is_no_space(&error) {
+                    OpenError::FileSystemFull { path: path.to_owned(), file }
+                } else {
+                    OpenError::Storage { path: path.to_owned(), source: error.into() }
+                }
+            }
+        };
+        let data = fs::metadata(&data_path).map_err(|error| storage(error.into()))?;
+        let damaged = |why: String| OpenError::Damaged { path: path.to_owned(), why };
+        let recorded_map_bytes = recorded_map_bytes(&data_path).map_err(|error| storage(error.into()))?;
+        if let Some(why) = data_file_problem(data.len(), allocated_bytes(&data), recorded_map_bytes) {
+            return Err(damaged(why));
+        }
+        // LMDB writes its lock file's header through a map as it opens it.
+        reserve::open_reserved(&path.join(LOCK_FILE), LOCK_FILE_BYTES, LOCK_FILE_MODE)
+            .map_err(reserve_failed(LOCK_FILE))?;
+        // LMDB keeps the map size in its file: open with that, then read our capacity. It sizes a
+        // shorter file up to the map (with a hole), which is why the length was checked first.
         let env = open_env(path, None).map_err(storage)?;
+        if let Some(why) = data_file_problem(data.len(), allocated_bytes(&data), Some(env.info().map_size as u64)) {
+            return Err(damaged(why));
+        }
         let txn = env.read_txn().map_err(|error| storage(error.into()))?;
         let products: Option<ProductsTable> =
             env.open_database(&txn, Some("products")).map_err(|error| storage(error.into()))?;
@@ -317,7 +433,7 @@ impl Queue {
         txn.commit().map_err(|error| storage(error.into()))?;
         // Readers killed while reading leave stale LMDB reader slots; clear them.
         env.clear_stale_readers().map_err(|error| storage(error.into()))?;
-        let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(|error| storage(error.into()))?;
+        let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(reserve_failed(NOTIFY_FILE))?;
         Ok(Self::assemble(env, (products, signatures, meta), capacity, notifier, path))
     }
 
@@ -719,6 +835,22 @@ impl Queue {
                 report.problems.push(text);
             }
         };
+        let data_path = self.path.join(DATA_FILE);
+        let data = fs::metadata(&data_path)?;
+        if let Some(why) = data_file_problem(data.len(), allocated_bytes(&data), Some(self.env.info().map_size as u64))
+        {
+            problem(why);
+        }
+        for (name, len) in [(LOCK_FILE, LOCK_FILE_BYTES), (NOTIFY_FILE, NOTIFY_FILE_LEN)] {
+            let metadata = fs::metadata(self.path.join(name))?;
+            let needed = len.max(metadata.len());
+            if allocated_bytes(&metadata) < needed {
+                problem(format!(
+                    "{name} has {} of its {needed} bytes on the disk",
+                    allocated_bytes(&metadata).min(needed)
+                ));
+            }
+        }
         let mut previous: Option<(u64, u64)> = None;
         let mut used_bytes = 0u64;
         for entry in self.products.iter(txn)? {
@@ -1078,10 +1210,19 @@ fn available_bytes(path: &Path) -> io::Result<u64> {
     Ok((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
 }
 
-/// Writes the data file's unused tail with zeros once, as LDM's `pqcreate` writes its whole
-/// file: first writes into holes of a shared mapping cost a block allocation and a page fault
-/// each, which made a new queue fill at a third of its steady insert rate.
-/// `from` is the end of the pages LMDB has used: those are never touched.
+/// Bytes a queue of `capacity` takes on the disk: the data file (its whole map) and the lock
+/// and notify files.
+fn queue_file_bytes(capacity: Capacity) -> u64 {
+    map_bytes(capacity) as u64 + LOCK_FILE_BYTES + NOTIFY_FILE_LEN
+}
+
+/// Writes the data file's tail with zeros once, as LDM's `pqcreate` writes its whole file, so
+/// that every page of the map has its disk block: first writes into holes of a shared mapping
+/// cost a block allocation and a page fault each, which made a new queue fill at a third of its
+/// steady insert rate — and on a full disk such a write kills the writer with SIGBUS.
+/// `from` is the end of the pages LMDB has written: those are never touched. If the file system
+/// still shows holes (it drops written zeros), `fallocate` is tried; a file still short of
+/// blocks is refused.
 ///
 /// The zeros are written from the end of the file backwards: a new queue fills from the front,
 /// so the pages it writes first are the newest in the page cache and the last a machine short
@@ -1089,17 +1230,94 @@ fn available_bytes(path: &Path) -> io::Result<u64> {
 /// from the disk before it is written). Measured on four fresh downstream queues filled at once
 /// (`ldm7 bench ldm6 --products 40000 --downstreams 4`, alternating): 2.8–3.7 s backwards vs
 /// 3.2–4.0 s forwards, faster in each of four pairs.
-fn allocate_file(path: &Path, from: u64, len: u64) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
+fn allocate_data_file(path: &Path, from: u64, len: u64) -> io::Result<()> {
     let file = fs::OpenOptions::new().read(true).write(true).open(path)?;
-    let zeros = vec![0u8; 1 << 20];
-    let mut end = len;
-    while end > from {
-        let chunk = (end - from).min(zeros.len() as u64);
-        file.write_all_at(&zeros[..chunk as usize], end - chunk)?;
-        end -= chunk;
+    reserve::write_zeros(&file, from, len)?;
+    if allocated_bytes(&file.metadata()?) < len {
+        reserve::reserve(&file, len)?;
+    }
+    let allocated = allocated_bytes(&file.metadata()?);
+    if allocated < len {
+        return Err(io::Error::other(format!(
+            "the file system keeps only {allocated} of the data file's {len} bytes on the disk after writing them \
+             (compression or deduplication of zeros?): a queue needs a file system that allocates its file, \
+             such as ext4, XFS or tmpfs"
+        )));
     }
     Ok(())
+}
+
+/// What is wrong with a data file of `len` bytes with `allocated` bytes on the disk, for a map
+/// of `map_bytes` when known, if anything: holes, or shorter than the map.
+fn data_file_problem(len: u64, allocated: u64, map_bytes: Option<u64>) -> Option<String> {
+    if allocated < len {
+        return Some(format!(
+            "only {allocated} of the {len} bytes of {DATA_FILE} have disk space (a creation that did not finish, \
+             or a sparse copy): writing into the rest would crash on a full file system"
+        ));
+    }
+    match map_bytes {
+        Some(map_bytes) if len < map_bytes => Some(format!(
+            "{DATA_FILE} is {len} bytes, shorter than its {map_bytes}-byte map (truncated, or a creation that did \
+             not finish)"
+        )),
+        _ => None,
+    }
+}
+
+/// The map size LMDB recorded in the data file's two meta pages (the larger), read before LMDB
+/// opens the file (which would size a short file up to it); `None` if they are not LMDB's.
+/// A meta page holds a 16-byte page header, then `MDB_meta`: magic (u32), version (u32),
+/// address (u64), map size (u64), in the machine's byte order.
+fn recorded_map_bytes(path: &Path) -> io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    const LMDB_MAGIC: u32 = 0xBEEF_C0DE;
+    let file = fs::File::open(path)?;
+    let mut map_bytes = None;
+    for page in 0..2u64 {
+        let mut meta = [0u8; 40];
+        if file.read_exact_at(&mut meta, page * PAGE_BYTES).is_err() {
+            continue;
+        }
+        let word = |at: usize| u32::from_ne_bytes([meta[at], meta[at + 1], meta[at + 2], meta[at + 3]]);
+        if word(16) != LMDB_MAGIC {
+            continue;
+        }
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&meta[32..40]);
+        map_bytes = map_bytes.max(Some(u64::from_ne_bytes(size)));
+    }
+    Ok(map_bytes)
+}
+
+/// Whether a storage error is the file system (or quota) being full.
+fn storage_is_no_space(error: &StorageError) -> bool {
+    match error {
+        StorageError::Io(error) | StorageError::Lmdb(heed::Error::Io(error)) => is_no_space(error),
+        _ => false,
+    }
+}
+
+/// What a queue's build directory is called after the queue's name, before the creating
+/// process's id.
+const BUILD_SUFFIX: &str = ".tmp-";
+
+/// Removes the build directories beside a queue named `name` in `parent` left by creations
+/// that were killed (their process is gone): they hold disk space. Only directories holding
+/// nothing but queue files are removed; failures are ignored (the creation goes on).
+fn remove_stale_builds(parent: &Path, name: &std::ffi::OsStr) {
+    let Ok(entries) = fs::read_dir(parent) else { return };
+    let mut prefix = name.to_owned();
+    prefix.push(BUILD_SUFFIX);
+    let prefix = prefix.to_string_lossy().into_owned();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name.to_str().and_then(|file_name| file_name.strip_prefix(&prefix)) else { continue };
+        let Ok(pid) = pid.parse::<libc::pid_t>() else { continue };
+        if !process_is_running(pid) && remove_queue_files(&entry.path()).is_ok() {
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
 }
 
 /// Removes the files of the queue at `path`, not the directory. Refuses anything that is not a
@@ -1123,6 +1341,15 @@ fn remove_queue_files(path: &Path) -> Result<(), CreateError> {
         }
     }
     Ok(())
+}
+
+/// Whether process `pid` runs (a process killed but not yet reaped, a zombie, does not).
+fn process_is_running(pid: libc::pid_t) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // `pid (command) state …`: the command may hold spaces and parentheses, the state follows
+    // the last `)`.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
 }
 
 /// The `config` meta record: fixed at creation.

@@ -109,6 +109,40 @@ fn a_queue_larger_than_the_free_space_is_refused_and_leaves_nothing() {
 }
 
 #[test]
+fn every_byte_of_a_new_queue_has_its_disk_block_and_holes_are_refused() {
+    use std::os::unix::fs::MetadataExt;
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("q");
+    let queue = Queue::create(&path, Capacity { bytes: 1 << 20, slots: 10 }, false).unwrap();
+    let map_bytes = queue.stats().unwrap().map_bytes;
+    for name in [ldm7_pq::DATA_FILE, ldm7_pq::LOCK_FILE, ldm7_pq::NOTIFY_FILE] {
+        let metadata = std::fs::metadata(path.join(name)).unwrap();
+        assert!(
+            metadata.blocks() * 512 >= metadata.len(),
+            "{name}: {} blocks for {} bytes",
+            metadata.blocks(),
+            metadata.len()
+        );
+    }
+    assert_eq!(std::fs::metadata(path.join(ldm7_pq::DATA_FILE)).unwrap().len(), map_bytes, "the file is the map");
+    let names: Vec<_> = std::fs::read_dir(directory.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert_eq!(names, ["q"], "nothing is left beside the queue");
+    assert!(queue.check().unwrap().is_ok());
+    drop(queue);
+    // A data file cut short (LMDB would size it up again, with a hole) is refused, unchanged.
+    let data = std::fs::OpenOptions::new().write(true).open(path.join(ldm7_pq::DATA_FILE)).unwrap();
+    data.set_len(map_bytes / 2).unwrap();
+    let error = Queue::open(&path).unwrap_err();
+    assert!(matches!(error, OpenError::Damaged { .. }), "{error}");
+    assert!(error.to_string().contains("shorter than"), "{error}");
+    assert_eq!(data.metadata().unwrap().len(), map_bytes / 2, "refused before LMDB touched it");
+    // Given its length back as a hole, it is refused for the hole.
+    data.set_len(map_bytes).unwrap();
+    let error = Queue::open(&path).unwrap_err();
+    assert!(error.to_string().contains("have disk space"), "{error}");
+}
+
+#[test]
 fn too_big_and_invalid_products_are_refused_and_nothing_changes() {
     let directory = tempfile::tempdir().unwrap();
     let queue = Queue::create(&directory.path().join("q"), Capacity { bytes: 1000, slots: 10 }, false).unwrap();
