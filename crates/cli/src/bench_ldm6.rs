@@ -95,6 +95,13 @@ pub fn run(args: &BenchLdm6Args) -> anyhow::Result<()> {
     for (index, system) in systems.iter().enumerate() {
         let dir = scratch.path().join(format!("up-{index}"));
         prepare_dir(system, &dir, &format!("ALLOW ANY {LOCAL} .*\n"), bytes, slots)?;
+        if let System::Ldm7(_) = system {
+            // The downstreams stand for as many hosts but all come from 127.0.0.1 with the same
+            // request — as behind a NAT — so that one feeder per host and feed (docs/server.md
+            // "Bounds") would have each FEEDME end the one before: off here. The reference has no
+            // such switch; its documented remedy is distinct patterns.
+            std::fs::write(dir.join("ldm7.toml"), "[ldm6]\none_feeder_per_host = false\n")?;
+        }
         let mut insert = system.insert_command(&files_dir, &dir.join("q.pq"), &files);
         let output = insert.output().with_context(|| format!("preload with {}", system.name()))?;
         if !output.status.success() {

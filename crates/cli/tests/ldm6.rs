@@ -27,6 +27,9 @@ fn four_downstreams_get_every_product_intact_and_once() {
     let root = tempfile::tempdir().expect("tempdir");
     // 10,000 NGRID-sized products take 1.43 GB.
     let mut upstream = Node::new(root.path(), "up", "1600M", &allow_local());
+    // Four downstreams with the same request from one address, as behind a NAT: one feeder per
+    // host and feed would have each FEEDME replace the one before (ldm6_bounds.rs tests that).
+    std::fs::write(upstream.dir.join("ldm7.toml"), "[ldm6]\none_feeder_per_host = false\n").expect("settings");
     replay(&upstream, &trace, 10_000, 1);
     assert_eq!(upstream.count(), 10_000);
     upstream.start();

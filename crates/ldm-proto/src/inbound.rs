@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 
 use ldm7_types::Instant;
 
-use crate::{Publisher, PublisherEvent, Upstream, UpstreamEvent};
+use crate::{Publisher, PublisherEvent, Upstream, UpstreamEvent, UpstreamLimits};
 
 /// What the connection's session reports or asks.
 #[derive(Debug)]
@@ -46,9 +46,15 @@ enum Session {
 }
 
 impl Inbound {
-    /// A session for a connection accepted at `now`.
+    /// A session for a connection accepted at `now`, with the default bounds.
     pub fn new(now: Instant) -> Self {
-        Self { session: Session::Ldm6(Box::new(Upstream::serving_ldm7(now))), carried: VecDeque::new() }
+        Self::with_limits(now, UpstreamLimits::default())
+    }
+
+    /// A session for a connection accepted at `now`; the LDM-6 session keeps `limits` (and an
+    /// LDM-7 one the record bound of a connection before its session starts).
+    pub fn with_limits(now: Instant, limits: UpstreamLimits) -> Self {
+        Self { session: Session::Ldm6(Box::new(Upstream::serving_ldm7(now, limits))), carried: VecDeque::new() }
     }
 
     /// Bytes received from the peer.
@@ -56,15 +62,48 @@ impl Inbound {
         match &mut self.session {
             Session::Ldm6(upstream) => {
                 upstream.handle_input(now, bytes);
-                if upstream.ldm7_call_waiting() {
-                    let (peer, events) = upstream.hand_over(now);
-                    self.carried.extend(events);
-                    let mut publisher = Box::new(Publisher::from_peer(now, peer));
-                    publisher.handle_input(now, &[]);
-                    self.session = Session::Ldm7(publisher);
-                }
+                self.hand_over_if_ldm7(now);
             }
             Session::Ldm7(publisher) => publisher.handle_input(now, bytes),
+        }
+    }
+
+    /// Room for the next read from the socket, while the connection is LDM-6: the record
+    /// buffer itself ([`Upstream::input_space`]); `None` once it went LDM-7 (whose session
+    /// takes [`Inbound::handle_input`]).
+    pub fn input_space(&mut self) -> Option<&mut [u8]> {
+        match &mut self.session {
+            Session::Ldm6(upstream) => Some(upstream.input_space()),
+            Session::Ldm7(_) => None,
+        }
+    }
+
+    /// `len` bytes were read into [`Inbound::input_space`].
+    pub fn handle_input_filled(&mut self, now: Instant, len: usize) {
+        if let Session::Ldm6(upstream) = &mut self.session {
+            upstream.handle_input_filled(now, len);
+            self.hand_over_if_ldm7(now);
+        }
+    }
+
+    /// Lets go of the LDM-6 input buffer while nothing is pending
+    /// ([`Upstream::release_idle_buffers`]).
+    pub fn release_idle_buffers(&mut self) -> bool {
+        match &mut self.session {
+            Session::Ldm6(upstream) => upstream.release_idle_buffers(),
+            Session::Ldm7(_) => false,
+        }
+    }
+
+    /// An LDM-7 first call waits: the connection goes to a [`Publisher`].
+    fn hand_over_if_ldm7(&mut self, now: Instant) {
+        let Session::Ldm6(upstream) = &mut self.session else { return };
+        if upstream.ldm7_call_waiting() {
+            let (peer, events) = upstream.hand_over(now);
+            self.carried.extend(events);
+            let mut publisher = Box::new(Publisher::from_peer(now, peer));
+            publisher.handle_input(now, &[]);
+            self.session = Session::Ldm7(publisher);
         }
     }
 

@@ -47,7 +47,10 @@ pub use notify::{NotifyClient, NotifyEvent};
 pub use peer::{CALL_TIMEOUT, RECORD_MAX};
 pub use push::{PushClient, PushEvent};
 pub use receive::{ReceivedData, ReceivedProduct};
-pub use upstream::{FeedMode, HiyaAnswer, RequestAnswer, Upstream, UpstreamEvent};
+pub use upstream::{
+    CALL_BYTES_MAX, CALL_CHUNK, FIRST_CALL_LIMIT, FeedMode, HiyaAnswer, LimitHit, PUSH_IDLE_TIMEOUT, RequestAnswer,
+    Upstream, UpstreamEvent, UpstreamLimits,
+};
 
 pub use inbound::{Inbound, InboundEvent};
 pub use ldm7_xdr::ldm7::{

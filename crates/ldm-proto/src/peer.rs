@@ -64,6 +64,17 @@ impl Peer {
         self.reader.push(bytes);
     }
 
+    /// Sets the bound on a record and the size its buffer is allocated in
+    /// ([`RecordReader::set_limits`]).
+    pub fn set_record_limits(&mut self, max: usize, chunk: usize) {
+        self.reader.set_limits(max, chunk);
+    }
+
+    /// Lets go of the input buffer while nothing is pending ([`RecordReader::release_idle`]).
+    pub fn release_idle_input(&mut self) -> bool {
+        self.reader.release_idle()
+    }
+
     /// Room for the next read from the socket ([`RecordReader::space`]).
     pub fn input_space(&mut self) -> &mut [u8] {
         self.reader.space()

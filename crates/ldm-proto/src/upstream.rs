@@ -21,7 +21,15 @@
 //! * IS_ALIVE → [`UpstreamEvent::IsAlive`], answered with [`Upstream::answer_is_alive`].
 //! * NULLPROC is answered in any state where this end is the RPC server.
 //!
-//! A connection that makes no call within 120 s is closed (4 × interval, §7).
+//! Bounds ([`UpstreamLimits`]): a connection that starts no session within
+//! `first_call_timeout` (the reference's 120 s, 4 × interval, §7) is closed; a record longer
+//! than `call_bytes_max` (all its fragments) is refused as soon as its fragment header
+//! announces it — before any of it is buffered — except on a connection that accepted a HIYA,
+//! where products arrive and the bound is `push_record_bytes_max`; a HIYA connection that sends
+//! no byte for `push_idle_timeout` is closed. A feeding connection is never closed for quiet: the
+//! keep-alive NULLPROC must be answered within [`crate::CALL_TIMEOUT`], which is its liveness.
+//! Until a session receives products the record buffer is allocated in small pieces
+//! ([`CALL_CHUNK`]), so an idle connection costs little.
 //!
 //! Made by [`crate::Inbound`], the session also lets an LDM-7 first call through: it stops
 //! before that record and hands the connection over to a [`crate::Publisher`].
@@ -38,8 +46,43 @@ use crate::peer::{Peer, Receiving};
 use crate::receive::{Receive, Received, ReceivedData, ReceivedProduct};
 use crate::{INTERVAL, SessionError, compile_class, wire_class};
 
-/// How long a fresh connection may stay without a call.
+/// How long a fresh connection may stay without a call (the reference's 4 × interval, §7).
 pub const FIRST_CALL_LIMIT: Duration = Duration::from_secs(120);
+/// The default bound on a record before a session receives products: a FEEDME, HIYA or
+/// NOTIFYME of the most specs the protocol allows (32 patterns of 255 bytes) takes under 9 KiB.
+pub const CALL_BYTES_MAX: usize = 64 << 10;
+/// How long a HIYA connection may send nothing by default: the reference's `inactive_timeo`
+/// (§7).
+pub const PUSH_IDLE_TIMEOUT: Duration = Duration::from_secs(720);
+/// The size the record buffer is allocated in while a connection carries only calls and
+/// replies (no products).
+pub const CALL_CHUNK: usize = 4 << 10;
+
+/// The bounds of an upstream session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpstreamLimits {
+    /// Longest record (all its fragments) before a session starts and on a feeding or notifying
+    /// connection (the peer sends only replies and NULLPROCs there).
+    pub call_bytes_max: usize,
+    /// Longest record on a connection that accepted a HIYA (products arrive there).
+    pub push_record_bytes_max: usize,
+    /// How long a fresh connection may go without starting a session (FEEDME, NOTIFYME, HIYA
+    /// or IS_ALIVE answered); NULLPROCs do not extend it.
+    pub first_call_timeout: Duration,
+    /// How long a HIYA connection may send no byte at all.
+    pub push_idle_timeout: Duration,
+}
+
+impl Default for UpstreamLimits {
+    fn default() -> Self {
+        Self {
+            call_bytes_max: CALL_BYTES_MAX,
+            push_record_bytes_max: crate::RECORD_MAX,
+            first_call_timeout: FIRST_CALL_LIMIT,
+            push_idle_timeout: PUSH_IDLE_TIMEOUT,
+        }
+    }
+}
 /// The longest pause between a FEEDME/NOTIFYME reply and the first data: the reference's
 /// fixed pause (§6.1).
 pub const TURN_AROUND_DELAY: Duration = Duration::from_secs(1);
@@ -164,6 +207,17 @@ enum State {
     Closed,
 }
 
+/// Why a session was closed by one of its bounds ([`Upstream::closed_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitHit {
+    /// No session started within `first_call_timeout`.
+    FirstCallTimeout,
+    /// A HIYA connection sent nothing for `push_idle_timeout`.
+    PushIdle,
+    /// A record longer than the bound was announced.
+    RecordTooLong,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Deciding {
     Feed(FeedMode),
@@ -193,25 +247,63 @@ pub struct Upstream {
     /// Whether an LDM-7 first call is handed over ([`crate::Inbound`]) rather than answered
     /// PROG_MISMATCH.
     serves_ldm7: bool,
+    limits: UpstreamLimits,
+    /// When bytes last arrived (a HIYA connection's idle bound).
+    last_input: Instant,
+    /// The bound that closed the session, if one did.
+    closed_by: Option<LimitHit>,
 }
 
 impl Upstream {
-    /// A session for a connection accepted at `now`.
+    /// A session for a connection accepted at `now`, with the default bounds.
     pub fn new(now: Instant) -> Self {
+        Self::with_limits(now, UpstreamLimits::default())
+    }
+
+    /// A session for a connection accepted at `now`, with these bounds.
+    pub fn with_limits(now: Instant, limits: UpstreamLimits) -> Self {
+        let mut peer = Peer::new(now, 0x4c44_0001);
+        peer.set_record_limits(limits.call_bytes_max, CALL_CHUNK);
         Self {
-            peer: Peer::new(now, 0x4c44_0001),
-            state: State::AwaitCall { deadline: now + FIRST_CALL_LIMIT },
+            peer,
+            state: State::AwaitCall { deadline: now + limits.first_call_timeout },
             events: VecDeque::new(),
             receive: Receive::default(),
             announced: None,
             unflushed: false,
             serves_ldm7: false,
+            limits,
+            last_input: now,
+            closed_by: None,
         }
     }
 
     /// A session that stops before an LDM-7 first call, for [`crate::Inbound`] to hand over.
-    pub(crate) fn serving_ldm7(now: Instant) -> Self {
-        Self { serves_ldm7: true, ..Self::new(now) }
+    pub(crate) fn serving_ldm7(now: Instant, limits: UpstreamLimits) -> Self {
+        Self { serves_ldm7: true, ..Self::with_limits(now, limits) }
+    }
+
+    /// The bound that closed the session, if one did (for the driver's log and counters).
+    pub fn closed_by(&self) -> Option<LimitHit> {
+        self.closed_by
+    }
+
+    /// Room for the next read from the socket: the record buffer itself (no copy). Read into
+    /// it, then call [`Upstream::handle_input_filled`].
+    pub fn input_space(&mut self) -> &mut [u8] {
+        self.peer.input_space()
+    }
+
+    /// `len` bytes were read into [`Upstream::input_space`].
+    pub fn handle_input_filled(&mut self, now: Instant, len: usize) {
+        self.last_input = now;
+        self.received(now, len);
+    }
+
+    /// Lets go of the input buffer while nothing is pending (the connection is quiet); it is
+    /// allocated again at the next read. Returns whether there was one.
+    pub fn release_idle_buffers(&mut self) -> bool {
+        self.peer.release_idle_input()
     }
 
     /// Whether an LDM-7 first call waits to be handed over.
@@ -226,8 +318,10 @@ impl Upstream {
         (std::mem::replace(&mut self.peer, Peer::new(now, 0)), std::mem::take(&mut self.events))
     }
 
-    /// Bytes received from the peer.
+    /// Bytes received from the peer (copied into the record buffer; see
+    /// [`Upstream::input_space`] for reading without a copy).
     pub fn handle_input(&mut self, now: Instant, bytes: &[u8]) {
+        self.last_input = now;
         self.receive(now, bytes);
     }
 
@@ -298,7 +392,7 @@ impl Upstream {
     fn bad_pattern(&mut self, now: Instant, xid: u32, error: String) {
         self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::BadPattern));
         self.events.push_back(UpstreamEvent::BadPattern(error));
-        self.state = State::AwaitCall { deadline: now + FIRST_CALL_LIMIT };
+        self.state = State::AwaitCall { deadline: now + self.limits.first_call_timeout };
     }
 
     fn on_reply(&mut self, now: Instant, body: ReplyBody) -> Result<(), SessionError> {
@@ -355,7 +449,7 @@ impl Upstream {
             RequestAnswer::Reclass(class) => {
                 self.peer.reply(now, xid, &ReplyBody::Fornme(FornmeReply::Reclass(wire_class(&class))));
                 // The downstream may send its next FEEDME on the same connection.
-                self.state = State::AwaitCall { deadline: now + FIRST_CALL_LIMIT };
+                self.state = State::AwaitCall { deadline: now + self.limits.first_call_timeout };
             }
             RequestAnswer::Refuse => {
                 self.peer.reply(now, xid, &ReplyBody::Denied(AuthStat::TooWeak));
@@ -373,12 +467,12 @@ impl Upstream {
         match answer {
             HiyaAnswer::Ok { max_hereis } => {
                 self.peer.reply(now, xid, &ReplyBody::Hiya(HiyaReply::Ok(max_hereis)));
-                self.state = State::Receiving;
+                self.start_receiving(now);
             }
             HiyaAnswer::Reclass { class, max_hereis } => {
                 let class = wire_class(&class);
                 self.peer.reply(now, xid, &ReplyBody::Hiya(HiyaReply::Reclass { class, max_hereis }));
-                self.state = State::Receiving;
+                self.start_receiving(now);
             }
             HiyaAnswer::Refuse => {
                 self.peer.reply(now, xid, &ReplyBody::Denied(AuthStat::TooWeak));
@@ -486,6 +580,7 @@ impl Upstream {
         let call = self.peer.outstanding.map(|call| call.deadline);
         let state = match self.state {
             State::AwaitCall { deadline } => Some(deadline),
+            State::Receiving => Some(self.last_input + self.limits.push_idle_timeout),
             State::TurnAround { until, probe_at, .. } => Some(probe_at.map_or(until, |at| at.min(until))),
             State::Feeding { .. } if self.peer.outstanding.is_none() => Some(self.peer.last_send + INTERVAL),
             _ => None,
@@ -504,7 +599,12 @@ impl Upstream {
         }
         match self.state {
             State::AwaitCall { deadline } if now >= deadline => {
-                self.close(Err(SessionError::Silence(FIRST_CALL_LIMIT.as_secs())));
+                self.closed_by = Some(LimitHit::FirstCallTimeout);
+                self.close(Err(SessionError::Silence(self.limits.first_call_timeout.as_secs())));
+            }
+            State::Receiving if now >= self.last_input + self.limits.push_idle_timeout => {
+                self.closed_by = Some(LimitHit::PushIdle);
+                self.close(Err(SessionError::Silence(self.limits.push_idle_timeout.as_secs())));
             }
             State::TurnAround { until, kind, .. } if now >= until => {
                 // An unanswered probe is forgotten: a late answer is a stray reply.
@@ -521,6 +621,14 @@ impl Upstream {
             }
             _ => {}
         }
+    }
+
+    /// A HIYA was accepted: products arrive from now on, in records up to
+    /// `push_record_bytes_max`, read in full-size pieces.
+    fn start_receiving(&mut self, now: Instant) {
+        self.state = State::Receiving;
+        self.last_input = now;
+        self.peer.set_record_limits(self.limits.push_record_bytes_max, ldm7_xdr::rpc::CHUNK);
     }
 
     fn start_feeding(&mut self, now: Instant, kind: FeedKind) {
@@ -576,6 +684,9 @@ impl Receiving for Upstream {
     }
 
     fn close(&mut self, result: Result<(), SessionError>) {
+        if let Err(SessionError::Malformed(ldm7_xdr::XdrError::RecordTooLong { .. })) = &result {
+            self.closed_by = Some(LimitHit::RecordTooLong);
+        }
         self.state = State::Closed;
         self.events.push_back(UpstreamEvent::Closed(result));
     }

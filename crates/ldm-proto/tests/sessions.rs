@@ -1,14 +1,15 @@
 //! Sans-IO session tests: the state machines talk to each other through byte buffers in
 //! virtual time — FEEDME with turn-around (primary and alternate), RECLASS, refusals, NOTIFYME,
-//! HIYA push with HEREIS and COMINGSOON/BLKDATA, keep-alive, silence, malformed input.
+//! HIYA push with HEREIS and COMINGSOON/BLKDATA, keep-alive, silence, malformed input, and the
+//! upstream's bounds (record length before and after HIYA, first-call and push idle timeouts).
 
 use std::time::Duration;
 
 use ldm7_types::Instant;
 
 use ldm7_ldm_proto::{
-    Downstream, DownstreamConfig, DownstreamEvent, FeedMode, HiyaAnswer, NotifyClient, NotifyEvent, PushClient,
-    PushEvent, RequestAnswer, Upstream, UpstreamEvent,
+    Downstream, DownstreamConfig, DownstreamEvent, FeedMode, HiyaAnswer, LimitHit, NotifyClient, NotifyEvent,
+    PushClient, PushEvent, RequestAnswer, SessionError, Upstream, UpstreamEvent, UpstreamLimits,
 };
 use ldm7_types::{FeedType, ProdClass, ProdInfo, Signature, Timestamp};
 
@@ -473,4 +474,126 @@ fn our_downstream_feedme_has_the_captured_layout() {
     down.take_output(&mut ours);
     assert_eq!(ours.len(), client[0].len());
     assert_eq!(ours[8..], client[0][8..], "FEEDME beyond the xid");
+}
+
+fn small_limits() -> UpstreamLimits {
+    UpstreamLimits {
+        call_bytes_max: 16 << 10,
+        push_record_bytes_max: 1 << 20,
+        first_call_timeout: Duration::from_secs(5),
+        push_idle_timeout: Duration::from_secs(3),
+    }
+}
+
+/// A pushing client whose HIYA `receiver` accepted.
+fn push_accepted(now: Instant, receiver: &mut Upstream) -> PushClient {
+    let mut pusher = PushClient::new(now, &exp_class());
+    let mut bytes = Vec::new();
+    pusher.take_output(&mut bytes);
+    receiver.handle_input(now, &bytes);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Hiya { .. })));
+    receiver.answer_hiya(now, HiyaAnswer::Ok { max_hereis: u32::MAX }).unwrap();
+    let mut back = Vec::new();
+    receiver.take_output(&mut back);
+    pusher.handle_input(now, &back);
+    assert!(matches!(pusher.poll_event(), Some(PushEvent::Accepted { .. })));
+    pusher
+}
+
+/// Regression (issue #16): a record marker announcing a huge record before any session was
+/// buffered up to 256 MiB. Now the header alone is refused, before a byte of the record is
+/// kept, and a record split into fragments is bounded by its total.
+#[test]
+fn a_record_over_the_bound_is_refused_at_its_header_before_a_session() {
+    let now = Instant::from_nanos(1_000_000_000);
+    let mut up = Upstream::with_limits(now, small_limits());
+    up.handle_input(now, &(0x8000_0000u32 | (200 << 20)).to_be_bytes());
+    match up.poll_event() {
+        Some(UpstreamEvent::Closed(Err(SessionError::Malformed(error)))) => {
+            assert!(error.to_string().contains("exceeds the limit of 16384"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(up.closed_by(), Some(LimitHit::RecordTooLong));
+    // Fragments of 4 KiB, none last: refused once their total passes the bound.
+    let mut up = Upstream::with_limits(now, small_limits());
+    let mut fed = 0;
+    while !up.is_closed() {
+        let mut fragment = (4096u32).to_be_bytes().to_vec();
+        fragment.resize(4 + 4096, 0);
+        up.handle_input(now, &fragment);
+        fed += 4096;
+        assert!(fed <= 20 << 10, "still reading after {fed} bytes");
+    }
+    assert_eq!(up.closed_by(), Some(LimitHit::RecordTooLong));
+}
+
+#[test]
+fn a_push_takes_products_larger_than_the_call_bound() {
+    let now = Instant::from_nanos(1_000_000_000);
+    let mut receiver = Upstream::with_limits(now, small_limits());
+    let mut pusher = push_accepted(now, &mut receiver);
+    let (info, data) = product(1, 600 << 10);
+    pusher.send_product(now, &info, &data).unwrap();
+    let mut bytes = Vec::new();
+    pusher.take_output(&mut bytes);
+    // Read the way the server reads: straight into the session's record buffer.
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let space = receiver.input_space();
+        let len = space.len().min(rest.len());
+        space[..len].copy_from_slice(&rest[..len]);
+        receiver.handle_input_filled(now, len);
+        rest = &rest[len..];
+    }
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Product(p)) if p.data == data));
+    // A product over the push bound (1 MiB here; the queue's capacity in the server) is not.
+    let (info, data) = product(2, 2 << 20);
+    pusher.send_product(now, &info, &data).unwrap();
+    let mut bytes = Vec::new();
+    pusher.take_output(&mut bytes);
+    receiver.handle_input(now, &bytes[..64]);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Closed(Err(_)))));
+    assert_eq!(receiver.closed_by(), Some(LimitHit::RecordTooLong));
+}
+
+#[test]
+fn an_idle_connection_is_closed_at_the_first_call_timeout_and_an_idle_push_later() {
+    let now = Instant::from_nanos(1_000_000_000);
+    let limits = small_limits();
+    let mut up = Upstream::with_limits(now, limits);
+    // NULLPROCs are answered but do not extend the limit.
+    let nullproc = [0x8000_0028_u32, 1, 0, 2, 0x0004_93fd, 6, 0, 0, 0, 0, 0];
+    let nullproc: Vec<u8> = nullproc.iter().flat_map(|w| w.to_be_bytes()).collect();
+    up.handle_input(now + Duration::from_secs(4), &nullproc);
+    assert!(up.has_output());
+    assert_eq!(up.poll_timeout(), Some(now + limits.first_call_timeout));
+    up.handle_timeout(now + limits.first_call_timeout);
+    assert!(matches!(up.poll_event(), Some(UpstreamEvent::Closed(Err(SessionError::Silence(5))))));
+    assert_eq!(up.closed_by(), Some(LimitHit::FirstCallTimeout));
+    // A push: each byte received restarts its idle bound.
+    let mut receiver = Upstream::with_limits(now, limits);
+    let mut pusher = push_accepted(now, &mut receiver);
+    let (info, data) = product(1, 100);
+    pusher.send_product(now, &info, &data).unwrap();
+    let mut bytes = Vec::new();
+    pusher.take_output(&mut bytes);
+    let later = now + Duration::from_secs(2);
+    receiver.handle_input(later, &bytes);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Product(_))));
+    assert_eq!(receiver.poll_timeout(), Some(later + limits.push_idle_timeout));
+    receiver.handle_timeout(later + Duration::from_secs(2));
+    assert!(!receiver.is_closed());
+    receiver.handle_timeout(later + limits.push_idle_timeout);
+    assert!(matches!(receiver.poll_event(), Some(UpstreamEvent::Closed(Err(SessionError::Silence(3))))));
+    assert_eq!(receiver.closed_by(), Some(LimitHit::PushIdle));
+}
+
+#[test]
+fn an_idle_connection_holds_no_input_buffer_once_released() {
+    let now = Instant::from_nanos(1_000_000_000);
+    let mut up = Upstream::with_limits(now, small_limits());
+    assert!(up.input_space().len() <= 4096, "a small first buffer");
+    assert!(up.release_idle_buffers());
+    assert!(!up.release_idle_buffers(), "nothing held any more");
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ldm7_io::Clock;
-use ldm7_ldm_proto::{FeedMode, HiyaAnswer, Inbound, RequestAnswer, Upstream, UpstreamEvent};
+use ldm7_ldm_proto::{FeedMode, HiyaAnswer, Inbound, LimitHit, RequestAnswer, Upstream, UpstreamEvent, UpstreamLimits};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 
 use ldm7_io::log_target::PRODUCT;
@@ -22,12 +22,15 @@ use ldm7_ldm_proto::SessionError;
 
 use crate::Shared;
 use crate::access::{self, PeerHost};
+use crate::limits::{FeederRegistration, Refusal};
 use crate::wait::{Input, wait_input};
 
 /// Write when this much output is pending.
 const WRITE_BATCH: usize = 256 << 10;
 /// Most products sent under one read transaction.
 const BATCH_MAX: usize = 64;
+/// The read buffer of a connection that went LDM-7 (its peer sends only small calls).
+const UPSTREAM7_READ: usize = 64 << 10;
 /// How often a blocked thread looks at the shutdown flag.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
 /// How long product data is written straight from a queue snapshot while the socket drains;
@@ -60,30 +63,59 @@ struct Feed {
 /// Serves one connection until it closes or the server shuts down.
 pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream, peer: PeerHost) {
     let name = peer.to_string();
-    match serve_inner(&shared, stream, &peer) {
+    let mut registration = None;
+    let result = serve_inner(&shared, stream, &peer, &mut registration);
+    let replaced = registration.as_ref().is_some_and(FeederRegistration::is_replaced);
+    match result {
         Ok(()) => tracing::debug!("{name}: connection closed"),
+        // Its socket was shut down by the feed that replaced it: that was logged.
+        Err(error) if replaced => tracing::debug!("{name}: replaced feed ended: {error}"),
         Err(error) => tracing::warn!("{name}: {error}"),
     }
 }
 
-fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Result<(), ConnectionError> {
+/// The bounds of a connection's session: the `[ldm6]` settings, and products up to what the
+/// queue can hold.
+fn limits(shared: &Shared) -> UpstreamLimits {
+    let settings = &shared.options.settings.ldm6;
+    // A record is the product plus its call header and metadata (well under 4 KiB).
+    let queue_record_max = usize::try_from(shared.queue.capacity().bytes).unwrap_or(usize::MAX).saturating_add(4096);
+    UpstreamLimits {
+        call_bytes_max: usize::try_from(settings.call_bytes_max.bytes()).unwrap_or(usize::MAX),
+        push_record_bytes_max: queue_record_max.min(ldm7_ldm_proto::RECORD_MAX),
+        first_call_timeout: settings.first_call_timeout,
+        push_idle_timeout: settings.push_idle_timeout,
+    }
+}
+
+fn serve_inner(
+    shared: &Shared,
+    mut stream: TcpStream,
+    peer: &PeerHost,
+    registration: &mut Option<FeederRegistration>,
+) -> Result<(), ConnectionError> {
     stream.set_nodelay(true).ok();
     let config = shared.config();
     if !access::is_host_allowed(&config, peer) {
-        shared.counters.refused_hosts.fetch_add(1, Ordering::Relaxed);
-        tracing::info!("Denying connection from {peer}: no ALLOW entry matches");
+        shared
+            .counters
+            .refusals
+            .refuse(Refusal::Host, || format!("Denying connection from {peer}: no ALLOW entry matches"));
         refuse_host(&mut stream);
         return Ok(());
     }
     tracing::info!(target: PRODUCT, "Connection from {peer}");
-    let mut inbound = Inbound::new(Clock::now());
-    let mut buf = vec![0u8; 256 << 10];
-    let mut out = Vec::with_capacity(WRITE_BATCH * 2);
+    let limits = limits(shared);
+    let mut inbound = Inbound::with_limits(Clock::now(), limits);
+    // Allocated when a feed starts: an idle connection holds only its session's small record
+    // buffer.
+    let mut out = Vec::new();
     let mut feed: Option<Feed> = None;
     let mut accepted: Option<ProdClass> = None;
     let mut follower_from: Option<Timestamp> = None;
     loop {
         let Some(session) = inbound.upstream() else {
+            let buf = vec![0u8; UPSTREAM7_READ];
             return crate::multicast::upstream7::serve(shared, stream, peer, inbound, buf);
         };
         // Decisions and state changes.
@@ -97,6 +129,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                             resume_after.map_or("NONE".to_owned(), |s| s.to_string()),
                             if mode == FeedMode::Primary { "Primary" } else { "Alternate" }
                         );
+                        *registration = Some(register_feeder(shared, peer, &stream, &class));
                         feed = Some(Feed { class, filter, resume_after, notify: false });
                     }
                     session.answer_request(Clock::now(), answer)?;
@@ -131,6 +164,7 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                     // set `feed`.
                     if let Some(feed) = &feed {
                         follower_from = Some(start_position(shared, feed));
+                        out.reserve(WRITE_BATCH * 2);
                     }
                 }
                 UpstreamEvent::Declined { signature } => {
@@ -156,6 +190,12 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
                     tracing::warn!("{peer}: {call}; answered as RPC does");
                 }
                 UpstreamEvent::Closed(result) => {
+                    if let Some(hit) = session.closed_by() {
+                        // A bound closed the session: logged and counted as a refusal.
+                        refuse_by_limit(shared, peer, hit, &limits, &result);
+                        let _ = write_all(&mut stream, session, &mut out);
+                        return Ok(());
+                    }
                     if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
                         shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
                     }
@@ -165,26 +205,87 @@ fn serve_inner(shared: &Shared, mut stream: TcpStream, peer: &PeerHost) -> Resul
             }
         }
         write_all(&mut stream, session, &mut out)?;
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.stopping.load(Ordering::Relaxed) || registration.as_ref().is_some_and(FeederRegistration::is_replaced)
+        {
             return Ok(());
         }
         // Feeding: products while ready; else read the socket until the next timeout.
         if let (Some(from), Some(feed)) = (follower_from, &feed) {
             if session.ready() {
-                let next = feed_products(shared, session, &mut stream, &mut out, from, feed)?;
+                let next = feed_products(shared, session, &mut stream, &mut out, from, feed, registration.as_ref())?;
                 follower_from = Some(next);
                 continue;
             }
         }
-        match wait_input(&mut stream, &mut buf, inbound.poll_timeout(), SHUTDOWN_POLL) {
-            Ok(Input::Bytes(n)) => inbound.handle_input(Clock::now(), &buf[..n]),
-            Ok(Input::Timeout) => inbound.handle_timeout(Clock::now()),
+        let timeout = inbound.poll_timeout();
+        let Some(space) = inbound.input_space() else { continue };
+        // Read straight into the session's record buffer (no copy).
+        match wait_input(&mut stream, space, timeout, SHUTDOWN_POLL) {
+            Ok(Input::Bytes(n)) => inbound.handle_input_filled(Clock::now(), n),
+            Ok(Input::Timeout) => {
+                // Quiet: the buffer goes back until bytes come again.
+                inbound.release_idle_buffers();
+                inbound.handle_timeout(Clock::now());
+            }
             Ok(Input::Eof) => inbound.handle_eof(),
             Err(error) => {
                 inbound.handle_eof();
                 tracing::debug!("{peer}: read: {error}");
             }
         }
+    }
+}
+
+/// Registers an accepted FEEDME; with `one_feeder_per_host`, the feeds this server sends the
+/// same host that the request covers end (ldm6-protocol.md §6.1 step 3; [`crate::limits`]).
+fn register_feeder(shared: &Shared, peer: &PeerHost, stream: &TcpStream, class: &ProdClass) -> FeederRegistration {
+    let replace = shared.options.settings.ldm6.one_feeder_per_host;
+    let (registration, replaced) = shared.feeders.register(peer.ip, class, stream.try_clone().ok(), replace);
+    for old in replaced {
+        shared.counters.refusals.refuse(Refusal::Replaced, || {
+            format!(
+                "{peer}: a new FEEDME for {class} (feed #{}) replaces feed #{} of {} to the same host; that \
+                 connection is closed (one feeder per host and feed: ldm6.one_feeder_per_host)",
+                registration.id, old.id, old.class
+            )
+        });
+    }
+    registration
+}
+
+/// Logs and counts a session a bound closed.
+fn refuse_by_limit(
+    shared: &Shared,
+    peer: &PeerHost,
+    hit: LimitHit,
+    limits: &UpstreamLimits,
+    result: &Result<(), ldm7_ldm_proto::SessionError>,
+) {
+    let refusals = &shared.counters.refusals;
+    match hit {
+        LimitHit::FirstCallTimeout => refusals.refuse(Refusal::Idle, || {
+            format!(
+                "closing the connection from {peer}: no FEEDME, NOTIFYME or HIYA within {:?} \
+                 (ldm6.first_call_timeout)",
+                limits.first_call_timeout
+            )
+        }),
+        LimitHit::PushIdle => refusals.refuse(Refusal::Idle, || {
+            format!(
+                "closing the push connection from {peer}: nothing received for {:?} (ldm6.push_idle_timeout)",
+                limits.push_idle_timeout
+            )
+        }),
+        LimitHit::RecordTooLong => refusals.refuse(Refusal::RecordTooLong, || {
+            let why = match result {
+                Err(error) => error.to_string(),
+                Ok(()) => "record too long".into(),
+            };
+            format!(
+                "closing the connection from {peer}: {why}, refused before reading it (ldm6.call_bytes_max \
+                 before a session; the queue's capacity on a push)"
+            )
+        }),
     }
 }
 
@@ -201,6 +302,7 @@ fn feed_products(
     out: &mut Vec<u8>,
     from: Timestamp,
     feed: &Feed,
+    registration: Option<&FeederRegistration>,
 ) -> Result<Timestamp, ConnectionError> {
     let queue = &shared.queue;
     let storage = ConnectionError::Queue;
@@ -278,7 +380,7 @@ fn feed_products(
             break;
         }
         queue.wait_for_change(changes, Some(wait));
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.stopping.load(Ordering::Relaxed) || registration.is_some_and(FeederRegistration::is_replaced) {
             break;
         }
     }

@@ -12,6 +12,7 @@ pub mod act;
 pub mod client;
 pub mod config;
 mod conn;
+pub mod limits;
 pub mod multicast;
 mod prometheus;
 pub mod receive;

@@ -5,7 +5,8 @@
 //! | metric | labels | what |
 //! |---|---|---|
 //! | `ldm7_connections_accepted_total` | | LDM connections accepted |
-//! | `ldm7_connections_refused_total` | `reason` = `busy`, `host` | refused connections |
+//! | `ldm7_connections_refused_total` | `reason` = `busy`, `host`, `per_host`, `record_too_long`, `idle`, `replaced` | connections refused or closed by the server's bounds (docs/server.md "Bounds") |
+//! | `ldm7_feeders_active` | | LDM-6 feeds (FEEDME sessions) being sent |
 //! | `ldm7_connections_active` | | connections being served |
 //! | `ldm7_products_sent_total` | | products sent to LDM-6 downstreams |
 //! | `ldm7_products_received_total` | | products received over LDM-6 and inserted |
@@ -92,9 +93,11 @@ pub(crate) fn render(shared: &Shared) -> String {
     let mut out = Exposition::default();
     let counters = &shared.counters;
     out.single("ldm7_connections_accepted_total", "counter", "LDM connections accepted.", load(&counters.connections));
-    out.family("ldm7_connections_refused_total", "counter", "LDM connections refused.");
-    out.sample("ldm7_connections_refused_total", &[("reason", "busy")], load(&counters.refused_busy));
-    out.sample("ldm7_connections_refused_total", &[("reason", "host")], load(&counters.refused_hosts));
+    out.family("ldm7_connections_refused_total", "counter", "LDM connections refused or closed by a bound, by reason.");
+    for reason in crate::limits::Refusal::ALL {
+        out.sample("ldm7_connections_refused_total", &[("reason", reason.label())], counters.refusals.count(reason));
+    }
+    out.single("ldm7_feeders_active", "gauge", "LDM-6 feeds (FEEDME sessions) being sent.", shared.feeders.len());
     out.single("ldm7_connections_active", "gauge", "LDM connections being served.", shared.active_connections());
     out.single(
         "ldm7_products_sent_total",

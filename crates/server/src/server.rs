@@ -15,6 +15,7 @@ use ldm7_types::Timestamp;
 
 use crate::access::PeerHost;
 use crate::config::Config;
+use crate::limits::{Feeders, HostConnections, Refusal, Refusals};
 use crate::multicast::Multicaster;
 use crate::multicast::downstream7::{self, SubscriberContext, SubscriberCounters};
 use crate::request::RequestSpec;
@@ -79,10 +80,8 @@ impl ServerOptions {
 pub struct Counters {
     /// Connections accepted.
     pub connections: AtomicU64,
-    /// Connections refused because `max_clients` were open.
-    pub refused_busy: AtomicU64,
-    /// Connections refused because no ALLOW entry names the host.
-    pub refused_hosts: AtomicU64,
+    /// Connections refused or closed by the server, by reason (with their rate-limited log).
+    pub refusals: Refusals,
     /// Products sent to downstreams.
     pub products_sent: AtomicU64,
     /// Products received and inserted.
@@ -109,6 +108,10 @@ pub struct Shared {
     config: RwLock<Arc<Config>>,
     pub(crate) stopping: AtomicBool,
     pub(crate) counters: Counters,
+    /// Open connections by address (`connections_per_host_max`).
+    pub(crate) host_connections: Arc<HostConnections>,
+    /// The feeds being sent, by downstream address (one feeder per host and feed).
+    pub(crate) feeders: Arc<Feeders>,
     /// Per-minute delivery statistics, published as products.
     pub(crate) stats: Arc<crate::stats::StatsPublisher>,
     active_connections: AtomicUsize,
@@ -253,6 +256,8 @@ impl Server {
             config: RwLock::new(Arc::new(config)),
             stopping: AtomicBool::new(false),
             counters: Counters::default(),
+            host_connections: Arc::default(),
+            feeders: Arc::default(),
             active_connections: AtomicUsize::new(0),
             session_ids: AtomicU32::new(0),
             wake: (Mutex::new(()), Condvar::new()),
@@ -366,6 +371,7 @@ fn publish_statistics(shared: &Shared) {
 }
 
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+    let per_host_max = shared.options.settings.ldm6.connections_per_host_max;
     while !shared.stopping.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, address)) => {
@@ -374,14 +380,31 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                 let active = shared.active_connections.fetch_add(1, Ordering::Relaxed);
                 if active >= shared.options.max_clients {
                     shared.active_connections.fetch_sub(1, Ordering::Relaxed);
-                    shared.counters.refused_busy.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("refusing {address}: {active} connections already (the limit; raise --max-clients)");
+                    shared.counters.refusals.refuse(Refusal::Busy, || {
+                        format!("refusing {address}: {active} connections already (the limit; raise --max-clients)")
+                    });
                     continue;
                 }
+                // Before anything is spent on the connection (no thread, no name lookup).
+                let slot = match shared.host_connections.acquire(address.ip(), per_host_max) {
+                    Ok(slot) => slot,
+                    Err(open) => {
+                        shared.active_connections.fetch_sub(1, Ordering::Relaxed);
+                        shared.counters.refusals.refuse(Refusal::PerHost, || {
+                            format!(
+                                "refusing {address}: {open} connections from {} already (the limit; raise \
+                                 ldm6.connections_per_host_max in ldm7.toml)",
+                                address.ip()
+                            )
+                        });
+                        continue;
+                    }
+                };
                 let shared = shared.clone();
                 let spawned = std::thread::Builder::new().name(format!("conn {address}")).spawn(move || {
                     let peer = PeerHost::resolve(address.ip());
                     conn::serve(shared.clone(), stream, peer);
+                    drop(slot);
                     shared.active_connections.fetch_sub(1, Ordering::Relaxed);
                 });
                 if let Err(error) = spawned {

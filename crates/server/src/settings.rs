@@ -52,6 +52,15 @@
 //!
 //! [receive.feeds.NGRID]           # per-feed overrides of the keys above
 //! drop = 0.02
+//!
+//! [ldm6]                          # the LDM-6 server's bounds (docs/server.md "Bounds")
+//! connections_per_host_max = 64   # connections from one address at once; more are refused
+//! first_call_timeout = "120s"     # a connection that starts no session (FEEDME, NOTIFYME,
+//!                                 # HIYA) within this is closed (reference: 4 × interval)
+//! push_idle_timeout = "720s"      # a HIYA connection that sends nothing this long is closed
+//! call_bytes_max = "64 KiB"       # longest record before a session, and from a downstream
+//! one_feeder_per_host = true      # a host's FEEDME ends this server's older feed to that host
+//!                                 # of the same feed (the reference's anti-DoS rule)
 //! ```
 
 use std::collections::BTreeMap;
@@ -264,6 +273,39 @@ impl Default for ReceiveSettings {
     }
 }
 
+/// The LDM-6 server's bounds (`[ldm6]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ldm6Settings {
+    /// Bound: connections from one address at once.
+    pub connections_per_host_max: usize,
+    /// A connection that starts no session within this is closed.
+    pub first_call_timeout: Duration,
+    /// A HIYA connection that sends nothing this long is closed.
+    pub push_idle_timeout: Duration,
+    /// Bound: bytes of a record (all its fragments) before a session receives products.
+    pub call_bytes_max: ByteSize,
+    /// Whether a host's accepted FEEDME ends the feeds this server already sends that host
+    /// and that the request covers.
+    pub one_feeder_per_host: bool,
+}
+
+/// The default per-host bound: a quarter of the default `--max-clients`, and more than the
+/// REQUEST lines even a large relay sends one upstream (a feed split ten ways, several feeds,
+/// notifyme and pushes).
+pub const CONNECTIONS_PER_HOST_MAX_DEFAULT: usize = 64;
+
+impl Default for Ldm6Settings {
+    fn default() -> Self {
+        Self {
+            connections_per_host_max: CONNECTIONS_PER_HOST_MAX_DEFAULT,
+            first_call_timeout: ldm7_ldm_proto::FIRST_CALL_LIMIT,
+            push_idle_timeout: ldm7_ldm_proto::PUSH_IDLE_TIMEOUT,
+            call_bytes_max: ByteSize::from_bytes(ldm7_ldm_proto::CALL_BYTES_MAX as u64),
+            one_feeder_per_host: true,
+        }
+    }
+}
+
 /// The settings file, typed.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Settings {
@@ -273,6 +315,8 @@ pub struct Settings {
     pub path: PathSettings,
     receive: ReceiveSettings,
     receive_feeds: BTreeMap<String, ReceiveSettings>,
+    /// The LDM-6 server's bounds.
+    pub ldm6: Ldm6Settings,
     /// Where the settings came from (`None`: defaults).
     pub source: Option<PathBuf>,
 }
@@ -293,7 +337,8 @@ impl Settings {
         let (multicast, multicast_feeds) = raw.multicast.typed("multicast", &value)?;
         let (receive, receive_feeds) = raw.receive.typed("receive", &value)?;
         let path = raw.path.typed(&value)?;
-        Ok(Self { multicast, multicast_feeds, path, receive, receive_feeds, source: Some(origin.to_path_buf()) })
+        let ldm6 = raw.ldm6.typed(&value)?;
+        Ok(Self { multicast, multicast_feeds, path, receive, receive_feeds, ldm6, source: Some(origin.to_path_buf()) })
     }
 
     /// The publisher settings of `feed` (its overrides, else the defaults).
@@ -329,6 +374,58 @@ mod raw {
         pub path: PathFile,
         #[serde(default)]
         pub receive: Section<ReceiveKeys>,
+        #[serde(default)]
+        pub ldm6: Ldm6Keys,
+    }
+
+    /// `[ldm6]`.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Ldm6Keys {
+        connections_per_host_max: Option<usize>,
+        first_call_timeout: Option<String>,
+        push_idle_timeout: Option<String>,
+        call_bytes_max: Option<String>,
+        one_feeder_per_host: Option<bool>,
+    }
+
+    impl Ldm6Keys {
+        pub(super) fn typed(&self, value: Value<'_>) -> Result<Ldm6Settings, SettingsError> {
+            let mut settings = Ldm6Settings::default();
+            if let Some(max) = self.connections_per_host_max {
+                if max == 0 {
+                    return Err(value("ldm6.connections_per_host_max".into(), "give at least 1".into()));
+                }
+                settings.connections_per_host_max = max;
+            }
+            for (name, text, target) in [
+                ("first_call_timeout", &self.first_call_timeout, &mut settings.first_call_timeout),
+                ("push_idle_timeout", &self.push_idle_timeout, &mut settings.push_idle_timeout),
+            ] {
+                if let Some(timeout) = quantity(text, "ldm6", name, parse_duration, value)? {
+                    if timeout.is_zero() {
+                        return Err(value(format!("ldm6.{name}"), "give a positive duration, e.g. \"120s\"".into()));
+                    }
+                    *target = timeout;
+                }
+            }
+            if let Some(bytes) =
+                quantity(&self.call_bytes_max, "ldm6", "call_bytes_max", str::parse::<ByteSize>, value)?
+            {
+                // A FEEDME or HIYA of 32 specs of 255-byte patterns takes under 9 KiB.
+                if bytes.bytes() < 16 << 10 {
+                    return Err(value(
+                        "ldm6.call_bytes_max".into(),
+                        format!("{bytes} is too small for the largest FEEDME or HIYA: give at least 16 KiB"),
+                    ));
+                }
+                settings.call_bytes_max = bytes;
+            }
+            if let Some(one) = self.one_feeder_per_host {
+                settings.one_feeder_per_host = one;
+            }
+            Ok(settings)
+        }
     }
 
     /// `[multicast]` or `[receive]`: the defaults, and per-feed overrides under `feeds.FEED`.
@@ -696,6 +793,23 @@ mod tests {
         assert_eq!(ngrid.deadline, Deadline::Constant(Duration::from_secs(300)));
         assert_eq!(settings.receive(FeedType::ANY).time_offset, Duration::from_secs(3600));
         assert_eq!(settings.path, PathSettings::None);
+        assert_eq!(settings.ldm6, Ldm6Settings::default());
+        assert_eq!(settings.ldm6.first_call_timeout, Duration::from_secs(120));
+        assert!(settings.ldm6.one_feeder_per_host);
+    }
+
+    #[test]
+    fn the_ldm6_bounds() {
+        let settings = parse(
+            "[ldm6]\nconnections_per_host_max = 4\nfirst_call_timeout = \"2s\"\npush_idle_timeout = \"1h\"\n\
+             call_bytes_max = \"32 KiB\"\none_feeder_per_host = false\n",
+        )
+        .unwrap();
+        assert_eq!(settings.ldm6.connections_per_host_max, 4);
+        assert_eq!(settings.ldm6.first_call_timeout, Duration::from_secs(2));
+        assert_eq!(settings.ldm6.push_idle_timeout, Duration::from_secs(3600));
+        assert_eq!(settings.ldm6.call_bytes_max.bytes(), 32 << 10);
+        assert!(!settings.ldm6.one_feeder_per_host);
     }
 
     #[test]
@@ -793,6 +907,10 @@ enabled = false
             ("[path]\ndriver = \"vde\"\n", "path.run_dir"),
             ("[receive]\ndrop = 1.5\n", "receive.drop"),
             ("[receive]\nretry_min = \"0\"\n", "retry_min"),
+            ("[ldm6]\nconnections_per_host_max = 0\n", "ldm6.connections_per_host_max"),
+            ("[ldm6]\nfirst_call_timeout = \"0\"\n", "ldm6.first_call_timeout"),
+            ("[ldm6]\ncall_bytes_max = \"1 KiB\"\n", "at least 16 KiB"),
+            ("[ldm6]\nidle = 1\n", "unknown field"),
             ("[multicast.rate_control]\ninterval = \"1s\"\n", "multicast.rate_control.steps: give"),
             ("[multicast.rate_control]\nsteps = [\"50M\", \"20M\"]\n", "multicast.rate_control.steps"),
             ("[multicast.rate_control]\nsteps = [\"fast\"]\n", "multicast.rate_control.steps"),

@@ -28,8 +28,8 @@ pub(crate) const LAST_FRAGMENT: u32 = 0x8000_0000;
 /// read ends, so nothing after it has to be moved to make room for the next one.
 pub const DIRECT_FRAGMENT_MIN: usize = 64 << 10;
 
-/// The size of a reader's buffer (it grows for records that do not fit).
-const CHUNK: usize = 1 << 20;
+/// The size of a reader's buffer by default (it grows for records that do not fit).
+pub const CHUNK: usize = 1 << 20;
 /// The least room offered for a read when no large fragment is pending.
 const READ_MIN: usize = 64 << 10;
 /// A buffer grown larger than this for one large record is given up once that record is out.
@@ -118,6 +118,9 @@ pub struct RecordReader {
     /// they no longer do.
     spare: Vec<Arc<Vec<u8>>>,
     max: usize,
+    /// The size buffers are allocated in ([`CHUNK`] unless set smaller, for connections that
+    /// carry only small calls).
+    chunk: usize,
 }
 
 impl RecordReader {
@@ -131,7 +134,48 @@ impl RecordReader {
             peeked: None,
             spare: Vec::new(),
             max,
+            chunk: CHUNK,
         }
+    }
+
+    /// A reader refusing records longer than `max` bytes whose buffers are allocated `chunk`
+    /// bytes at a time (at least 4 KiB): a small chunk keeps a connection that carries only
+    /// small calls small; buffers still grow for any record up to `max`.
+    pub fn with_chunk(max: usize, chunk: usize) -> Self {
+        Self { chunk: chunk.clamp(4 << 10, CHUNK), ..Self::new(max) }
+    }
+
+    /// Changes the bound and the chunk (a connection whose session now receives products:
+    /// larger records, larger reads). A fragment already announced beyond the new bound is
+    /// refused at the next [`RecordReader::next_record`].
+    pub fn set_limits(&mut self, max: usize, chunk: usize) {
+        self.max = max;
+        self.chunk = chunk.clamp(4 << 10, CHUNK);
+    }
+
+    /// The bound on a record's length (all its fragments).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Lets go of the buffers when nothing is pending (a connection gone quiet): they go back to
+    /// the allocator once no record refers to them, and the next [`RecordReader::space`]
+    /// allocates again. Returns whether the reader held any.
+    pub fn release_idle(&mut self) -> bool {
+        if self.pending() > 0 || self.held_bytes() == 0 {
+            return false;
+        }
+        self.buffer = Arc::new(Vec::new());
+        self.spare.clear();
+        self.joined = Vec::new();
+        self.start = 0;
+        self.filled = 0;
+        true
+    }
+
+    /// Bytes of memory the reader holds (its buffer, spares and joined fragments).
+    pub fn held_bytes(&self) -> usize {
+        self.buffer.len() + self.spare.iter().map(|spare| spare.len()).sum::<usize>() + self.joined.capacity()
     }
 
     /// Room for the next read from the stream: read into it, then call
@@ -145,8 +189,8 @@ impl RecordReader {
         let pending = self.filled - self.start;
         // The rest of a large fragment whose header arrived: exactly that much room.
         let large = self.fragment_len().filter(|&len| len > pending && len - pending >= DIRECT_FRAGMENT_MIN);
-        let room = large.unwrap_or(pending + READ_MIN);
-        let shrink = pending == 0 && self.buffer.len() > CHUNK_KEPT_MAX && room <= CHUNK;
+        let room = large.unwrap_or(pending + READ_MIN.min(self.chunk));
+        let shrink = pending == 0 && self.buffer.len() > CHUNK_KEPT_MAX && room <= self.chunk;
         if Arc::get_mut(&mut self.buffer).is_none() || room > self.buffer.len() || shrink {
             // Records still refer to this buffer, or it is too small (or too large): carry what
             // is pending into another.
@@ -219,11 +263,11 @@ impl RecordReader {
     /// Moves what is pending into another buffer with at least `room` bytes: a spare one no
     /// record refers to any more, or a new one.
     fn replace_buffer(&mut self, room: usize) {
-        let wanted = room.max(CHUNK);
+        let wanted = room.max(self.chunk);
         let reusable = self.spare.iter().position(|spare| Arc::strong_count(spare) == 1 && spare.len() >= wanted);
         let mut next = match reusable {
             Some(at) => self.spare.swap_remove(at),
-            None => Arc::new(vec![0; wanted.div_ceil(CHUNK) * CHUNK]),
+            None => Arc::new(vec![0; wanted.div_ceil(self.chunk) * self.chunk]),
         };
         let pending = self.filled - self.start;
         Arc::get_mut(&mut next).expect("a spare or new buffer is unique")[..pending]
@@ -543,5 +587,35 @@ mod tests {
         assert_eq!(held.len(), 4);
         reader.push(&stream[..10]);
         assert_eq!(reader.buffer.as_ptr(), buffer);
+    }
+
+    #[test]
+    fn a_small_chunk_reader_stays_small_for_small_records_and_grows_for_large_ones() {
+        let mut reader = RecordReader::with_chunk(1 << 20, 4 << 10);
+        let mut stream = Vec::new();
+        write_fragmented(&mut stream, &[1; 100], 100);
+        reader.push(&stream);
+        assert_eq!(reader.next_record().unwrap().as_deref(), Some(&[1u8; 100][..]));
+        assert_eq!(reader.held_bytes(), 4 << 10);
+        // A large record still arrives whole, in a buffer of its size.
+        let body: Vec<u8> = (0..200_000).map(|k| k as u8).collect();
+        let mut stream = Vec::new();
+        write_fragmented(&mut stream, &body, body.len());
+        reader.push(&stream);
+        assert_eq!(reader.next_record().unwrap(), Some(Record::from(body)));
+        // Quiet: the buffers go; the next read allocates a small one again.
+        assert!(reader.release_idle());
+        assert_eq!(reader.held_bytes(), 0);
+        assert_eq!(reader.space().len(), 4 << 10);
+    }
+
+    #[test]
+    fn a_lowered_bound_refuses_an_announced_record_without_buffering_it() {
+        let mut reader = RecordReader::with_chunk(1 << 20, 4 << 10);
+        reader.set_limits(1000, 4 << 10);
+        reader.push(&(LAST_FRAGMENT | (100 << 20)).to_be_bytes());
+        assert!(matches!(reader.next_record(), Err(XdrError::RecordTooLong { max: 1000, .. })));
+        assert!(reader.held_bytes() <= 4 << 10, "{}", reader.held_bytes());
+        assert!(!reader.release_idle(), "the header is pending");
     }
 }
