@@ -418,3 +418,41 @@ fn the_rate_monitor_raises_the_rate_under_a_burst_and_lowers_it_after() {
     }
     publisher.stop();
 }
+
+#[test]
+fn a_signed_feed_reaches_a_pinned_subscriber_and_one_pinning_another_key_refuses_it() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
+    let root = tempfile::tempdir().expect("tempdir");
+    let (identity, other) = (root.path().join("publisher.key"), root.path().join("other.key"));
+    for key in [&identity, &other] {
+        run(&["fmtp", "keygen", "--out", &key.display().to_string()]);
+    }
+    let settings = format!("[multicast]\nrate = \"200 Mbit/s\"\nmac_level = 2\nidentity = {:?}\n", identity.display());
+    let mut publisher = publisher(root.path(), 12, &allow_all(), &settings);
+    publisher.start();
+    let pinned = |name: &str, key: &std::path::Path| {
+        let node = subscriber(root.path(), name, &publisher, 0.02);
+        let settings = std::fs::read_to_string(node.dir.join("ldm7.toml")).expect("settings");
+        let settings = format!("{settings}mac_level = 2\npin = \"{}.pub\"\n", key.display());
+        std::fs::write(node.dir.join("ldm7.toml"), settings).expect("settings");
+        node
+    };
+    let mut good = pinned("good", &identity);
+    good.start();
+    wait_subscribed(&good);
+    let mut fooled = pinned("fooled", &other);
+    fooled.start();
+    wait_until(Duration::from_secs(20), "the subscriber pinning another key to refuse the exchange", || {
+        fooled.log().contains("not signed by the pinned publisher key").then_some(())
+    });
+    replay(&publisher, &trace, 200, 3);
+    good.wait_for(200, Duration::from_secs(120));
+    assert_same_products(&publisher, std::slice::from_ref(&good));
+    // The other takes nothing from a publisher it cannot authenticate: it refuses each exchange,
+    // says why, and tries again with back-off.
+    assert_eq!(fooled.verify().0.len(), 0, "{}", tail(&fooled.log()));
+    wait_until(Duration::from_secs(20), "the refusing subscriber to try again", || {
+        (fooled.log().matches("not signed by the pinned publisher key").count() >= 2).then_some(())
+    });
+    assert_eq!(fooled.verify().0.len(), 0, "still nothing");
+}

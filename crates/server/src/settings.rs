@@ -16,6 +16,10 @@
 //! subscribers_max = 256           # per feed; more SUBSCRIBEs are refused
 //! index_map_capacity = 1048576    # products the product-index map remembers
 //! product_queue_max = 1024        # products handed to FMTP and not yet multicast
+//! mac_level = 0                   # MAC of each multicast datagram: 0 none, 1 HMAC-SHA-256,
+//!                                 # 2 Ed25519 (subscribers must use the same; docs/security.md)
+//! identity = "publisher.key"      # sign each FMTP key exchange (`ldm7 fmtp keygen`), for
+//!                                 # subscribers that pin it (ldm7 subscribers only)
 //!
 //! [multicast.feeds.NGRID]         # per-feed overrides of the keys above, and:
 //! rate = "40 Mbit/s"
@@ -49,6 +53,8 @@
 //! in_flight_bytes_max = "600 MB"  # bound on the spool
 //! rate = "100 Mbit/s"             # expected multicast rate (socket buffer, receive timer)
 //! drop = 0.0                      # test knob: drop this share of multicast datagrams on receipt
+//! mac_level = 0                   # the publisher's MAC level
+//! pin = "publisher.key.pub"       # accept only a key exchange signed by this publisher key
 //!
 //! [receive.feeds.NGRID]           # per-feed overrides of the keys above
 //! drop = 0.02
@@ -66,6 +72,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use ldm7_fmtp::MacLevel;
 
 use ldm7_types::units::{ByteSize, Rate, parse_duration};
 use ldm7_types::{FeedType, QuantityError};
@@ -191,6 +199,10 @@ pub struct MulticastSettings {
     pub path: Option<String>,
     /// The online monitor stepping the path rate (`None`: off, the rate stays `rate`).
     pub rate_control: Option<RateControlSettings>,
+    /// MAC of each multicast datagram (subscribers must use the same level).
+    pub mac_level: MacLevel,
+    /// The publisher identity signing each FMTP key exchange (a PKCS#8 PEM Ed25519 key file).
+    pub identity: Option<PathBuf>,
 }
 
 impl Default for MulticastSettings {
@@ -205,6 +217,8 @@ impl Default for MulticastSettings {
             product_queue_max: 1024,
             path: None,
             rate_control: None,
+            mac_level: MacLevel::None,
+            identity: None,
         }
     }
 }
@@ -257,6 +271,10 @@ pub struct ReceiveSettings {
     pub rate: Rate,
     /// Test knob: share of multicast datagrams dropped on receipt.
     pub drop: f64,
+    /// The publisher's MAC level.
+    pub mac_level: MacLevel,
+    /// The publisher's identity public key: the key exchange must be signed by it.
+    pub pin: Option<PathBuf>,
 }
 
 impl Default for ReceiveSettings {
@@ -269,6 +287,8 @@ impl Default for ReceiveSettings {
             in_flight_bytes_max: ByteSize::from_bytes(600_000_000),
             rate: Rate::from_megabits_per_s(100),
             drop: 0.0,
+            mac_level: MacLevel::None,
+            pin: None,
         }
     }
 }
@@ -476,6 +496,8 @@ mod raw {
         product_queue_max: Option<usize>,
         path: Option<String>,
         rate_control: Option<RateControlKeys>,
+        mac_level: Option<u8>,
+        identity: Option<PathBuf>,
     }
 
     /// `rate_control` of a multicast section.
@@ -515,9 +537,20 @@ mod raw {
         in_flight_bytes_max: Option<String>,
         rate: Option<String>,
         drop: Option<f64>,
+        mac_level: Option<u8>,
+        pin: Option<PathBuf>,
     }
 
     type Value<'a> = &'a dyn Fn(String, String) -> SettingsError;
+
+    fn mac_level(level: u8, key: &str, value: Value<'_>) -> Result<MacLevel, SettingsError> {
+        MacLevel::from_number(level).ok_or_else(|| {
+            value(
+                format!("{key}.mac_level"),
+                format!("{level} is not a MAC level: give 0 (none), 1 (HMAC-SHA-256) or 2 (Ed25519)"),
+            )
+        })
+    }
 
     fn quantity<T>(
         text: &Option<String>,
@@ -606,6 +639,14 @@ mod raw {
             }
             if let Some(path) = &self.path {
                 settings.path = Some(path.clone());
+            }
+            if let Some(level) = self.mac_level {
+                settings.mac_level = mac_level(level, key, value)?;
+            }
+            if let Some(path) = &self.identity {
+                ldm7_fmtp::keys::read_identity(path)
+                    .map_err(|error| value(format!("{key}.identity"), error.to_string()))?;
+                settings.identity = Some(path.clone());
             }
             if let Some(keys) = &self.rate_control {
                 settings.rate_control =
@@ -772,6 +813,13 @@ mod raw {
                 }
                 settings.drop = drop;
             }
+            if let Some(level) = self.mac_level {
+                settings.mac_level = mac_level(level, key, value)?;
+            }
+            if let Some(path) = &self.pin {
+                ldm7_fmtp::keys::read_pin(path).map_err(|error| value(format!("{key}.pin"), error.to_string()))?;
+                settings.pin = Some(path.clone());
+            }
             Ok(settings)
         }
     }
@@ -899,6 +947,9 @@ enabled = false
     fn bad_values_name_the_key_and_the_fix() {
         for (text, why) in [
             ("[multicast]\nrate = \"fast\"\n", "multicast.rate"),
+            ("[multicast]\nmac_level = 3\n", "multicast.mac_level"),
+            ("[multicast.feeds.EXP]\nidentity = \"/nonexistent/publisher.key\"\n", "multicast.feeds.EXP.identity"),
+            ("[receive]\npin = \"/nonexistent/publisher.key.pub\"\n", "receive.pin"),
             ("[multicast]\nretx_timeout = \"inf\"\n", "multicast.retx_timeout"),
             ("[multicast]\ndeadline = \"sometimes\"\n", "deadline policy"),
             ("[multicast.feeds.NOSUCH]\nrate = \"1M\"\n", "not a feedtype"),

@@ -154,6 +154,9 @@ enum SessionEnd {
     Fmtp(#[from] ldm7_fmtp::ReceiveError),
     #[error("the FMTP receiver ended")]
     FmtpEnded,
+    /// The pinned publisher key (`pin`) cannot be read.
+    #[error("the pinned publisher key: {0}")]
+    Pin(String),
     #[error("the inserter thread: {0}")]
     Inserter(#[source] std::io::Error),
     #[error("the inserter thread ended")]
@@ -491,6 +494,12 @@ impl Session<'_> {
             buffer_bytes: buffer_bytes_for_rate(rate),
         };
         let mut options = ReceiverOptions::new(multicast, server);
+        options.mac_level = self.settings.mac_level;
+        if let Some(path) = &self.settings.pin {
+            // Never without the pin it asks for: a file unreadable now ends the session.
+            let key = ldm7_fmtp::keys::read_pin(path).map_err(|error| SessionEnd::Pin(error.to_string()))?;
+            options.pin = Some(key);
+        }
         let in_flight = self.settings.in_flight_bytes_max.bytes();
         options.proto = ReceiverConfig {
             receive_timer: ReceiveTimer { rate_bits_per_s: rate, ..ReceiveTimer::default() },

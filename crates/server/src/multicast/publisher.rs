@@ -128,6 +128,9 @@ pub enum FeedError {
     /// The rate-control settings do not make a monitor.
     #[error("rate control: {0}")]
     RateControl(String),
+    /// The publisher identity (`identity`) cannot be read.
+    #[error("the publisher identity: {0}")]
+    Identity(String),
     /// The FMTP sender's sockets could not be opened.
     #[error("FMTP sender on {retx_listen}, group {group}: {source}")]
     Sockets {
@@ -597,6 +600,13 @@ impl Feed {
         };
         let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
         let mut options = SenderOptions::new(multicast, retx_listen, proto);
+        options.mac_level = settings.mac_level;
+        if let Some(path) = &settings.identity {
+            // Checked when the settings were read; a file changed since is an error now.
+            let identity =
+                ldm7_fmtp::keys::read_identity(path).map_err(|error| FeedError::Identity(error.to_string()))?;
+            options.identity = Some(Arc::new(identity));
+        }
         let authorize_admission = admission.clone();
         let authorize_counters = counters.clone();
         let feed_name = name.clone();
