@@ -25,7 +25,7 @@
 use ed25519_dalek::pkcs8::{DecodePublicKey, EncodePublicKey};
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier as _, VerifyingKey};
 use hmac::{Hmac, Mac};
-use rand_core::CryptoRngCore;
+use rand_core::{CryptoRngCore, RngCore};
 use rsa::pkcs1::{DecodeRsaPublicKey, EncodeRsaPublicKey, LineEnding};
 use rsa::{Oaep, RsaPrivateKey, RsaPublicKey};
 use sha2::Sha256;
@@ -213,6 +213,19 @@ impl SenderKey {
             }
         }
     }
+
+    /// Appends the MAC of `message` (header and payload, as sent) to `out`.
+    pub fn append_mac(&self, message: &[u8], out: &mut Vec<u8>) {
+        match (&self.hmac, &self.signing) {
+            (Some(key), _) => {
+                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_ref()).expect("HMAC takes any key length");
+                mac.update(message);
+                out.extend_from_slice(&mac.finalize().into_bytes());
+            }
+            (None, Some(signing)) => out.extend_from_slice(&signing.sign(message).to_bytes()),
+            (None, None) => {}
+        }
+    }
 }
 
 /// A receiver's check of multicast datagrams, from the key material the sender handed out.
@@ -371,6 +384,11 @@ fn signed_answer(offer: &[u8], ciphertext: &[u8]) -> Vec<u8> {
     signed
 }
 
+/// Fills `bytes` from the operating system's random source.
+pub fn os_random(bytes: &mut [u8]) {
+    rand_core::OsRng.fill_bytes(bytes);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,7 +409,7 @@ mod tests {
             let key = SenderKey::generate(level, &mut OsRng);
             let verifier = Verifier::from_material(level, &key.material()).expect("material of its level");
             let mut datagram = message.to_vec();
-            key.sign_in_place(&mut datagram);
+            key.append_mac(message, &mut datagram);
             assert_eq!(datagram.len(), message.len() + level.mac_len());
             assert_eq!(verifier.verify(&datagram), Ok(&message[..]));
             if level != MacLevel::None {
@@ -402,7 +420,7 @@ mod tests {
                 }
                 let other = SenderKey::generate(level, &mut OsRng);
                 let mut foreign = message.to_vec();
-                other.sign_in_place(&mut foreign);
+                other.append_mac(message, &mut foreign);
                 assert_eq!(verifier.verify(&foreign), Err(MacError::Mismatch));
             }
         }

@@ -388,6 +388,9 @@ pub struct Receiver {
     candidates: HashMap<ProductIndex, u32>,
     /// Indexes the sender refuted lately (not asked about again).
     refuted: VecDeque<ProductIndex>,
+    /// The multicast message being handled is an EOP (one of a product already complete is
+    /// usual, not stale).
+    eop_seen_last: bool,
     /// Indexes beyond the window seen twice lately (the last 64): when the sender confirms one,
     /// those shortly before it were its stream's too.
     repeated: VecDeque<ProductIndex>,
@@ -395,16 +398,8 @@ pub struct Receiver {
 
 /// Bound of [`Receiver::candidates`].
 const CANDIDATES_MAX: usize = 256;
-/// Bound of [`Receiver::refuted`] and [`Receiver::repeated`].
-const RECENT_MAX: usize = 64;
-
-/// What kind of multicast message brought an index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Seen {
-    Bop,
-    Data,
-    Eop,
-}
+/// Bound of [`Receiver::refuted`].
+const REFUTED_MAX: usize = 64;
 
 /// The first product index a receiver saw ([`IndexTrust::Confirmed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -473,6 +468,7 @@ impl Receiver {
             candidates: HashMap::new(),
             refuted: VecDeque::new(),
             repeated: VecDeque::new(),
+            eop_seen_last: false,
         })
     }
 
@@ -499,12 +495,8 @@ impl Receiver {
             self.counters.unexpected += 1;
             return;
         }
-        let kind = match message.body {
-            Body::Bop(_) => Seen::Bop,
-            Body::Eop => Seen::Eop,
-            _ => Seen::Data,
-        };
-        let Some(key) = self.observe_multicast(message.index, kind) else {
+        self.eop_seen_last = matches!(message.body, Body::Eop);
+        let Some(key) = self.observe_multicast(message.index, matches!(message.body, Body::Bop(_))) else {
             return;
         };
         match message.body {
@@ -538,7 +530,8 @@ impl Receiver {
             self.counters.unexpected += u64::from(run.datagrams);
             return;
         }
-        let Some(key) = self.observe_multicast(run.index, Seen::Data) else { return };
+        self.eop_seen_last = false;
+        let Some(key) = self.observe_multicast(run.index, false) else { return };
         let Some(product) = self.products.get_mut(&key) else { return };
         let (start, end) = (u64::from(run.start), u64::from(run.end));
         if product.bop.is_none() {
@@ -677,9 +670,15 @@ impl Receiver {
         self.confirming = None;
         let keys: Vec<i64> = self.products.keys().copied().collect();
         for key in keys {
-            self.abandon(key, MissReason::Disconnected);
+            let Some(product) = self.remove(key) else { continue };
+            if product.sink_open {
+                if let Some(sink) = &mut self.sink {
+                    sink.0.close(product.index, false);
+                }
+            }
+            self.counters.missed += 1;
+            self.events.push_back(ReceiverEvent::Missed { index: product.index, reason: MissReason::Disconnected });
         }
-        // No connection to send requests or RETX_ENDs on.
         self.transmits.clear();
     }
 
@@ -761,7 +760,7 @@ impl Receiver {
     /// Index bookkeeping for a multicast message (§3.9): a newer index ends older products'
     /// multicast and requests skipped indexes; returns the product's key, creating its entry,
     /// or `None` when the message concerns a finished product or is invalid.
-    fn observe_multicast(&mut self, index: ProductIndex, kind: Seen) -> Option<i64> {
+    fn observe_multicast(&mut self, index: ProductIndex, is_bop: bool) -> Option<i64> {
         let Some((newest, newest_key)) = self.newest else {
             if self.refuted.contains(&index) {
                 // The sender said it has no such product: not a first index either.
@@ -770,13 +769,14 @@ impl Receiver {
             }
             self.newest = Some((index, 0));
             self.events.push_back(ReceiverEvent::Started { index });
-            self.create(0, index, false, kind != Seen::Bop);
+            self.create(0, index, false, !is_bop);
             if let IndexTrust::Confirmed { .. } = self.config.index_trust {
                 // Believed once the sender says it has the product (a BOP_REQ went out with the
                 // product unless this is its BOP).
                 self.anchor = Anchor::Tentative { index, key: 0, end_held: false };
-                if kind == Seen::Bop {
-                    self.ask_to_confirm(index);
+                if is_bop {
+                    self.request(Message { index, body: Body::BopReq });
+                    self.counters.bop_requests += 1;
                 }
                 self.counters.index_confirmations += 1;
             }
@@ -800,17 +800,17 @@ impl Receiver {
                 return None;
             }
         }
-        self.advance_newest(index, key, difference, kind)
+        self.advance_newest(index, key, difference, is_bop)
     }
 
     /// Takes a newer index: older products' multicast is over, skipped indexes are requested.
-    fn advance_newest(&mut self, index: ProductIndex, key: i64, difference: i32, kind: Seen) -> Option<i64> {
+    fn advance_newest(&mut self, index: ProductIndex, key: i64, difference: i32, is_bop: bool) -> Option<i64> {
         let (newest, _) = self.newest?;
         if difference <= 0 {
             if self.products.contains_key(&key) {
                 return Some(key);
             }
-            if kind == Seen::Eop {
+            if self.eop_seen_last {
                 // The EOP of a product completed from its blocks (it need not wait for it).
                 self.counters.duplicates += 1;
             } else {
@@ -838,7 +838,7 @@ impl Receiver {
             let gap_key = key - i64::from(back);
             self.create(gap_key, index.wrapping_add(back.wrapping_neg()), true, true);
         }
-        self.create(key, index, false, kind != Seen::Bop);
+        self.create(key, index, false, !is_bop);
         self.products.contains_key(&key).then_some(key)
     }
 
@@ -846,16 +846,6 @@ impl Receiver {
         match self.anchor {
             Anchor::Tentative { index, key, .. } => Some((index, key)),
             Anchor::Confirmed => None,
-        }
-    }
-
-    /// The sender confirmed the first index: events flow, and its held RETX_END goes out.
-    fn confirm_anchor(&mut self) {
-        if let Anchor::Tentative { index, end_held, .. } = std::mem::replace(&mut self.anchor, Anchor::Confirmed) {
-            if end_held {
-                self.request(Message { index, body: Body::RetxEnd });
-                self.counters.retx_ends += 1;
-            }
         }
     }
 
@@ -878,7 +868,7 @@ impl Receiver {
         *seen += 1;
         let repeated = *seen == 2;
         if repeated {
-            if self.repeated.len() >= RECENT_MAX {
+            if self.repeated.len() >= REFUTED_MAX {
                 self.repeated.pop_front();
             }
             self.repeated.push_back(index);
@@ -912,7 +902,7 @@ impl Receiver {
 
     fn refuted(&mut self, index: ProductIndex) {
         self.counters.index_forged += 1;
-        if self.refuted.len() >= RECENT_MAX {
+        if self.refuted.len() >= REFUTED_MAX {
             self.refuted.pop_front();
         }
         self.refuted.push_back(index);
@@ -927,12 +917,16 @@ impl Receiver {
             _ => return false,
         };
         if let Some((index, key)) = self.tentative_anchor().filter(|(index, _)| *index == message.index) {
+            let Anchor::Tentative { end_held, .. } = self.anchor else { return false };
+            self.anchor = Anchor::Confirmed;
             if confirmed {
-                self.confirm_anchor();
+                if end_held {
+                    self.request(Message { index, body: Body::RetxEnd });
+                    self.counters.retx_ends += 1;
+                }
                 // Handled as any answer for the product (a duplicate BOP, usually).
                 return false;
             }
-            self.anchor = Anchor::Confirmed;
             self.refute_anchor(index, key);
             return true;
         }
@@ -958,14 +952,21 @@ impl Receiver {
                 if message.index.serial_difference(anchor).is_some_and(|d| d.unsigned_abs() <= window) =>
             {
                 // Near the first index seen: that one is the sender's too.
-                self.confirm_anchor();
+                let Anchor::Tentative { end_held, .. } = self.anchor else { return true };
+                self.anchor = Anchor::Confirmed;
+                if end_held {
+                    self.request(Message { index: anchor, body: Body::RetxEnd });
+                    self.counters.retx_ends += 1;
+                }
                 let Some(difference) = message.index.serial_difference(anchor) else { return true };
                 if difference < 0 {
                     // Older than the first index: the session starts there instead.
                     self.start_earlier(message.index, anchor_key + i64::from(difference), anchor, true);
                     anchor_key + i64::from(difference)
                 } else {
-                    match self.advance_to(message.index, Seen::Bop) {
+                    let Some((newest, newest_key)) = self.newest else { return true };
+                    let Some(ahead) = message.index.serial_difference(newest) else { return true };
+                    match self.advance_newest(message.index, newest_key + i64::from(ahead), ahead, true) {
                         Some(key) => key,
                         None => return true,
                     }
@@ -978,10 +979,13 @@ impl Receiver {
                 self.anchor_at(message.index)
             }
             (None, None) => self.anchor_at(message.index),
-            (None, Some(_)) => match self.advance_to(message.index, Seen::Bop) {
-                Some(key) => key,
-                None => return true,
-            },
+            (None, Some((newest, newest_key))) => {
+                let Some(difference) = message.index.serial_difference(newest) else { return true };
+                match self.advance_newest(message.index, newest_key + i64::from(difference), difference, true) {
+                    Some(key) => key,
+                    None => return true,
+                }
+            }
         };
         self.on_bop(key, &bop, true);
         // At the start, the stream's products seen before the one confirmed are taken too.
@@ -989,32 +993,20 @@ impl Receiver {
             ReceiverEvent::Started { index } => Some(*index),
             _ => None,
         });
-        if let (true, Some(first)) = (starting, started) {
-            if let Some((earliest, (earliest_key, _))) =
-                self.earliest_repeated_before(first, window).and_then(|e| Some((e, self.key_from_newest(e)?)))
-            {
+        if let (true, Some(first), Some((newest, newest_key))) = (starting, started, self.newest) {
+            if let Some(earliest) = self.earliest_repeated_before(first, window) {
+                let first_key = newest_key + i64::from(first.serial_difference(newest).unwrap_or(0));
+                let earliest_key = first_key + i64::from(earliest.serial_difference(first).unwrap_or(0));
                 self.start_earlier(earliest, earliest_key, first, false);
             }
         }
         // The messages that came meanwhile went on from it: take the newest of them.
-        if let Some(frontier) = frontier {
-            self.advance_to(frontier, Seen::Data);
+        if let (Some(frontier), Some((newest, newest_key))) = (frontier, self.newest) {
+            if let Some(difference) = frontier.serial_difference(newest).filter(|d| *d > 0) {
+                self.advance_newest(frontier, newest_key + i64::from(difference), difference, false);
+            }
         }
         true
-    }
-
-    /// The key of `index` and its serial difference from the newest index seen.
-    fn key_from_newest(&self, index: ProductIndex) -> Option<(i64, i32)> {
-        let (newest, newest_key) = self.newest?;
-        let difference = index.serial_difference(newest)?;
-        Some((newest_key + i64::from(difference), difference))
-    }
-
-    /// [`Receiver::advance_newest`] to `index` if it is newer; its key when it is (or was) being
-    /// received.
-    fn advance_to(&mut self, index: ProductIndex, kind: Seen) -> Option<i64> {
-        let (key, difference) = self.key_from_newest(index)?;
-        self.advance_newest(index, key, difference, kind)
     }
 
     /// The session starts at `index` (key `key`), before the first index seen (`first`): the
@@ -1048,7 +1040,12 @@ impl Receiver {
     fn discard_all(&mut self) {
         let keys: Vec<i64> = self.products.keys().copied().collect();
         for key in keys {
-            if self.remove_unfinished(key).is_some() {
+            if let Some(product) = self.remove(key) {
+                if product.sink_open {
+                    if let Some(sink) = &mut self.sink {
+                        sink.0.close(product.index, false);
+                    }
+                }
                 self.counters.started -= 1;
             }
         }
@@ -1086,7 +1083,12 @@ impl Receiver {
             return;
         }
         self.refuted(index);
-        if self.remove_unfinished(key).is_some() {
+        if let Some(product) = self.remove(key) {
+            if product.sink_open {
+                if let Some(sink) = &mut self.sink {
+                    sink.0.close(product.index, false);
+                }
+            }
             self.counters.started -= 1;
         }
         self.events.retain(|event| !matches!(event, ReceiverEvent::Started { .. }));
@@ -1429,7 +1431,12 @@ impl Receiver {
 
     /// Gives up a product: Missed event, and RETX_END unless the sender rejected it.
     fn abandon(&mut self, key: i64, reason: MissReason) {
-        let Some(product) = self.remove_unfinished(key) else { return };
+        let Some(product) = self.remove(key) else { return };
+        if product.sink_open {
+            if let Some(sink) = &mut self.sink {
+                sink.0.close(product.index, false);
+            }
+        }
         if reason != MissReason::Rejected {
             self.end(key, product.index);
         }
@@ -1460,17 +1467,6 @@ impl Receiver {
             wire::Error::UnknownType { .. } => self.counters.unknown_type += 1,
             _ => {}
         }
-    }
-
-    /// Removes a product that will not complete, closing it uncompleted in the sink.
-    fn remove_unfinished(&mut self, key: i64) -> Option<Incoming> {
-        let product = self.remove(key)?;
-        if product.sink_open {
-            if let Some(sink) = &mut self.sink {
-                sink.0.close(product.index, false);
-            }
-        }
-        Some(product)
     }
 
     fn remove(&mut self, key: i64) -> Option<Incoming> {

@@ -531,11 +531,17 @@ impl ReceiverTask {
         let queue = Arc::new(RequestQueue::default());
         let (requests, request_rx) = mpsc::unbounded_channel();
         let mut writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
-        self.verifier = Some(verifier);
         let now = Clock::now();
-        for datagram in early.datagrams {
-            self.take_datagram(now, &datagram);
+        let mut early = early;
+        for datagram in early.datagrams.drain(..) {
+            match verifier.verify(&datagram) {
+                Ok(message) => self.receiver.handle_datagram(now, message),
+                Err(_) => {
+                    self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
+        self.verifier = Some(verifier);
         let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
         if matches!(result, Ok(Stopped::Asked)) {
             // Asked to stop: what is queued still goes out (the RETX_END of products already
@@ -562,17 +568,6 @@ impl ReceiverTask {
             Err(error) => return Err(connection(error)),
         }
         Ok(self.receiver.counters().clone())
-    }
-
-    /// Hands a multicast datagram whose MAC verifies to the protocol; counts the others.
-    fn take_datagram(&mut self, now: ldm7_fmtp_proto::Instant, datagram: &[u8]) {
-        match self.verifier.as_ref().map(|verifier| verifier.verify(datagram)) {
-            Some(Ok(message)) => self.receiver.handle_datagram(now, message),
-            Some(Err(_)) => {
-                self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
-            }
-            None => {} // Read before the key exchange ended: the caller holds those.
-        }
     }
 
     /// The receive loop.
@@ -647,7 +642,13 @@ impl ReceiverTask {
                                 self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             }
-                            self.take_datagram(now, datagram);
+                            let Some(verifier) = &self.verifier else { continue };
+                            match verifier.verify(datagram) {
+                                Ok(message) => self.receiver.handle_datagram(now, message),
+                                Err(_) => {
+                                    self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
                         }
                     }
                 }
