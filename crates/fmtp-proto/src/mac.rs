@@ -19,6 +19,14 @@
 //! ignores the signature, and a reference receiver cannot read such an answer: turn identities on
 //! only where every receiver is ldm7.
 //!
+//! Key rotation (the same extension's second part, on only where every receiver is ldm7): the
+//! sender makes a new key, seals it to each connected receiver's offer of this connection
+//! ([`OfferKey::seal_update`], signed with the identity like the answer, over the epoch too) in a
+//! KEY_UPDATE message on the repair connection, and signs with it once every receiver
+//! acknowledged it (KEY_ACK) or a deadline passed. A receiver's [`KeyRing`] checks datagrams with
+//! its current key, then the announced next one (the first datagram that verifies with it makes
+//! it current), then, for a grace period, the previous one (datagrams still in flight).
+//!
 //! Key material is zeroized after use ([`Zeroizing`]; the Ed25519 and RSA keys zeroize on drop).
 //! Well-kept RustCrypto crates do the cryptography (`rsa`, `hmac`, `sha2`, `ed25519-dalek`).
 
@@ -30,6 +38,9 @@ use rsa::pkcs1::{DecodeRsaPublicKey, EncodeRsaPublicKey, LineEnding};
 use rsa::{Oaep, RsaPrivateKey, RsaPublicKey};
 use sha2::Sha256;
 use zeroize::Zeroizing;
+
+use crate::Instant;
+use std::time::Duration;
 
 /// Bytes of a level-1 key.
 pub const HMAC_KEY_LEN: usize = 64;
@@ -43,6 +54,9 @@ pub const RSA_BITS: usize = 2048;
 pub const CIPHERTEXT_LEN: usize = RSA_BITS / 8;
 /// What a publisher's identity signs before the offer and the ciphertext (the extension).
 pub const PINNED_CONTEXT: &[u8] = b"ldm7 FMTP key answer v1\0";
+/// What a publisher's identity signs before the offer, the epoch and the ciphertext of a key
+/// update (the rotation extension).
+pub const UPDATE_CONTEXT: &[u8] = b"ldm7 FMTP key update v1\0";
 
 /// A MAC level (§3.7).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -148,6 +162,14 @@ pub enum MacError {
     /// The RSA operation failed.
     #[error("RSA: {0}")]
     Rsa(String),
+    /// A key update whose epoch is not after the newest one known (a replay).
+    #[error("FMTP key update of epoch {epoch} after epoch {newest}: refused (a replay)")]
+    StaleEpoch {
+        /// The update's.
+        epoch: u32,
+        /// The newest known.
+        newest: u32,
+    },
 }
 
 /// The sender's key for one session: signs every multicast datagram.
@@ -331,6 +353,26 @@ impl KeyOffer {
     /// Opens the sender's answer: the key material. With `pin`, the answer must carry a
     /// signature by that publisher key (the extension); without, a signature is ignored.
     pub fn open(&self, answer: &[u8], pin: Option<&VerifyingKey>) -> Result<Zeroizing<Vec<u8>>, MacError> {
+        self.open_signed(answer, pin, |ciphertext| signed_answer(&self.pem, ciphertext))
+    }
+
+    /// Opens a KEY_UPDATE's sealed key of `epoch` (see [`OfferKey::seal_update`]), with the
+    /// same rule for the publisher's signature as [`KeyOffer::open`].
+    pub fn open_update(
+        &self,
+        epoch: u32,
+        sealed: &[u8],
+        pin: Option<&VerifyingKey>,
+    ) -> Result<Zeroizing<Vec<u8>>, MacError> {
+        self.open_signed(sealed, pin, |ciphertext| signed_update(&self.pem, epoch, ciphertext))
+    }
+
+    fn open_signed(
+        &self,
+        answer: &[u8],
+        pin: Option<&VerifyingKey>,
+        signed: impl Fn(&[u8]) -> Vec<u8>,
+    ) -> Result<Zeroizing<Vec<u8>>, MacError> {
         let ciphertext = match (answer.len(), pin) {
             (CIPHERTEXT_LEN, None) => answer,
             (CIPHERTEXT_LEN, Some(_)) => return Err(MacError::NotPinned(" (the answer is not signed at all)")),
@@ -338,8 +380,7 @@ impl KeyOffer {
                 let (ciphertext, signature) = answer.split_at(CIPHERTEXT_LEN);
                 if let Some(pin) = pin {
                     let signature = Signature::from_slice(signature).map_err(|_| MacError::NotPinned(""))?;
-                    pin.verify(&signed_answer(&self.pem, ciphertext), &signature)
-                        .map_err(|_| MacError::NotPinned(""))?;
+                    pin.verify(&signed(ciphertext), &signature).map_err(|_| MacError::NotPinned(""))?;
                 }
                 ciphertext
             }
@@ -362,26 +403,150 @@ pub fn answer_offer(
     identity: Option<&SigningKey>,
     rng: &mut impl CryptoRngCore,
 ) -> Result<Vec<u8>, MacError> {
-    let pem = std::str::from_utf8(offer).map_err(|error| MacError::BadOffer(error.to_string()))?;
-    let public = RsaPublicKey::from_pkcs1_pem(pem).map_err(|error| MacError::BadOffer(error.to_string()))?;
-    if rsa::traits::PublicKeyParts::size(&public) != CIPHERTEXT_LEN {
-        return Err(MacError::BadOffer(format!("a {}-bit key", rsa::traits::PublicKeyParts::size(&public) * 8)));
+    OfferKey::parse(offer)?.answer(material, identity, rng)
+}
+
+/// A receiver's offer as the sender keeps it for the connection: it answers with the key at the
+/// connection's start and seals each later key to it.
+pub struct OfferKey {
+    public: RsaPublicKey,
+    offer: Vec<u8>,
+}
+
+impl std::fmt::Debug for OfferKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OfferKey").field("offer_len", &self.offer.len()).finish_non_exhaustive()
     }
-    let mut answer =
-        public.encrypt(rng, Oaep::new::<sha1::Sha1>(), material).map_err(|error| MacError::Rsa(error.to_string()))?;
-    if let Some(identity) = identity {
-        let signature = identity.sign(&signed_answer(offer, &answer));
-        answer.extend_from_slice(&signature.to_bytes());
+}
+
+impl OfferKey {
+    /// Reads a receiver's offer: a PEM PKCS#1 RSA-2048 public key.
+    pub fn parse(offer: &[u8]) -> Result<Self, MacError> {
+        let pem = std::str::from_utf8(offer).map_err(|error| MacError::BadOffer(error.to_string()))?;
+        let public = RsaPublicKey::from_pkcs1_pem(pem).map_err(|error| MacError::BadOffer(error.to_string()))?;
+        if rsa::traits::PublicKeyParts::size(&public) != CIPHERTEXT_LEN {
+            return Err(MacError::BadOffer(format!("a {}-bit key", rsa::traits::PublicKeyParts::size(&public) * 8)));
+        }
+        Ok(Self { public, offer: offer.to_vec() })
     }
-    Ok(answer)
+
+    /// The answer that opens the connection (§3.7), signed by `identity` when given.
+    pub fn answer(
+        &self,
+        material: &[u8],
+        identity: Option<&SigningKey>,
+        rng: &mut impl CryptoRngCore,
+    ) -> Result<Vec<u8>, MacError> {
+        self.seal(material, identity, rng, |ciphertext| signed_answer(&self.offer, ciphertext))
+    }
+
+    /// A KEY_UPDATE's payload: the key material of `epoch`, encrypted to this offer, signed by
+    /// `identity` (over [`UPDATE_CONTEXT`], the offer, the epoch and the ciphertext) when given.
+    pub fn seal_update(
+        &self,
+        epoch: u32,
+        material: &[u8],
+        identity: Option<&SigningKey>,
+        rng: &mut impl CryptoRngCore,
+    ) -> Result<Vec<u8>, MacError> {
+        self.seal(material, identity, rng, |ciphertext| signed_update(&self.offer, epoch, ciphertext))
+    }
+
+    fn seal(
+        &self,
+        material: &[u8],
+        identity: Option<&SigningKey>,
+        rng: &mut impl CryptoRngCore,
+        signed: impl Fn(&[u8]) -> Vec<u8>,
+    ) -> Result<Vec<u8>, MacError> {
+        let mut sealed = self
+            .public
+            .encrypt(rng, Oaep::new::<sha1::Sha1>(), material)
+            .map_err(|error| MacError::Rsa(error.to_string()))?;
+        if let Some(identity) = identity {
+            let signature = identity.sign(&signed(&sealed));
+            sealed.extend_from_slice(&signature.to_bytes());
+        }
+        Ok(sealed)
+    }
 }
 
 fn signed_answer(offer: &[u8], ciphertext: &[u8]) -> Vec<u8> {
-    let mut signed = Vec::with_capacity(PINNED_CONTEXT.len() + offer.len() + ciphertext.len());
-    signed.extend_from_slice(PINNED_CONTEXT);
-    signed.extend_from_slice(offer);
-    signed.extend_from_slice(ciphertext);
-    signed
+    [PINNED_CONTEXT, offer, ciphertext].concat()
+}
+
+fn signed_update(offer: &[u8], epoch: u32, ciphertext: &[u8]) -> Vec<u8> {
+    [UPDATE_CONTEXT, offer, &epoch.to_be_bytes(), ciphertext].concat()
+}
+
+/// A receiver's keys across rotations: the current one, the next one its sender announced, and
+/// the previous one for a grace period after the switch.
+#[derive(Debug)]
+pub struct KeyRing {
+    current: Verifier,
+    /// The epoch of the current key (`None`: the key of the connection's start, whose epoch the
+    /// exchange does not say).
+    epoch: Option<u32>,
+    next: Option<(u32, Verifier)>,
+    previous: Option<(Verifier, Instant)>,
+    grace: Duration,
+}
+
+impl KeyRing {
+    /// Datagrams signed with the previous key still verify this long after the switch.
+    pub const GRACE: Duration = Duration::from_secs(10);
+
+    /// The ring of a connection's first key.
+    pub fn new(current: Verifier) -> Self {
+        Self { current, epoch: None, next: None, previous: None, grace: Self::GRACE }
+    }
+
+    /// The current key's epoch (`None` before the first rotation).
+    pub fn epoch(&self) -> Option<u32> {
+        self.epoch
+    }
+
+    /// The level.
+    pub fn level(&self) -> MacLevel {
+        self.current.level
+    }
+
+    /// Takes the announced key of `epoch`; an epoch not after the newest one known (a replay)
+    /// is refused.
+    pub fn announce(&mut self, epoch: u32, next: Verifier) -> Result<(), MacError> {
+        let newest = self.next.as_ref().map(|(epoch, _)| *epoch).or(self.epoch);
+        if newest.is_some_and(|newest| epoch <= newest) {
+            return Err(MacError::StaleEpoch { epoch, newest: newest.unwrap_or_default() });
+        }
+        if next.level != self.current.level {
+            return Err(MacError::LevelMismatch { sender: next.level, receiver: self.current.level });
+        }
+        self.next = Some((epoch, next));
+        Ok(())
+    }
+
+    /// Checks a datagram with the current key, then the next (which becomes current when it
+    /// verifies), then the previous within its grace period.
+    pub fn verify<'a>(&mut self, now: Instant, datagram: &'a [u8]) -> Result<&'a [u8], MacError> {
+        let error = match self.current.verify(datagram) {
+            Ok(message) => return Ok(message),
+            Err(error) => error,
+        };
+        if let Some((epoch, next)) = &self.next {
+            if next.verify(datagram).is_ok() {
+                let epoch = *epoch;
+                let (_, next) = self.next.take().expect("checked above");
+                let previous = std::mem::replace(&mut self.current, next);
+                self.previous = Some((previous, now + self.grace));
+                self.epoch = Some(epoch);
+                return self.current.verify(datagram);
+            }
+        }
+        match &self.previous {
+            Some((previous, until)) if now < *until => previous.verify(datagram),
+            _ => Err(error),
+        }
+    }
 }
 
 /// Fills `bytes` from the operating system's random source.
@@ -469,6 +634,56 @@ mod tests {
         let other_offer = KeyOffer::generate(&mut OsRng).expect("key");
         let replayed = answer_offer(other_offer.pem(), &key.material(), Some(&identity), &mut OsRng).expect("answer");
         assert!(offer.open(&replayed, Some(&pin)).is_err());
+    }
+
+    #[test]
+    fn a_rotated_key_takes_over_with_its_first_datagram_and_the_old_one_lasts_its_grace() {
+        let identity = SigningKey::generate(&mut OsRng);
+        let pin = identity.verifying_key();
+        let offer = KeyOffer::generate(&mut OsRng).expect("key");
+        let sealed_to = OfferKey::parse(offer.pem()).expect("offer");
+        for level in [MacLevel::Hmac, MacLevel::Ed25519] {
+            let first = SenderKey::generate(level, &mut OsRng);
+            let answer = sealed_to.answer(&first.material(), Some(&identity), &mut OsRng).expect("answer");
+            let verifier = Verifier::from_material(level, &offer.open(&answer, Some(&pin)).expect("open")).expect("v");
+            let mut ring = KeyRing::new(verifier);
+            let signed = |key: &SenderKey| {
+                let mut datagram = b"\0\0\0\x01\0\0\0\0\0\0\0\x02".to_vec();
+                key.sign_in_place(&mut datagram);
+                datagram
+            };
+            let t0 = Instant::ZERO;
+            assert!(ring.verify(t0, &signed(&first)).is_ok());
+            // The next key is announced; datagrams of the first still verify, then the first of
+            // the next makes it current.
+            let second = SenderKey::generate(level, &mut OsRng);
+            let update = sealed_to.seal_update(1, &second.material(), Some(&identity), &mut OsRng).expect("seal");
+            assert!(
+                matches!(offer.open_update(2, &update, Some(&pin)), Err(MacError::NotPinned(_))),
+                "epoch is signed"
+            );
+            let material = offer.open_update(1, &update, Some(&pin)).expect("open update");
+            ring.announce(1, Verifier::from_material(level, &material).expect("v")).expect("announce");
+            assert!(ring.verify(t0, &signed(&first)).is_ok());
+            assert_eq!(ring.epoch(), None);
+            assert!(ring.verify(t0, &signed(&second)).is_ok());
+            assert_eq!(ring.epoch(), Some(1));
+            // The first key, within the grace period and after it; a foreign key never.
+            assert!(ring.verify(t0 + KeyRing::GRACE / 2, &signed(&first)).is_ok());
+            assert_eq!(ring.verify(t0 + KeyRing::GRACE, &signed(&first)), Err(MacError::Mismatch));
+            let foreign = SenderKey::generate(level, &mut OsRng);
+            assert_eq!(ring.verify(t0, &signed(&foreign)), Err(MacError::Mismatch));
+            // A replayed (old) epoch is refused; so is an update of another level.
+            let again = Verifier::from_material(level, &second.material()).expect("v");
+            assert!(matches!(ring.announce(1, again), Err(MacError::StaleEpoch { epoch: 1, newest: 1 })));
+            let other = SenderKey::generate(MacLevel::None, &mut OsRng);
+            let other = Verifier::from_material(MacLevel::None, &other.material()).expect("v");
+            assert!(matches!(ring.announce(2, other), Err(MacError::LevelMismatch { .. })));
+            // An update signed by someone else is refused with a pin.
+            let impostor = SigningKey::generate(&mut OsRng);
+            let forged = sealed_to.seal_update(5, &foreign.material(), Some(&impostor), &mut OsRng).expect("seal");
+            assert!(matches!(offer.open_update(5, &forged, Some(&pin)), Err(MacError::NotPinned(_))));
+        }
     }
 
     #[test]

@@ -69,6 +69,12 @@ pub enum MessageType {
     EopReq = 0x0200,
     /// Retransmitted EOP, also sent unsolicited at the sender's deadline (sender → receiver).
     RetxEop = 0x0400,
+    /// ldm7 extension: the next MAC key, sealed to the receiver's offer (sender → receiver;
+    /// `prodindex` carries the key's epoch). Sent only when key rotation is on.
+    KeyUpdate = 0x4000,
+    /// ldm7 extension: the receiver holds the key of the epoch in `prodindex` (receiver →
+    /// sender).
+    KeyAck = 0x8000,
 }
 
 impl MessageType {
@@ -86,6 +92,8 @@ impl MessageType {
             0x0100 => Self::RetxBop,
             0x0200 => Self::EopReq,
             0x0400 => Self::RetxEop,
+            0x4000 => Self::KeyUpdate,
+            0x8000 => Self::KeyAck,
             _ => return None,
         })
     }
@@ -97,7 +105,7 @@ impl MessageType {
 
     /// Whether this type carries a payload (BOP body or product bytes).
     pub const fn has_payload(self) -> bool {
-        matches!(self, Self::Bop | Self::MemData | Self::RetxData | Self::RetxBop)
+        matches!(self, Self::Bop | Self::MemData | Self::RetxData | Self::RetxBop | Self::KeyUpdate)
     }
 
     /// Whether the type travels by multicast (BOP, EOP, MEM_DATA).
@@ -406,6 +414,14 @@ pub enum Body<'a> {
     EopReq,
     /// Retransmitted (or deadline) EOP.
     RetxEop,
+    /// ldm7 extension: the next MAC key sealed to the receiver (`crate::mac::OfferKey::seal_update`);
+    /// the message's index is the key's epoch.
+    KeyUpdate {
+        /// The sealed key.
+        sealed: &'a [u8],
+    },
+    /// ldm7 extension: the receiver holds the key of the epoch in the message's index.
+    KeyAck,
 }
 
 /// A typed FMTP message, borrowing payload bytes from the buffer it was parsed from (or from
@@ -468,6 +484,8 @@ impl<'a> Message<'a> {
             MessageType::RetxBop => Body::RetxBop(Bop::parse(payload)?),
             MessageType::EopReq => Body::EopReq,
             MessageType::RetxEop => Body::RetxEop,
+            MessageType::KeyUpdate => Body::KeyUpdate { sealed: payload },
+            MessageType::KeyAck => Body::KeyAck,
         };
         Ok(Self { index, body })
     }
@@ -486,6 +504,8 @@ impl<'a> Message<'a> {
             Body::RetxBop(_) => MessageType::RetxBop,
             Body::EopReq => MessageType::EopReq,
             Body::RetxEop => MessageType::RetxEop,
+            Body::KeyUpdate { .. } => MessageType::KeyUpdate,
+            Body::KeyAck => MessageType::KeyAck,
         }
     }
 
@@ -506,6 +526,7 @@ impl<'a> Message<'a> {
             Body::MemData { offset, data } | Body::RetxData { offset, data } => (offset, data.len()),
             Body::RetxReq { offset, len } => (offset, usize::from(len)),
             Body::Bop(bop) | Body::RetxBop(bop) => (0, bop.buffer_len()),
+            Body::KeyUpdate { sealed } => (0, sealed.len()),
             _ => (0, 0),
         };
         let mut packet = Packet::new_unchecked(&mut *out);
@@ -515,7 +536,9 @@ impl<'a> Message<'a> {
         packet.set_payload_len(payload_len as u16);
         packet.set_flags(self.message_type().flags());
         match self.body {
-            Body::MemData { data, .. } | Body::RetxData { data, .. } => out[HEADER_LEN..].copy_from_slice(data),
+            Body::MemData { data, .. } | Body::RetxData { data, .. } | Body::KeyUpdate { sealed: data } => {
+                out[HEADER_LEN..].copy_from_slice(data);
+            }
             Body::Bop(bop) | Body::RetxBop(bop) => bop.emit(&mut out[HEADER_LEN..]),
             _ => {}
         }
@@ -539,7 +562,7 @@ impl<'a> Message<'a> {
 
     const fn wire_payload_len(&self) -> usize {
         match self.body {
-            Body::MemData { data, .. } | Body::RetxData { data, .. } => data.len(),
+            Body::MemData { data, .. } | Body::RetxData { data, .. } | Body::KeyUpdate { sealed: data } => data.len(),
             Body::Bop(bop) | Body::RetxBop(bop) => bop.buffer_len(),
             _ => 0,
         }
@@ -558,6 +581,9 @@ impl<'a> Message<'a> {
                 } else {
                     Ok(())
                 }
+            }
+            Body::KeyUpdate { sealed } if sealed.len() > PAYLOAD_LEN_MAX => {
+                Err(Error::PayloadTooLong { payload_len: sealed.len() })
             }
             _ => Ok(()),
         }

@@ -26,10 +26,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ldm7_fmtp_proto::wire::{self, Split};
+use ldm7_fmtp_proto::wire::{self, Body, Message, Split};
 use ldm7_fmtp_proto::{
-    Assembly, ConfigError, Delivery, MissReason, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
-    ReceiverEvent,
+    Assembly, ConfigError, Delivery, MissReason, ProductIndex, Receiver, ReceiverBound, ReceiverConfig,
+    ReceiverCounters, ReceiverEvent,
 };
 use ldm7_io::{Backoff, BoundHits, Clock, Throttle};
 use md5::{Digest, Md5};
@@ -43,7 +43,7 @@ use crate::spool::{SpoolSink, SpooledProduct};
 use crate::stream::{ConnectError, HandshakeError, READ_CHUNK_BYTES, connect_with_backoff, offer_handshake, read_more};
 use crate::udp::{MulticastConfig, MulticastReceiver, SocketError, datagrams};
 use ed25519_dalek::VerifyingKey;
-use ldm7_fmtp_proto::mac::{MacError, MacLevel, Verifier};
+use ldm7_fmtp_proto::mac::{KeyOffer, KeyRing, MacError, MacLevel, Verifier};
 
 /// First pause between attempts to connect to the retransmission server.
 pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(20);
@@ -237,6 +237,11 @@ pub struct ReceiverDriverCounters {
     pub datagrams_dropped: u64,
     /// Datagrams dropped because their MAC did not verify (forged, damaged, another key).
     pub bad_mac: u64,
+    /// MAC keys taken from a rotating sender (KEY_UPDATE, acknowledged).
+    pub key_updates: u64,
+    /// Key updates refused: not signed by the pinned publisher, not decryptable, a replayed
+    /// epoch, another level (logged).
+    pub key_updates_refused: u64,
 }
 
 /// What a receiver totals at its end.
@@ -338,7 +343,9 @@ impl FmtpReceiver {
             counters: counters_tx,
             drop_filter: None,
             bound_log: Throttle::new(BOUND_LOG_INTERVAL),
-            verifier: None,
+            keys: None,
+            offer: None,
+            key_acks: Vec::new(),
         };
         let task = tokio::spawn(task.run(udp, stop_rx));
         Ok(Self { notices, stop, task, counters, connection, shared })
@@ -393,6 +400,8 @@ struct Shared {
     request_queue: BoundHits,
     datagrams_dropped: AtomicU64,
     bad_mac: AtomicU64,
+    key_updates: AtomicU64,
+    key_updates_refused: AtomicU64,
 }
 
 impl Shared {
@@ -403,6 +412,8 @@ impl Shared {
             request_queue_full: self.request_queue.count(),
             datagrams_dropped: self.datagrams_dropped.load(Ordering::Relaxed),
             bad_mac: self.bad_mac.load(Ordering::Relaxed),
+            key_updates: self.key_updates.load(Ordering::Relaxed),
+            key_updates_refused: self.key_updates_refused.load(Ordering::Relaxed),
         }
     }
 }
@@ -448,7 +459,11 @@ struct ReceiverTask {
     /// Protocol bound hits: logged once, then at most once a minute per bound with the count.
     bound_log: Throttle<ReceiverBound>,
     /// Checks multicast datagrams: set by the key exchange, before any is read.
-    verifier: Option<Verifier>,
+    keys: Option<KeyRing>,
+    /// This connection's offer: opens the sender's key updates.
+    offer: Option<KeyOffer>,
+    /// KEY_ACKs to send.
+    key_acks: Vec<u8>,
 }
 
 /// Why the receive loop stopped without an error.
@@ -489,7 +504,7 @@ impl ReceiverTask {
         stream.set_nodelay(true).map_err(connection)?;
         let (mut read, mut write) = stream.into_split();
         let pin = self.options.pin;
-        let (verifier, mut stream_buffer, early) = {
+        let (verifier, mut stream_buffer, offer, early) = {
             let handshake = offer_handshake(&mut read, &mut write, self.options.mac_level, pin.as_ref());
             tokio::pin!(handshake);
             // The multicast is read meanwhile (the sender may start as soon as it answered, and a
@@ -499,7 +514,7 @@ impl ReceiverTask {
             let mut early = EarlyDatagrams::default();
             let mut storage = vec![vec![0u8; DATAGRAM_LEN_MAX.max(2048)]; RECV_BATCH];
             let mut meta = vec![quinn_udp::RecvMeta::default(); RECV_BATCH];
-            let (verifier, stream_buffer) = loop {
+            let (verifier, stream_buffer, offer) = loop {
                 tokio::select! {
                     answer = &mut handshake => break answer.map_err(|error| match error {
                         HandshakeError::Io(source) => ReceiveError::Connection { addr, source },
@@ -519,7 +534,7 @@ impl ReceiverTask {
                     () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
                 }
             };
-            (verifier, stream_buffer, early)
+            (verifier, stream_buffer, offer, early)
         };
         tracing::info!(sender = %addr, "FMTP receiver connected");
         self.connection.send_replace(ConnectionState::Connected);
@@ -533,15 +548,17 @@ impl ReceiverTask {
         let mut writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
         let now = Clock::now();
         let mut early = early;
+        let mut keys = KeyRing::new(verifier);
         for datagram in early.datagrams.drain(..) {
-            match verifier.verify(&datagram) {
+            match keys.verify(now, &datagram) {
                 Ok(message) => self.receiver.handle_datagram(now, message),
                 Err(_) => {
                     self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
-        self.verifier = Some(verifier);
+        self.keys = Some(keys);
+        self.offer = Some(offer);
         let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
         if matches!(result, Ok(Stopped::Asked)) {
             // Asked to stop: what is queued still goes out (the RETX_END of products already
@@ -587,8 +604,8 @@ impl ReceiverTask {
         // Frames that came with the key exchange's answer.
         self.handle_stream(stream_buffer)?;
         loop {
-            // 1. Requests, up to the queue's bound.
-            let mut outgoing = Vec::new();
+            // 1. Requests, up to the queue's bound (key acknowledgements first).
+            let mut outgoing = std::mem::take(&mut self.key_acks);
             let mut held_back = false;
             loop {
                 if queue.queued_bytes.load(Ordering::SeqCst) + outgoing.len() >= request_bytes_max {
@@ -642,8 +659,8 @@ impl ReceiverTask {
                                 self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             }
-                            let Some(verifier) = &self.verifier else { continue };
-                            match verifier.verify(datagram) {
+                            let Some(keys) = &mut self.keys else { continue };
+                            match keys.verify(now, datagram) {
                                 Ok(message) => self.receiver.handle_datagram(now, message),
                                 Err(_) => {
                                     self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
@@ -675,7 +692,10 @@ impl ReceiverTask {
         loop {
             match wire::split_frame(&stream_buffer[consumed..]) {
                 Ok(Split::Frame { frame, rest }) => {
-                    if let Err(error) = self.receiver.handle_stream_frame(now, frame) {
+                    if let Ok(Message { index, body: Body::KeyUpdate { sealed } }) = Message::parse(frame) {
+                        // The rotation extension is the driver's: the protocol never sees it.
+                        self.key_update(index.0, sealed);
+                    } else if let Err(error) = self.receiver.handle_stream_frame(now, frame) {
                         tracing::warn!(%error, "FMTP receiver: malformed message from the sender");
                     }
                     consumed = stream_buffer.len() - rest.len();
@@ -686,6 +706,28 @@ impl ReceiverTask {
         }
         stream_buffer.drain(..consumed);
         Ok(())
+    }
+
+    /// Takes a rotating sender's next key and acknowledges it; a key that cannot be taken is
+    /// logged and counted (datagrams signed with it will fail their check and be repaired).
+    fn key_update(&mut self, epoch: u32, sealed: &[u8]) {
+        let (Some(offer), Some(keys)) = (&self.offer, &mut self.keys) else { return };
+        let taken = offer
+            .open_update(epoch, sealed, self.options.pin.as_ref())
+            .and_then(|material| Verifier::from_material(keys.level(), &material))
+            .and_then(|next| keys.announce(epoch, next));
+        match taken {
+            Ok(()) => {
+                self.shared.key_updates.fetch_add(1, Ordering::Relaxed);
+                let ack = Message { index: ProductIndex(epoch), body: Body::KeyAck };
+                // A bodiless message always emits.
+                let _ = ack.emit_to_vec(&mut self.key_acks);
+            }
+            Err(error) => {
+                self.shared.key_updates_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(epoch, %error, "FMTP receiver: refused the sender's new MAC key");
+            }
+        }
     }
 
     /// The application's view of a protocol event: a delivery with its bytes.

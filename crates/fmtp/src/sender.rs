@@ -25,17 +25,17 @@
 //! [`SenderNotice::Refused`]; notices the application has not read yet wait in the task, which
 //! meanwhile takes no new product.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ldm7_fmtp_proto::wire::{self, Split};
+use ldm7_fmtp_proto::wire::{self, Body, Message, Split};
 use ldm7_fmtp_proto::{
-    ConfigError, Destination, EnqueueError, Product, ReceiverId, Sender, SenderBound, SenderConfig, SenderCounters,
-    SenderEvent,
+    ConfigError, Destination, EnqueueError, Instant, Product, ProductIndex, ReceiverId, Sender, SenderBound,
+    SenderConfig, SenderCounters, SenderEvent,
 };
 use ldm7_io::{BoundHits, Clock, Throttle};
 use tokio::io::AsyncWriteExt;
@@ -45,10 +45,10 @@ use tokio::sync::mpsc::error::TrySendError as ChannelFull;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::stream::{self, KeyAnswer, accept_handshake, read_more, tcp_rtt};
+use crate::stream::{self, CurrentKey, KeyAnswer, accept_handshake, read_more, tcp_rtt};
 use crate::udp::{MulticastConfig, MulticastSender};
 use ed25519_dalek::SigningKey;
-use ldm7_fmtp_proto::mac::{MacLevel, SenderKey};
+use ldm7_fmtp_proto::mac::{MacLevel, OfferKey, SenderKey};
 use ldm7_fmtp_proto::wire::PAYLOAD_LEN_MAX;
 
 /// A protocol bound hit is logged at most this often (per bound), with the count.
@@ -138,7 +138,19 @@ pub struct SenderOptions {
     /// that pin its public key (an ldm7 extension; a reference receiver cannot read a signed
     /// answer).
     pub identity: Option<Arc<SigningKey>>,
+    /// Make a new MAC key this often and hand it to every receiver over its repair connection
+    /// (KEY_UPDATE, sealed to the receiver's offer, signed by the identity), signing with it once
+    /// all acknowledged it (KEY_ACK) or [`KEY_SWITCH_DEADLINE`] passed. An ldm7 extension: every
+    /// receiver must be ldm7. At least [`MAC_ROTATION_MIN`]; ignored at MAC level 0.
+    pub mac_rotation: Option<Duration>,
 }
+
+/// The shortest [`SenderOptions::mac_rotation`].
+pub const MAC_ROTATION_MIN: Duration = Duration::from_secs(1);
+
+/// Longest a new MAC key waits for receivers' acknowledgements before the sender signs with it
+/// anyway (a receiver that has not taken it yet asks for repairs meanwhile).
+pub const KEY_SWITCH_DEADLINE: Duration = Duration::from_secs(30);
 
 impl SenderOptions {
     /// Options that authorize every peer, with the default bounds, no MAC and no identity.
@@ -151,6 +163,7 @@ impl SenderOptions {
             bounds: SenderBounds::default(),
             mac_level: MacLevel::None,
             identity: None,
+            mac_rotation: None,
         }
     }
 }
@@ -206,6 +219,10 @@ pub struct SenderDriverCounters {
     /// Connections cut off: the receiver took none of its repairs for
     /// [`SenderBounds::repair_stall_max`].
     pub connections_stalled: u64,
+    /// MAC keys rotated ([`SenderOptions::mac_rotation`]).
+    pub key_rotations: u64,
+    /// Rotations that switched at [`KEY_SWITCH_DEADLINE`] with receivers still not acknowledging.
+    pub key_switches_late: u64,
 }
 
 /// Why a product could not be handed over: the sender task ended. The product is handed back.
@@ -333,6 +350,12 @@ impl FmtpSender {
                 format!("FMTP sender bounds too small: {bounds:?} (queues ≥ 1, byte bounds ≥ {DATAGRAM_LEN_MAX})"),
             ));
         }
+        if let Some(every) = options.mac_rotation.filter(|every| *every < MAC_ROTATION_MIN) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("MAC key rotation every {every:?}: at least {MAC_ROTATION_MIN:?}"),
+            ));
+        }
         let udp = MulticastSender::open(&options.multicast).map_err(io::Error::other)?;
         let source_addr = udp.local_addr()?;
         let listener = TcpListener::bind(options.retx_listen).await?;
@@ -340,7 +363,13 @@ impl FmtpSender {
         let mut proto = options.proto.clone();
         let mac = SenderKey::generate(options.mac_level, &mut rand_core::OsRng);
         proto.block_len = proto.block_len.min(PAYLOAD_LEN_MAX - options.mac_level.mac_len());
-        let keys = KeyAnswer { material: Arc::new(mac.material()), identity: options.identity.clone() };
+        let (current_key, current) = watch::channel(CurrentKey { epoch: 0, material: Arc::new(mac.material()) });
+        let keys = KeyAnswer { current, identity: options.identity.clone() };
+        let rotation = options.mac_rotation.filter(|_| options.mac_level != MacLevel::None).map(|every| Rotation {
+            every,
+            due: Clock::now() + every,
+            pending: None,
+        });
         for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
             pacing.bucket_bytes = pacing.bucket_bytes.max(timer_burst_bytes(pacing.rate_bits_per_s));
         }
@@ -375,6 +404,10 @@ impl FmtpSender {
             segments: 0,
             bound_log: Throttle::new(BOUND_LOG_INTERVAL),
             mac,
+            mac_epoch: 0,
+            current_key,
+            identity: options.identity.clone(),
+            rotation,
         };
         let run = tokio::spawn(task.run(product_rx, input_rx));
         Ok(Self {
@@ -463,6 +496,8 @@ struct Shared {
     connections_over_bound: BoundHits,
     multicast_send_errors: BoundHits,
     connections_stalled: AtomicU64,
+    key_rotations: AtomicU64,
+    key_switches_late: AtomicU64,
 }
 
 impl Shared {
@@ -478,6 +513,8 @@ impl Shared {
             connections_over_bound: self.connections_over_bound.count(),
             multicast_send_errors: self.multicast_send_errors.count(),
             connections_stalled: self.connections_stalled.load(Ordering::Relaxed),
+            key_rotations: self.key_rotations.load(Ordering::Relaxed),
+            key_switches_late: self.key_switches_late.load(Ordering::Relaxed),
         }
     }
 }
@@ -485,7 +522,7 @@ impl Shared {
 /// What the connection tasks tell the sender task.
 enum Input {
     /// A receiver finished the key exchange.
-    Connected { id: ReceiverId, peer: SocketAddr, link: Link },
+    Connected { id: ReceiverId, peer: SocketAddr, link: Box<Link> },
     /// Whole frames read from a receiver's connection; its reader waits for a read credit.
     Frames { id: ReceiverId, frames: Vec<u8> },
     /// A receiver's repair queue drained below half its bound.
@@ -558,6 +595,10 @@ struct Link {
     paused: bool,
     /// Episodes of paused reading (logged once each; one ends when a chunk is taken whole).
     pauses: BoundHits,
+    /// The receiver's offer: later MAC keys are sealed to it.
+    offer: OfferKey,
+    /// The epoch of the key the exchange handed it.
+    epoch: u32,
 }
 
 impl Link {
@@ -608,6 +649,31 @@ struct SenderTask {
     bound_log: Throttle<SenderBound>,
     /// Signs each multicast datagram (§3.6).
     mac: SenderKey,
+    /// Its epoch (0 for the first key, one more at each rotation).
+    mac_epoch: u32,
+    /// What connection tasks hand out in the exchange.
+    current_key: watch::Sender<CurrentKey>,
+    /// Signs key updates.
+    identity: Option<Arc<SigningKey>>,
+    /// Key rotation, when on.
+    rotation: Option<Rotation>,
+}
+
+/// MAC key rotation: when the next key is made, and the one being handed out.
+struct Rotation {
+    every: Duration,
+    due: Instant,
+    pending: Option<PendingKey>,
+}
+
+/// A key handed out and not yet signing.
+struct PendingKey {
+    epoch: u32,
+    key: SenderKey,
+    /// Receivers that have not acknowledged it.
+    waiting: HashSet<ReceiverId>,
+    /// When the sender signs with it at the latest.
+    deadline: Instant,
 }
 
 /// What woke the sender task.
@@ -623,7 +689,10 @@ impl SenderTask {
         let mut products_open = true;
         loop {
             self.drive().await;
-            let timeout = self.sender.poll_timeout();
+            let timeout = match (self.sender.poll_timeout(), self.rotation_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let take_products = products_open
                 && self.pending_notices.is_empty()
                 && self.sender.queued_products() < self.queued_products_max;
@@ -655,7 +724,11 @@ impl SenderTask {
                         self.notify(SenderNotice::Refused(error));
                     }
                 }
-                Wake::Timer => self.sender.handle_timeout(Clock::now()),
+                Wake::Timer => {
+                    let now = Clock::now();
+                    self.sender.handle_timeout(now);
+                    self.rotate_when_due(now);
+                }
             }
         }
     }
@@ -695,8 +768,15 @@ impl SenderTask {
     fn handle_input(&mut self, input: Input) {
         let now = Clock::now();
         match input {
-            Input::Connected { id, peer, link } => {
-                self.links.insert(id, link);
+            Input::Connected { id, peer, mut link } => {
+                // Keys it missed: a rotation between its exchange and now, one being handed out.
+                if link.epoch != self.mac_epoch {
+                    send_key_update(&mut link, self.mac_epoch, &self.mac, self.identity.as_deref());
+                }
+                if let Some(pending) = self.rotation.as_ref().and_then(|rotation| rotation.pending.as_ref()) {
+                    send_key_update(&mut link, pending.epoch, &pending.key, self.identity.as_deref());
+                }
+                self.links.insert(id, *link);
                 self.sender.receiver_connected(now, id);
                 self.notify(SenderNotice::ReceiverJoined(id, peer));
             }
@@ -741,6 +821,7 @@ impl SenderTask {
             }
             Input::Disconnected(id) => {
                 if let Some(link) = self.links.remove(&id) {
+                    self.key_acknowledged(now, id, None);
                     tracing::info!(receiver = id.0, peer = %link.peer, "FMTP receiver left");
                     self.sender.receiver_disconnected(now, id);
                     self.notify(SenderNotice::ReceiverLeft(id));
@@ -753,6 +834,7 @@ impl SenderTask {
     fn feed_held(&mut self) -> bool {
         let now = Clock::now();
         let mut fed = false;
+        let mut acks = Vec::new();
         for (id, link) in &mut self.links {
             let mut consumed = 0;
             while consumed < link.held.len() && self.sender.accepts_stream(*id) {
@@ -761,7 +843,10 @@ impl SenderTask {
                     consumed = link.held.len();
                     break;
                 };
-                if let Err(error) = self.sender.handle_stream_frame(now, *id, frame) {
+                if let Ok(Message { index, body: Body::KeyAck }) = Message::parse(frame) {
+                    // The rotation extension is the driver's: the protocol never sees it.
+                    acks.push((*id, index.0));
+                } else if let Err(error) = self.sender.handle_stream_frame(now, *id, frame) {
                     tracing::warn!(receiver = id.0, %error, "FMTP sender: malformed message from a receiver");
                 }
                 consumed = link.held.len() - rest.len();
@@ -769,7 +854,72 @@ impl SenderTask {
             }
             link.held.drain(..consumed);
         }
+        for (id, epoch) in acks {
+            self.key_acknowledged(now, id, Some(epoch));
+        }
         fed
+    }
+
+    /// When the rotation needs the task next: the pending key's deadline, or the next key's
+    /// making.
+    fn rotation_timeout(&self) -> Option<Instant> {
+        let rotation = self.rotation.as_ref()?;
+        Some(rotation.pending.as_ref().map_or(rotation.due, |pending| pending.deadline))
+    }
+
+    /// Makes the next key when due and hands it to every receiver; switches to a pending key
+    /// at its deadline.
+    fn rotate_when_due(&mut self, now: Instant) {
+        let Some(rotation) = &mut self.rotation else { return };
+        match &rotation.pending {
+            Some(pending) if now >= pending.deadline => self.switch_key(now),
+            Some(_) => {}
+            None if now >= rotation.due => {
+                let epoch = self.mac_epoch.wrapping_add(1);
+                let key = SenderKey::generate(self.mac.level(), &mut rand_core::OsRng);
+                let mut waiting = HashSet::new();
+                for (id, link) in &mut self.links {
+                    if send_key_update(link, epoch, &key, self.identity.as_deref()) {
+                        waiting.insert(*id);
+                    }
+                }
+                tracing::debug!(epoch, receivers = waiting.len(), "FMTP sender: new MAC key handed out");
+                rotation.pending = Some(PendingKey { epoch, key, waiting, deadline: now + KEY_SWITCH_DEADLINE });
+                self.key_acknowledged(now, ReceiverId(0), None);
+            }
+            None => {}
+        }
+    }
+
+    /// Notes that `id` holds the pending key (`epoch`), or left (`None`); switches when no
+    /// receiver is waited for.
+    fn key_acknowledged(&mut self, now: Instant, id: ReceiverId, epoch: Option<u32>) {
+        let Some(pending) = self.rotation.as_mut().and_then(|rotation| rotation.pending.as_mut()) else { return };
+        if epoch.is_none_or(|epoch| epoch == pending.epoch) {
+            pending.waiting.remove(&id);
+        }
+        if pending.waiting.is_empty() {
+            self.switch_key(now);
+        }
+    }
+
+    /// Signs with the pending key from now on.
+    fn switch_key(&mut self, now: Instant) {
+        let Some(rotation) = &mut self.rotation else { return };
+        let Some(pending) = rotation.pending.take() else { return };
+        rotation.due = now + rotation.every;
+        if !pending.waiting.is_empty() {
+            self.shared.key_switches_late.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                epoch = pending.epoch,
+                receivers = pending.waiting.len(),
+                "FMTP sender: switching to the new MAC key without every receiver's acknowledgement (deadline)"
+            );
+        }
+        self.mac = pending.key;
+        self.mac_epoch = pending.epoch;
+        self.current_key.send_replace(CurrentKey { epoch: pending.epoch, material: Arc::new(self.mac.material()) });
+        self.shared.key_rotations.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Gives paused readers their credit back once their frames were all taken and the
@@ -893,6 +1043,24 @@ impl SenderTask {
     }
 }
 
+/// Queues a KEY_UPDATE of `key` (epoch `epoch`) for a receiver; false when it cannot be sealed
+/// (logged).
+fn send_key_update(link: &mut Link, epoch: u32, key: &SenderKey, identity: Option<&SigningKey>) -> bool {
+    let sealed = match link.offer.seal_update(epoch, &key.material(), identity, &mut rand_core::OsRng) {
+        Ok(sealed) => sealed,
+        Err(error) => {
+            tracing::warn!(peer = %link.peer, %error, "FMTP sender: cannot seal the new MAC key to a receiver");
+            return false;
+        }
+    };
+    let update = Message { index: ProductIndex(epoch), body: Body::KeyUpdate { sealed: &sealed } };
+    if update.emit_to_vec(&mut link.out).is_err() {
+        return false;
+    }
+    link.flush();
+    true
+}
+
 async fn accept_loop(
     listener: TcpListener,
     authorize: Authorizer,
@@ -961,7 +1129,7 @@ async fn serve_connection(
         socket2::SockRef::from(&stream).set_send_buffer_size(bytes)?;
     }
     let (mut read, mut write) = stream.into_split();
-    let first = accept_handshake(&mut read, &mut write, keys).await?;
+    let (first, offer, epoch) = accept_handshake(&mut read, &mut write, keys).await?;
     let queue = Arc::new(RepairQueue::default());
     let credit = Arc::new(Semaphore::new(0));
     let (writer, repairs) = mpsc::unbounded_channel();
@@ -984,8 +1152,10 @@ async fn serve_connection(
         held: Vec::new(),
         paused: false,
         pauses: BoundHits::new(),
+        offer,
+        epoch,
     };
-    if inputs.send(Input::Connected { id, peer, link }).await.is_err() {
+    if inputs.send(Input::Connected { id, peer, link: Box::new(link) }).await.is_err() {
         return Ok(());
     }
     tracing::info!(%peer, receiver = id.0, "FMTP receiver joined");

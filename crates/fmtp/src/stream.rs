@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BufMut;
-use ldm7_fmtp_proto::mac::{self, KeyOffer, MacError, MacLevel, Verifier};
+use ldm7_fmtp_proto::mac::{KeyOffer, MacError, MacLevel, OfferKey, Verifier};
 use ldm7_fmtp_proto::wire::{Split, handshake};
 use ldm7_io::{Backoff, Clock};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use zeroize::Zeroizing;
 
 /// Longest the key exchange may take before the connection is dropped (a peer that connects
@@ -31,30 +32,42 @@ pub const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest read from a TCP connection at once.
 pub(crate) const READ_CHUNK_BYTES: usize = 64 << 10;
 
+/// The key the sender signs with now: its epoch (0 for the first; one more at each rotation)
+/// and the material receivers are given.
+#[derive(Clone)]
+pub(crate) struct CurrentKey {
+    pub epoch: u32,
+    pub material: Arc<Zeroizing<Vec<u8>>>,
+}
+
 /// What the sender hands every receiver in the exchange.
 #[derive(Clone)]
 pub(crate) struct KeyAnswer {
-    /// The MAC key material (§3.7).
-    pub material: Arc<Zeroizing<Vec<u8>>>,
+    /// The MAC key material (§3.7) signing now; the sender task replaces it at each rotation.
+    pub current: watch::Receiver<CurrentKey>,
     /// The publisher's identity, signing each answer (the extension).
     pub identity: Option<Arc<ed25519_dalek::SigningKey>>,
 }
 
 /// Sender side of §3.7: reads the receiver's key offer, answers with the key material encrypted
-/// to it. Returns the bytes that followed the offer (the first frames).
+/// to it. Returns the bytes that followed the offer (the first frames), the offer (later keys
+/// are sealed to it) and the epoch of the key handed out.
 pub(crate) async fn accept_handshake(
     read: &mut (impl AsyncRead + Unpin),
     write: &mut (impl AsyncWrite + Unpin),
     keys: &KeyAnswer,
-) -> io::Result<Vec<u8>> {
+) -> io::Result<(Vec<u8>, OfferKey, u32)> {
     let exchange = async {
         let (offer, rest) = read_blob(read).await?;
-        let encrypted = mac::answer_offer(&offer, &keys.material, keys.identity.as_deref(), &mut rand_core::OsRng)
-            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))?;
+        let invalid = |error: MacError| io::Error::new(io::ErrorKind::InvalidData, error);
+        let offer = OfferKey::parse(&offer).map_err(invalid)?;
+        let current = keys.current.borrow().clone();
+        let encrypted =
+            offer.answer(&current.material, keys.identity.as_deref(), &mut rand_core::OsRng).map_err(invalid)?;
         let mut answer = Vec::new();
         handshake::emit_blob(&encrypted, &mut answer).map_err(io::Error::other)?;
         write.write_all(&answer).await?;
-        Ok(rest)
+        Ok((rest, offer, current.epoch))
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, exchange)
         .await
@@ -74,13 +87,14 @@ pub enum HandshakeError {
 
 /// Receiver side of §3.7: offers a fresh key, opens the answer (checking the publisher's
 /// signature when `pin` is given) and returns the check of multicast datagrams at `level`, with
-/// the bytes that followed the answer.
+/// the bytes that followed the answer and the offer (it opens the key updates of a rotating
+/// sender).
 pub(crate) async fn offer_handshake(
     read: &mut (impl AsyncRead + Unpin),
     write: &mut (impl AsyncWrite + Unpin),
     level: MacLevel,
     pin: Option<&ed25519_dalek::VerifyingKey>,
-) -> Result<(Verifier, Vec<u8>), HandshakeError> {
+) -> Result<(Verifier, Vec<u8>, KeyOffer), HandshakeError> {
     let exchange = async {
         // RSA key generation takes tens of milliseconds: off the runtime's threads.
         let offer = tokio::task::spawn_blocking(|| KeyOffer::generate(&mut rand_core::OsRng))
@@ -91,7 +105,7 @@ pub(crate) async fn offer_handshake(
         write.write_all(&blob).await?;
         let (answer, rest) = read_blob(read).await?;
         let material = offer.open(&answer, pin)?;
-        Ok((Verifier::from_material(level, &material)?, rest))
+        Ok((Verifier::from_material(level, &material)?, rest, offer))
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, exchange)
         .await
@@ -247,14 +261,16 @@ mod tests {
         let (mut server_read, mut server_write) = server.into_split();
         client_write.write_all(b"").await.expect("write");
         let key = ldm7_fmtp_proto::mac::SenderKey::generate(MacLevel::Hmac, &mut rand_core::OsRng);
-        let keys = KeyAnswer { material: Arc::new(key.material()), identity: None };
+        let (_current, current) = watch::channel(CurrentKey { epoch: 0, material: Arc::new(key.material()) });
+        let keys = KeyAnswer { current, identity: None };
         let (offered, accepted) = tokio::join!(
             offer_handshake(&mut client_read, &mut client_write, MacLevel::Hmac, None),
             accept_handshake(&mut server_read, &mut server_write, &keys)
         );
-        let (verifier, rest) = offered.expect("offer");
+        let (verifier, rest, _offer) = offered.expect("offer");
         assert!(rest.is_empty());
-        assert!(accepted.expect("accept").is_empty());
+        let (rest, _offer, epoch) = accepted.expect("accept");
+        assert!(rest.is_empty() && epoch == 0);
         let mut datagram = b"twelve bytes".to_vec();
         key.sign_in_place(&mut datagram);
         assert_eq!(verifier.verify(&datagram).expect("the handed-over key checks"), b"twelve bytes");

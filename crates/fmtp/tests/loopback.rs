@@ -759,3 +759,55 @@ async fn a_pinned_receiver_refuses_a_key_swapped_in_the_middle_and_takes_its_pub
     assert_each_once(&receiving.await.expect("receiver"), &products);
     wait_for("the swapped key to fail the sender's datagrams", || fooled.driver_counters().bad_mac > 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotating_key_reaches_every_receiver_and_no_datagram_fails_its_check() {
+    use ldm7_fmtp_proto::mac::MacLevel;
+    let identity = Arc::new(ed25519_dalek::SigningKey::generate(&mut rand_core::OsRng));
+    for (octet, level) in [(26, MacLevel::Hmac), (27, MacLevel::Ed25519)] {
+        let multicast = loopback_group(octet);
+        let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
+        options.mac_level = level;
+        options.identity = Some(identity.clone());
+        options.mac_rotation = Some(Duration::from_secs(1));
+        let mut sender = FmtpSender::start(options).await.expect("sender");
+        let retx = sender.retx_addr();
+        let receiver_options = || {
+            let mut options = ReceiverOptions::new(multicast.clone(), retx);
+            options.mac_level = level;
+            options.pin = Some(identity.verifying_key());
+            options.drop_probability = 0.05;
+            options
+        };
+        let products = products(60);
+        let early: Vec<_> = (0..2)
+            .map(|_| tokio::spawn(collect(FmtpReceiver::start(receiver_options()).expect("receiver"), 60)))
+            .collect();
+        joined(&mut sender, 2).await;
+        // Six batches 0.8 s apart: the key changes several times while products flow; a
+        // receiver joining after the third batch gets the key of its time in the exchange.
+        let mut late = None;
+        for (batch, chunk) in products.chunks(10).enumerate() {
+            if batch == 3 {
+                late = Some(tokio::spawn(collect(FmtpReceiver::start(receiver_options()).expect("receiver"), 30)));
+                joined(&mut sender, 1).await;
+            }
+            send_all(&mut sender, chunk).await;
+            tokio::time::sleep(Duration::from_millis(800)).await;
+        }
+        for receiving in early {
+            let outcome = receiving.await.expect("receiver");
+            assert!(outcome.missed.is_empty(), "level {level}: {outcome:?}");
+            assert_each_once(&outcome, &products);
+            let driver = &outcome.report.driver;
+            assert!(driver.key_updates >= 3, "level {level}: {driver:?}");
+            assert_eq!((driver.bad_mac, driver.key_updates_refused), (0, 0), "level {level}: {driver:?}");
+        }
+        let outcome = late.expect("started").await.expect("receiver");
+        assert!(outcome.missed.is_empty(), "level {level}: {outcome:?}");
+        assert_each_once(&outcome, &products[30..]);
+        assert_eq!(outcome.report.driver.bad_mac, 0, "level {level}: {outcome:?}");
+        let counters = sender.driver_counters();
+        assert!(counters.key_rotations >= 3 && counters.key_switches_late == 0, "level {level}: {counters:?}");
+    }
+}

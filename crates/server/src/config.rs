@@ -234,6 +234,12 @@ struct Token {
     at_line_start: bool,
 }
 
+/// What separates fields besides newlines: the ASCII blanks (as the reference's byte-wise
+/// scanner; a non-ASCII space such as U+00A0 is part of a field).
+fn is_blank(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\x0b' | '\x0c' | '\r')
+}
+
 fn tokenize(text: &str, file: &Path) -> Result<Vec<Token>, ConfigError> {
     let mut tokens = Vec::new();
     let mut chars = text.chars().peekable();
@@ -246,7 +252,7 @@ fn tokenize(text: &str, file: &Path) -> Result<Vec<Token>, ConfigError> {
                 line += 1;
                 line_start = true;
             }
-            ' ' | '\t' | '\x0c' | '\r' => {
+            c if is_blank(c) => {
                 chars.next();
             }
             '#' => {
@@ -289,7 +295,7 @@ fn tokenize(text: &str, file: &Path) -> Result<Vec<Token>, ConfigError> {
             _ => {
                 let mut field = String::new();
                 while let Some(&c) = chars.peek() {
-                    if c.is_whitespace() || c == '"' || c == '#' {
+                    if is_blank(c) || c == '\n' || c == '"' || c == '#' {
                         break;
                     }
                     field.push(c);
@@ -685,6 +691,17 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/ldmd.conf"))
+    }
+
+    /// Found by fuzzing (ldmd_conf): a vertical tab ended a field without being skipped as a
+    /// blank, so the scanner made empty fields without end until memory ran out.
+    #[test]
+    fn every_ascii_blank_separates_fields_and_a_non_ascii_space_is_part_of_one() {
+        let config = parse("ALLOW\x0bANY\x0b\x0b^host\\.edu$\x0c\r\nEXEC \"a\"\x0b\n").expect("parses");
+        assert_eq!(config.allows.len(), 1);
+        assert_eq!(config.execs.len(), 1);
+        let error = parse("ALLOW\u{a0}ANY .*\n").expect_err("ALLOW\u{a0}ANY is one word, not a keyword");
+        assert!(error.to_string().contains("not a keyword"), "{error}");
     }
 
     #[test]

@@ -136,34 +136,68 @@ pub fn capture_streams(relative: &str) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
     let path = shared_data_or_skip(relative)?;
     let text = std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
     let mut connections: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut client_side: Option<bool> = None;
-    for line in text.lines() {
-        if line.starts_with("## ") {
-            if line.starts_with("## Connection") {
-                connections.push((Vec::new(), Vec::new()));
-            }
-            client_side = None;
-        } else if let Some(rest) = line.strip_prefix("### Byte stream ") {
-            client_side = if rest.starts_with("C>S") {
-                Some(true)
-            } else if rest.starts_with("S>C") {
-                Some(false)
-            } else {
-                None
-            };
-        } else if line.starts_with("###") {
-            client_side = None;
-        } else if let (Some(client), Some(connection)) = (client_side, connections.last_mut()) {
-            let Some((offset, rest)) = line.split_once("  ") else { continue };
-            if offset.len() != 8 || !offset.chars().all(|c| c.is_ascii_hexdigit()) {
-                continue;
-            }
-            let stream = if client { &mut connection.0 } else { &mut connection.1 };
-            stream.extend(hex_words(rest.split('|').next().unwrap_or("")));
+    let mut section = None;
+    for stream in transcript_streams(&text) {
+        if !stream.section.starts_with("Connection") {
+            continue;
+        }
+        if section.as_ref() != Some(&stream.section) {
+            connections.push((Vec::new(), Vec::new()));
+            section = Some(stream.section.clone());
+        }
+        let connection = connections.last_mut().expect("pushed above");
+        match stream.direction.get(..3) {
+            Some("C>S") => connection.0 = stream.bytes,
+            Some("S>C") => connection.1 = stream.bytes,
+            _ => {}
         }
     }
     assert!(!connections.is_empty(), "{}: no connections found", path.display());
     Some(connections)
+}
+
+/// One `### Byte stream` hex dump of a capture transcript.
+#[derive(Clone, Debug)]
+pub struct TranscriptStream {
+    /// The heading of its `## ` section (`Connection 1: …`, `FMTP retransmission TCP connection: …`).
+    pub section: String,
+    /// What follows `### Byte stream ` (`C>S  10.77.0.2:59058 -> …`, `R>S …`).
+    pub direction: String,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Every byte stream of a capture transcript's text, in file order.
+pub fn transcript_streams(text: &str) -> Vec<TranscriptStream> {
+    let mut streams: Vec<TranscriptStream> = Vec::new();
+    let mut section = String::new();
+    let mut in_stream = false;
+    for line in text.lines() {
+        if let Some(heading) = line.strip_prefix("## ") {
+            section = heading.to_owned();
+            in_stream = false;
+        } else if let Some(direction) = line.strip_prefix("### Byte stream ") {
+            streams.push(TranscriptStream {
+                section: section.clone(),
+                direction: direction.to_owned(),
+                bytes: Vec::new(),
+            });
+            in_stream = true;
+        } else if line.starts_with('#') || line.starts_with("====") {
+            in_stream = false;
+        } else if in_stream && let Some(stream) = streams.last_mut() {
+            let Some((offset, rest)) = line.split_once("  ") else { continue };
+            if offset.len() == 8 && offset.chars().all(|c| c.is_ascii_hexdigit()) {
+                stream.bytes.extend(hex_words(rest.split('|').next().unwrap_or("")));
+            }
+        }
+    }
+    streams
+}
+
+/// The datagrams of a capture transcript's text (its `hex:` lines), in file order.
+pub fn transcript_datagrams(text: &str) -> Vec<Vec<u8>> {
+    text.lines().filter_map(|line| line.trim_start().strip_prefix("hex:")).map(hex_words).collect()
 }
 
 /// Bytes written as whitespace-separated hex words (`00000048 6a08636d 150a`).

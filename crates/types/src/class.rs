@@ -147,8 +147,11 @@ fn translate_ere(pattern: &str) -> Result<String, &'static str> {
         let byte = bytes[index];
         if in_bracket {
             // Inside [...] everything is literal except the closing ']' (not first) and [: :].
-            if byte == b'[' && bytes.get(index + 1).is_some_and(|&next| matches!(next, b':' | b'.' | b'=')) {
-                let end = pattern[index + 2..].find([':', '.', '=']).map(|offset| index + 2 + offset);
+            if let Some(&opener @ (b':' | b'.' | b'=')) = bytes.get(index + 1).filter(|_| byte == b'[') {
+                // `[:name:]`, `[.x.]`, `[=x=]`: up to the opener's character followed by `]`.
+                let closing = [opener, b']'];
+                let end =
+                    bytes[index + 2..].windows(2).position(|pair| pair == closing).map(|offset| index + 2 + offset);
                 let end = end.ok_or("unterminated character class")?;
                 out.push_str(&pattern[index..end + 2]);
                 index = end + 2;
@@ -343,6 +346,18 @@ mod tests {
 
     fn matches(pattern: &str, ident: &str) -> bool {
         Pattern::new(pattern).unwrap_or_else(|error| panic!("{error}")).is_match(ident)
+    }
+
+    /// Found by fuzzing (pqact_conf, ldmd_conf): a `[:`, `[.` or `[=` in a bracket expression
+    /// whose closing `:]` is missing or lies past a multi-byte character cut the pattern at a
+    /// byte that is not there or not a character boundary (a panic).
+    #[test]
+    fn an_unterminated_class_in_a_bracket_is_an_error_not_a_panic() {
+        for pattern in ["A[(UA2[=)K_B;SBKW9EE]=", "x[[:alpha:", "[[.\u{3e3}", "[[=é", "[[:digit:]ϣ]"] {
+            let _ = Pattern::new(pattern);
+        }
+        assert!(Pattern::new("x[[:alpha:").is_err());
+        assert!(matches("^[[:alpha:]_]{2}$", "a_"));
     }
 
     #[test]
