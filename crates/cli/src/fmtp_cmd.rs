@@ -83,6 +83,10 @@ pub struct SendArgs {
     /// pin its public key (an ldm7 extension: reference receivers cannot read signed answers).
     #[arg(long, value_name = "FILE")]
     pub identity: Option<PathBuf>,
+    /// Make a new MAC key this often and hand it to every receiver over its repair connection
+    /// (an ldm7 extension: every receiver must be ldm7; at least 1s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub mac_rotation: Option<Duration>,
     /// Files to send, one product each, read in turn as they are sent (a pipe is held in memory
     /// until its product is released).
     pub files: Vec<PathBuf>,
@@ -179,6 +183,7 @@ async fn send(args: &SendArgs) -> CmdResult {
         source,
         mac_level: args.mac_level,
         identity,
+        mac_rotation: args.mac_rotation,
     };
     let summary = app::send(&options, |progress| match progress {
         SendProgress::Started { source, retx } => {

@@ -374,7 +374,7 @@ fn signed_multicast_with_a_pinned_publisher_arrives_and_a_wrong_pin_is_refused()
         );
         let sender = Command::new(LDM7)
             .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "10s"])
-            .args(["--mac-level", level, "--identity", &key.display().to_string()])
+            .args(["--mac-level", level, "--identity", &key.display().to_string(), "--mac-rotation", "1s"])
             .args(&files)
             .output()
             .expect("run sender");

@@ -420,14 +420,18 @@ fn the_rate_monitor_raises_the_rate_under_a_burst_and_lowers_it_after() {
 }
 
 #[test]
-fn a_signed_feed_reaches_a_pinned_subscriber_and_one_pinning_another_key_refuses_it() {
+fn a_signed_feed_with_a_rotating_key_reaches_a_pinned_subscriber_and_one_pinning_another_key_refuses_it() {
     let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
     let (identity, other) = (root.path().join("publisher.key"), root.path().join("other.key"));
     for key in [&identity, &other] {
         run(&["fmtp", "keygen", "--out", &key.display().to_string()]);
     }
-    let settings = format!("[multicast]\nrate = \"200 Mbit/s\"\nmac_level = 2\nidentity = {:?}\n", identity.display());
+    // The key also rotates every second while products flow (the extension).
+    let settings = format!(
+        "[multicast]\nrate = \"200 Mbit/s\"\nmac_level = 2\nidentity = {:?}\nmac_rotation = \"1s\"\n",
+        identity.display()
+    );
     let mut publisher = publisher(root.path(), 12, &allow_all(), &settings);
     publisher.start();
     let pinned = |name: &str, key: &std::path::Path| {
@@ -448,6 +452,8 @@ fn a_signed_feed_reaches_a_pinned_subscriber_and_one_pinning_another_key_refuses
     replay(&publisher, &trace, 200, 3);
     good.wait_for(200, Duration::from_secs(120));
     assert_same_products(&publisher, std::slice::from_ref(&good));
+    assert!(publisher.log().contains("signing with a new MAC key"), "{}", tail(&publisher.log()));
+    assert!(!good.log().contains("refused the sender's new MAC key"), "{}", tail(&good.log()));
     // The other takes nothing from a publisher it cannot authenticate: it refuses each exchange,
     // says why, and tries again with back-off.
     assert_eq!(fooled.verify().0.len(), 0, "{}", tail(&fooled.log()));

@@ -154,6 +154,8 @@ pub struct SendOptions {
     pub mac_level: MacLevel,
     /// The publisher identity signing each key answer (the ldm7 extension).
     pub identity: Option<Arc<SigningKey>>,
+    /// A new MAC key this often (the ldm7 extension).
+    pub mac_rotation: Option<Duration>,
 }
 
 /// What [`send`] reports as it goes.
@@ -381,6 +383,7 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
     let mut sender_options = SenderOptions::new(multicast, retx_listen, proto);
     sender_options.mac_level = options.mac_level;
     sender_options.identity = options.identity.clone();
+    sender_options.mac_rotation = options.mac_rotation;
     sender_options.bounds.product_inputs_max = PRODUCT_INPUTS_MAX;
     let mut sender = FmtpSender::start(sender_options).await.map_err(AppError::Start)?;
     let retx = sender.retx_addr();

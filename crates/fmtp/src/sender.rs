@@ -916,6 +916,11 @@ impl SenderTask {
                 "FMTP sender: switching to the new MAC key without every receiver's acknowledgement (deadline)"
             );
         }
+        tracing::info!(
+            epoch = pending.epoch,
+            receivers = self.links.len(),
+            "FMTP sender: signing with a new MAC key (rotation)"
+        );
         self.mac = pending.key;
         self.mac_epoch = pending.epoch;
         self.current_key.send_replace(CurrentKey { epoch: pending.epoch, material: Arc::new(self.mac.material()) });

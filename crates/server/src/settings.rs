@@ -20,6 +20,8 @@
 //!                                 # 2 Ed25519 (subscribers must use the same; docs/security.md)
 //! identity = "publisher.key"      # sign each FMTP key exchange (`ldm7 fmtp keygen`), for
 //!                                 # subscribers that pin it (ldm7 subscribers only)
+//! mac_rotation = "1h"             # a new MAC key this often, handed to every subscriber over
+//!                                 # its repair connection (ldm7 subscribers only; off by default)
 //!
 //! [multicast.feeds.NGRID]         # per-feed overrides of the keys above, and:
 //! rate = "40 Mbit/s"
@@ -203,6 +205,8 @@ pub struct MulticastSettings {
     pub mac_level: MacLevel,
     /// The publisher identity signing each FMTP key exchange (a PKCS#8 PEM Ed25519 key file).
     pub identity: Option<PathBuf>,
+    /// A new MAC key this often (`None`: one key for the sender's life).
+    pub mac_rotation: Option<Duration>,
 }
 
 impl Default for MulticastSettings {
@@ -219,6 +223,7 @@ impl Default for MulticastSettings {
             rate_control: None,
             mac_level: MacLevel::None,
             identity: None,
+            mac_rotation: None,
         }
     }
 }
@@ -498,6 +503,7 @@ mod raw {
         rate_control: Option<RateControlKeys>,
         mac_level: Option<u8>,
         identity: Option<PathBuf>,
+        mac_rotation: Option<String>,
     }
 
     /// `rate_control` of a multicast section.
@@ -647,6 +653,15 @@ mod raw {
                 ldm7_fmtp::keys::read_identity(path)
                     .map_err(|error| value(format!("{key}.identity"), error.to_string()))?;
                 settings.identity = Some(path.clone());
+            }
+            if let Some(every) = quantity(&self.mac_rotation, key, "mac_rotation", parse_duration, value)? {
+                if every < ldm7_fmtp::MAC_ROTATION_MIN {
+                    return Err(value(
+                        format!("{key}.mac_rotation"),
+                        format!("give at least {:?}", ldm7_fmtp::MAC_ROTATION_MIN),
+                    ));
+                }
+                settings.mac_rotation = Some(every);
             }
             if let Some(keys) = &self.rate_control {
                 settings.rate_control =
@@ -948,6 +963,7 @@ enabled = false
         for (text, why) in [
             ("[multicast]\nrate = \"fast\"\n", "multicast.rate"),
             ("[multicast]\nmac_level = 3\n", "multicast.mac_level"),
+            ("[multicast]\nmac_rotation = \"10ms\"\n", "multicast.mac_rotation"),
             ("[multicast.feeds.EXP]\nidentity = \"/nonexistent/publisher.key\"\n", "multicast.feeds.EXP.identity"),
             ("[receive]\npin = \"/nonexistent/publisher.key.pub\"\n", "receive.pin"),
             ("[multicast]\nretx_timeout = \"inf\"\n", "multicast.retx_timeout"),

@@ -601,6 +601,7 @@ impl Feed {
         let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
         let mut options = SenderOptions::new(multicast, retx_listen, proto);
         options.mac_level = settings.mac_level;
+        options.mac_rotation = settings.mac_rotation;
         if let Some(path) = &settings.identity {
             // Checked when the settings were read; a file changed since is an error now.
             let identity =
