@@ -130,8 +130,8 @@ pub mod wire;
 pub use index::ProductIndex;
 pub use pacing::Pacing;
 pub use receiver::{
-    Assembly, BlockRun, Delivery, IndexTrust, MissReason, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig,
-    ReceiverCounters, ReceiverEvent, block_fingerprint,
+    Assembly, BlockRun, Delivery, InFlight, IndexTrust, MissReason, ReceiveTimer, Receiver, ReceiverBound,
+    ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint,
 };
 pub use sender::{
     Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product,

@@ -96,7 +96,6 @@ impl RangeSet {
     }
 
     /// Bytes in the set.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
         self.ranges.iter().map(|(a, b)| b - a).sum()
     }

@@ -309,6 +309,9 @@ pub struct ReceiverCounters {
     pub index_unbelieved: u64,
     /// Indexes the sender was asked to confirm ([`IndexTrust::Confirmed`]).
     pub index_confirmations: u64,
+    /// Products learnt of from the sender's RETX_EOP, newer than any the multicast showed (lost
+    /// whole at the tail of a burst).
+    pub announced: u64,
     /// Indexes the sender refuted (RETX_REJ to a confirmation): forged, or a first product
     /// the sender no longer had.
     pub index_forged: u64,
@@ -592,6 +595,12 @@ impl Receiver {
         if self.answers_confirmation(message) {
             return;
         }
+        if matches!(message.body, Body::RetxEop) {
+            // The sender's word (its repair connection, not the multicast): a product newer than
+            // any seen here was multicast and is over — lost whole, with no later product to
+            // reveal the gap (the sender's tail probe, or its release).
+            self.announced(message.index);
+        }
         let Some(key) = self.known_key(message.index) else {
             // Finished, abandoned or never requested: nothing to do (e.g. the EOP_REQ the
             // reference sends after RETX_END is answered RETX_REJ, capture fmtp-ldm7).
@@ -718,6 +727,23 @@ impl Receiver {
         self.in_flight_bytes
     }
 
+    /// Where each product being received stands, oldest first (for an operator: what a stop
+    /// leaves unfinished, and why).
+    pub fn in_flight(&self) -> Vec<InFlight> {
+        self.products
+            .values()
+            .map(|product| InFlight {
+                index: product.index,
+                size: product.bop.as_ref().map(|bop| bop.size),
+                received_bytes: product.received.len(),
+                requested_bytes: product.requested.len(),
+                ended: product.ended,
+                eop_seen: product.eop_seen,
+                tentative: self.tentative_anchor().is_some_and(|(index, _)| index == product.index),
+            })
+            .collect()
+    }
+
     // ---------------------------------------------------------------------------------------
     // Helpers.
 
@@ -801,6 +827,24 @@ impl Receiver {
             }
         }
         self.advance_newest(index, key, difference, is_bop)
+    }
+
+    /// A product the sender says it multicast (RETX_EOP): when it is newer than any seen, the
+    /// receiver moves there as a multicast message would move it, requesting the skipped
+    /// products and this one's BOP (within the trust window; nothing when no product was seen
+    /// yet: a session's first product is the first one the multicast shows).
+    fn announced(&mut self, index: ProductIndex) {
+        let Some((newest, newest_key)) = self.newest else { return };
+        let Some(difference) = index.serial_difference(newest).filter(|difference| *difference > 0) else { return };
+        if let IndexTrust::Confirmed { window } = self.config.index_trust {
+            if u64::from(difference.unsigned_abs()) > u64::from(window) {
+                self.counters.index_unbelieved += 1;
+                return;
+            }
+        }
+        let key = newest_key + i64::from(difference);
+        self.counters.announced += 1;
+        self.advance_newest(index, key, difference, false);
     }
 
     /// Takes a newer index: older products' multicast is over, skipped indexes are requested.
@@ -1598,6 +1642,25 @@ pub struct BlockRun {
     pub wire_bytes: u64,
     /// The sum of their [`block_fingerprint`]s.
     pub fingerprint: u64,
+}
+
+/// Where a product being received stands ([`Receiver::in_flight`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InFlight {
+    /// The product.
+    pub index: ProductIndex,
+    /// Its size, once its BOP is known.
+    pub size: Option<u32>,
+    /// Bytes received.
+    pub received_bytes: u64,
+    /// Bytes asked for again (repairs requested).
+    pub requested_bytes: u64,
+    /// Its multicast is over (EOP, RETX_EOP, a newer product, or the receive timer).
+    pub ended: bool,
+    /// Its EOP arrived.
+    pub eop_seen: bool,
+    /// It is the first product and the sender has not confirmed its index yet.
+    pub tentative: bool,
 }
 
 /// A block kept before its product's BOP arrived.

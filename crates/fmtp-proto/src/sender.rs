@@ -184,6 +184,12 @@ pub struct SenderConfig {
     /// 1460-byte PDU with no MAC; with a MAC of M bytes the reference sends 1448 − M so that the
     /// datagram stays 1460 bytes ([`crate::mac::MacLevel::mac_len`]).
     pub block_len: usize,
+    /// When the multicast falls idle, this long (at least twice the largest receiver RTT) after
+    /// the last EOP: every receiver that has not finished the last product gets its RETX_EOP,
+    /// so that a receiver that lost the last products whole learns of them now and not at their
+    /// deadline (no later product would reveal the gap). `None`: off (the reference's
+    /// behaviour: RETX_EOP only at release).
+    pub tail_probe: Option<Duration>,
 }
 
 impl Default for SenderConfig {
@@ -199,9 +205,13 @@ impl Default for SenderConfig {
             retx_backlog_bytes_max: 8 << 20,
             retx_backlog_items_max: 4096,
             block_len: BLOCK_LEN,
+            tail_probe: Some(TAIL_PROBE_DEFAULT),
         }
     }
 }
+
+/// [`SenderConfig::tail_probe`]'s default.
+pub const TAIL_PROBE_DEFAULT: Duration = Duration::from_millis(200);
 
 impl SenderConfig {
     /// Default settings with multicast and repairs each paced at `rate_bits_per_s`.
@@ -406,6 +416,8 @@ pub struct SenderCounters {
     pub bound_hits: u64,
     /// Requests dropped at the hard per-receiver bound.
     pub requests_dropped: u64,
+    /// RETX_EOPs sent when the multicast fell idle ([`SenderConfig::tail_probe`]).
+    pub tail_probes: u64,
 }
 
 /// The FMTP sender. See the crate documentation for the polling order.
@@ -433,6 +445,9 @@ pub struct Sender {
     events: VecDeque<SenderEvent>,
     counters: SenderCounters,
     retained_bound_hit: bool,
+    /// When to probe the receivers that have not finished the last product multicast, and that
+    /// product's key ([`SenderConfig::tail_probe`]).
+    tail_probe: Option<(Instant, u64)>,
 }
 
 impl Sender {
@@ -473,6 +488,7 @@ impl Sender {
             events: VecDeque::new(),
             counters: SenderCounters::default(),
             retained_bound_hit: false,
+            tail_probe: None,
         })
     }
 
@@ -715,7 +731,8 @@ impl Sender {
                 None => self.now,
             }
         });
-        [deadline, multicast, repair].into_iter().flatten().min()
+        let probe = self.tail_probe.map(|(at, _)| at);
+        [deadline, multicast, repair, probe].into_iter().flatten().min()
     }
 
     /// The counters.
@@ -748,9 +765,12 @@ impl Sender {
         self.receivers.get(&id).map_or(0, |r| r.backlog_bytes)
     }
 
-    /// Whether nothing is queued: no product waits to be multicast and no repair is queued.
+    /// Whether nothing is queued: no product waits to be multicast, no repair is queued and no
+    /// tail probe is due.
     pub fn is_idle(&self) -> bool {
-        self.multicast_queue.is_empty() && self.receivers.values().all(|r| r.work.is_empty())
+        self.multicast_queue.is_empty()
+            && self.receivers.values().all(|r| r.work.is_empty())
+            && self.tail_probe.is_none()
     }
 
     // ---------------------------------------------------------------------------------------
@@ -778,6 +798,31 @@ impl Sender {
                 break;
             }
             self.release(key, ReleaseReason::DeadlinePassed);
+        }
+        if let Some((at, key)) = self.tail_probe {
+            if at <= self.now {
+                self.tail_probe = None;
+                // A product waiting to be multicast will reveal the gap itself.
+                if self.multicast_queue.is_empty() {
+                    self.probe_tail(key);
+                }
+            }
+        }
+    }
+
+    /// RETX_EOP of the last product multicast to every receiver that has not finished it.
+    fn probe_tail(&mut self, key: u64) {
+        let Some(product) = self.products.get(&key) else { return };
+        let index = product.index;
+        for (id, receiver) in &mut self.receivers {
+            if product.interest.get(id) != Some(&Interest::Pending)
+                || receiver.work.iter().any(|work| work.key == key && matches!(work.kind, WorkKind::Eop))
+            {
+                continue;
+            }
+            receiver.push(Work { key, index, kind: WorkKind::Eop, lost: false });
+            sync_ready(&mut self.ready, *id, receiver);
+            self.counters.tail_probes += 1;
         }
     }
 
@@ -1046,6 +1091,14 @@ impl Sender {
         self.deadlines.insert((deadline, key));
         self.retained_count += 1;
         self.release_if_done(key);
+        let pending = self.products.get(&key).is_some_and(|p| p.interest.values().any(|i| *i == Interest::Pending));
+        self.tail_probe = match self.config.tail_probe {
+            Some(delay) if pending && self.multicast_queue.is_empty() => {
+                let rtt_max = self.receivers.values().map(|r| r.rtt).max().unwrap_or(Duration::ZERO);
+                Some((self.now + delay.max(rtt_max * 2), key))
+            }
+            _ => None,
+        };
         while self.retained_count > self.config.retained_products_max {
             let Some(oldest) = self.products.iter().find(|(_, p)| p.deadline.is_some()).map(|(k, _)| *k) else {
                 break;

@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use ldm7_fmtp_proto::sender::TAIL_PROBE_DEFAULT;
 use ldm7_fmtp_proto::wire::{Body, Message, MessageType};
 use ldm7_fmtp_proto::{
     Assembly, Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueRefusal, Instant,
@@ -75,6 +76,34 @@ fn lost_bop_is_requested_and_following_blocks_are_kept() {
     assert_eq!(net.nodes[0].delivered[&ProductIndex(1)].retransmitted_blocks, 0);
     assert_eq!(net.sender.counters().retx_data_blocks, 0);
     assert!(net.nodes[1].requests.iter().all(|(_, m)| m.message_type() == MessageType::RetxEnd));
+}
+
+/// The last products of a burst lost whole: no later product reveals the gap, so the sender's
+/// tail probe (RETX_EOP of the last product to whoever has not finished it) does, long before
+/// their deadline; without the probe they stay unknown until then.
+#[test]
+fn products_lost_whole_at_the_tail_are_learnt_of_from_the_senders_probe() {
+    for (probe, config) in
+        [(true, ReceiverConfig::default()), (true, support::trusting()), (false, support::trusting())]
+    {
+        let sender = SenderConfig { tail_probe: probe.then_some(TAIL_PROBE_DEFAULT), ..sender_config() };
+        let mut net = Net::new(sender, vec![config; 2]);
+        // Every multicast datagram of products 3 and 4 lost at receiver 0.
+        net.drop = Box::new(|to, message| to == 0 && message.index.0 >= 3 && message.message_type().is_multicast());
+        for seed in 0..5 {
+            net.enqueue(3 * 1448 + 100, seed);
+        }
+        net.settle(5 * SECOND);
+        if probe {
+            assert_eq!(net.check_accounted(), (10, 0), "every product at both receivers");
+            assert_eq!(net.sender.counters().tail_probes, 1, "receiver 0 only");
+            assert_eq!(net.nodes[0].receiver.counters().announced, 1);
+            assert_eq!(net.nodes[1].receiver.counters().announced, 0);
+        } else {
+            assert_eq!(net.nodes[0].delivered.len(), 3, "products 3 and 4 unknown until their deadline");
+            assert_eq!(net.sender.counters().tail_probes, 0);
+        }
+    }
 }
 
 #[test]
@@ -192,7 +221,8 @@ fn whole_products_lost_are_requested_by_index_gap() {
 
 #[test]
 fn request_after_the_deadline_is_rejected_and_the_product_missed() {
-    let config = SenderConfig { deadline: DeadlinePolicy::Constant(SECOND), ..sender_config() };
+    // The reference's behaviour: RETX_EOP only at release.
+    let config = SenderConfig { deadline: DeadlinePolicy::Constant(SECOND), tail_probe: None, ..sender_config() };
     let mut net = Net::new(config, receivers(2));
     net.nodes[0].stream_delay = 2 * SECOND;
     net.drop = drop_exact(vec![(0, 0, MessageType::MemData, block(1))]);
@@ -630,6 +660,7 @@ fn proportional_deadline_uses_size_rate_and_rtt() {
     let config = SenderConfig {
         multicast_pacing: Some(Pacing::new(8_000_000)),
         deadline: DeadlinePolicy::Proportional { f_snd: 5.0, min: Duration::from_millis(10) },
+        tail_probe: None,
         ..SenderConfig::default()
     };
     let now = Instant::ZERO;

@@ -561,6 +561,15 @@ impl ReceiverTask {
         self.offer = Some(offer);
         let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
         if matches!(result, Ok(Stopped::Asked)) {
+            // What the stop leaves unfinished is said, each with where it stands.
+            let unfinished = self.receiver.in_flight();
+            if !unfinished.is_empty() {
+                tracing::warn!(
+                    products = unfinished.len(),
+                    "FMTP receiver: products unfinished at the stop (first: {:?})",
+                    &unfinished[..unfinished.len().min(20)]
+                );
+            }
             // Asked to stop: what is queued still goes out (the RETX_END of products already
             // delivered, so that the sender need not hold them until its deadline), briefly.
             drop(requests);

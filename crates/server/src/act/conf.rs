@@ -250,7 +250,7 @@ fn parse_action(text: &str) -> Result<Action, String> {
         let full = kind
             .options()
             .iter()
-            .find(|full| word.len() >= 2 && full.starts_with(&word[..2]))
+            .find(|full| word.get(..2).is_some_and(|prefix| full.starts_with(prefix)))
             .ok_or_else(|| format!("{} takes no option -{word}", kind.name()))?;
         rest = option[end..].trim_start();
         match *full {
@@ -393,6 +393,16 @@ mod tests {
         assert_eq!(exec.pattern.as_str(), "x y");
         assert!(exec.action.options.wait);
         assert_eq!(exec.action.args, "prog");
+    }
+
+    /// Found by fuzzing (pqact_conf): an option whose second byte is inside a multi-byte
+    /// character was cut there (a panic); it is an unknown option.
+    #[test]
+    fn an_option_with_a_non_ascii_letter_is_refused_not_a_panic() {
+        let error = parse("p.conf", "EXP\t^TEST\n\tPIPE\t-c\u{544}lose\tdecoder\n").expect_err("no such option");
+        assert!(error.to_string().contains("PIPE takes no option -c\u{544}lose"), "{error}");
+        let error = parse("p.conf", "EXP\t^TEST\n\tFILE\t-\u{e9}\tout\n").expect_err("no such option");
+        assert!(error.to_string().contains("takes no option"), "{error}");
     }
 
     #[test]
