@@ -287,6 +287,10 @@ async fn recv(args: &RecvArgs) -> CmdResult {
     if summary.missed > 0 {
         return Err(runtime(AppError::Missed(summary.missed)));
     }
+    let got = summary.delivered + summary.missed;
+    if let Some(count) = args.count.filter(|count| got < *count) {
+        return Err(runtime(AppError::Short { got, count, idle: args.timeout }));
+    }
     Ok(())
 }
 

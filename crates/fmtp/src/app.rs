@@ -357,6 +357,19 @@ pub enum AppError {
         "{0} products were missed (see the `missed` lines above): the sender rejected them, the receiver's bounds gave them up, or they were skipped"
     )]
     Missed(u64),
+    /// `--count` products were expected and fewer came before the idle timeout.
+    #[error(
+        "{got} of the {count} products expected came before {idle:?} passed without one: the others were never \
+         seen (the sender stopped sending, or they were lost whole and the sender has not said so yet)"
+    )]
+    Short {
+        /// Delivered or missed.
+        got: u64,
+        /// Expected.
+        count: u64,
+        /// The idle timeout.
+        idle: Duration,
+    },
 }
 
 impl AppError {
