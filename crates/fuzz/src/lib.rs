@@ -289,18 +289,23 @@ pub fn pqact_conf(data: &[u8]) {
         idents.push(String::from_utf8_lossy(ident).into_owned());
     }
     for ident in idents {
-        let info = ProdInfo {
-            arrival: Timestamp { secs: 1_795_338_479, micros: 704_874 },
-            signature: Signature([0x99; 16]),
-            origin: "vm".to_owned(),
-            feedtype: FeedType::ANY,
-            seqno: 12,
-            ident,
-            size: 8,
-        };
+        let info = sample_info(FeedType::ANY, ident);
         for (entry, matched) in conf.matching(&info) {
             let _ = ldm7_server::act::arguments(entry, &info, &matched);
         }
+    }
+}
+
+/// The metadata of a sample product (the first product of the captures): 8 bytes from "vm".
+pub(crate) fn sample_info(feedtype: FeedType, ident: String) -> ProdInfo {
+    ProdInfo {
+        arrival: Timestamp { secs: 1_795_338_479, micros: 704_874 },
+        signature: Signature([0x99; 16]),
+        origin: "vm".to_owned(),
+        feedtype,
+        seqno: 1,
+        ident,
+        size: 8,
     }
 }
 

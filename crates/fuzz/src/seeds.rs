@@ -8,7 +8,7 @@ use std::path::Path;
 use ldm7_fmtp_proto::mac;
 use ldm7_fmtp_proto::wire::{Body, Bop, Message};
 use ldm7_fmtp_proto::{ProductIndex, WallTime};
-use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
+use ldm7_types::{FeedType, Signature};
 use ldm7_xdr::ldm7::{self, Ldm7Call};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::SeedableRng;
@@ -163,15 +163,7 @@ fn fmtp(seeds: &mut Vec<Seed>) {
 /// The LDM-7 calls the capture does not show, from our encoder: the backstop's and the
 /// backlog's.
 fn ldm7_calls(seeds: &mut Vec<Seed>) {
-    let info = ProdInfo {
-        arrival: Timestamp { secs: 1_795_338_479, micros: 704_874 },
-        signature: Signature([0x99; 16]),
-        origin: "vm".to_owned(),
-        feedtype: FeedType::EXP,
-        seqno: 1,
-        ident: "TEST/cap.1".to_owned(),
-        size: 8,
-    };
+    let info = crate::sample_info(FeedType::EXP, "TEST/cap.1".to_owned());
     let product = || ldm7::Product { info: info.clone(), data: b"hello 1\n".to_vec().into() };
     let calls = [
         Ldm7Call::RequestProduct(4),
