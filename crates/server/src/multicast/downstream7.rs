@@ -579,13 +579,12 @@ impl Session<'_> {
     /// Accounts a product the inserter finished; returns the signature of a product that
     /// arrived by FMTP (the resume point may move).
     fn on_done(&mut self, session: &mut Subscriber, done: Done) -> Result<Option<Signature>, SessionEnd> {
-        let Done { job, result } = done;
+        let Done { job, result, latency_us } = done;
         match result {
             Ok((info, outcome)) => {
                 let signature = info.signature;
-                let start = job.start.unwrap_or_else(|| WallTime::from(info.arrival.to_system_time()));
                 let inserted = outcome.is_ok();
-                self.account(job.mode, job.index, job.retransmitted_blocks, info, outcome, latency_us(start));
+                self.account(job.mode, job.retransmitted_blocks, info, outcome, latency_us);
                 if let (DeliveryMode::Received, Some(index), true) = (job.mode, job.index, inserted) {
                     self.resume.resolved(index, Some(signature));
                     return Ok(Some(signature));
@@ -660,7 +659,6 @@ impl Session<'_> {
     fn account(
         &self,
         mode: DeliveryMode,
-        index: Option<u32>,
         retransmitted_blocks: Option<u32>,
         info: ProdInfo,
         outcome: Result<InsertOutcome, InsertError>,
@@ -681,15 +679,7 @@ impl Session<'_> {
                     DeliveryMode::Backlog => &self.counters.backlog,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                let delivery = Delivery {
-                    mode,
-                    latency_us,
-                    index: index.map(ldm7_fmtp_proto::ProductIndex),
-                    retransmitted_blocks,
-                    info,
-                };
-                tracing::info!(target: PRODUCT, "{delivery}");
-                // After the line: a process killed in between leaves no product without its line.
+                // The product's line was logged by the inserter, right after the insertion.
                 let stats = &self.context.stats;
                 stats.record(&ldm7_metrics::DeliveryEvent {
                     link: ldm7_metrics::Link::new(
@@ -703,7 +693,7 @@ impl Session<'_> {
                         DeliveryMode::Inserted => ldm7_metrics::Mode::Backstop,
                         DeliveryMode::Backlog => ldm7_metrics::Mode::Backlog,
                     },
-                    size: u64::from(delivery.info.size),
+                    size: u64::from(info.size),
                     latency_us,
                     retx_blocks: retransmitted_blocks.unwrap_or(0),
                 });
@@ -878,6 +868,8 @@ impl Job {
 struct Done {
     job: JobHead,
     result: Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable>,
+    /// Microseconds from the product's creation to its insertion.
+    latency_us: i64,
 }
 
 /// Why a received product was not inserted.
@@ -938,7 +930,29 @@ impl Inserter {
                         Payload::Fmtp { product, metadata } => insert_fmtp(&queue, product, &metadata),
                         Payload::Control(product) => insert_control(&queue, product),
                     };
-                    if done_tx.send(Done { job: head, result }).is_err() {
+                    let latency_us = match &result {
+                        Ok((info, outcome)) => {
+                            let start = head.start.unwrap_or_else(|| WallTime::from(info.arrival.to_system_time()));
+                            let latency_us = latency_us(start);
+                            if let Ok(InsertOutcome::Inserted { .. }) = outcome {
+                                // The product's line, right after its insertion and on this
+                                // thread: a process killed in between (kill -9) loses at most
+                                // the line of the product being inserted, not of every
+                                // product whose result waits for the session.
+                                let delivery = Delivery {
+                                    mode: head.mode,
+                                    latency_us,
+                                    index: head.index.map(ldm7_fmtp_proto::ProductIndex),
+                                    retransmitted_blocks: head.retransmitted_blocks,
+                                    info: info.clone(),
+                                };
+                                tracing::info!(target: PRODUCT, "{delivery}");
+                            }
+                            latency_us
+                        }
+                        Err(_) => 0,
+                    };
+                    if done_tx.send(Done { job: head, result, latency_us }).is_err() {
                         break;
                     }
                 }
