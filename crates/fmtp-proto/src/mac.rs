@@ -532,15 +532,12 @@ impl KeyRing {
             Ok(message) => return Ok(message),
             Err(error) => error,
         };
-        if let Some((epoch, next)) = &self.next {
-            if next.verify(datagram).is_ok() {
-                let epoch = *epoch;
-                let (_, next) = self.next.take().expect("checked above");
-                let previous = std::mem::replace(&mut self.current, next);
-                self.previous = Some((previous, now + self.grace));
-                self.epoch = Some(epoch);
-                return self.current.verify(datagram);
-            }
+        if let Some(message) = self.next.as_ref().and_then(|(_, next)| next.verify(datagram).ok()) {
+            let (epoch, next) = self.next.take().expect("checked above");
+            let previous = std::mem::replace(&mut self.current, next);
+            self.previous = Some((previous, now + self.grace));
+            self.epoch = Some(epoch);
+            return Ok(message);
         }
         match &self.previous {
             Some((previous, until)) if now < *until => previous.verify(datagram),

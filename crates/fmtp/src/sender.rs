@@ -884,8 +884,11 @@ impl SenderTask {
                     }
                 }
                 tracing::debug!(epoch, receivers = waiting.len(), "FMTP sender: new MAC key handed out");
+                let nobody = waiting.is_empty();
                 rotation.pending = Some(PendingKey { epoch, key, waiting, deadline: now + KEY_SWITCH_DEADLINE });
-                self.key_acknowledged(now, ReceiverId(0), None);
+                if nobody {
+                    self.switch_key(now);
+                }
             }
             None => {}
         }
