@@ -14,9 +14,13 @@
 //!   `BADPATTERN` for a pattern it could not compile, we do the same for these).
 //! - **A `{` that does not start a valid interval** (`a{`, `{x}`) is taken literally by glibc and is
 //!   an error for the `regex` crate; we escape such braces before compiling so both agree.
-//! - **Perl classes** (`\d`, `\w`, `\s`) and `(?i)` flags are extensions the `regex` crate accepts
-//!   and glibc does not (glibc reads `\d` as `d`). A pattern that uses them is therefore more
-//!   permissive here; patterns written for LDM do not use them.
+//! - **Perl classes** (`\d`, `\w`, `\s`) are an extension the `regex` crate accepts and glibc
+//!   does not (glibc reads `\d` as `d`). A pattern that uses them is therefore more permissive
+//!   here; patterns written for LDM do not use them.
+//! - **A group opened by `(?`** (the `regex` crate's flags, `(?i)`, `(?u)`, and non-capturing
+//!   groups, `(?:`) is refused, as glibc refuses it (a `?` with nothing to repeat): such a flag
+//!   would change what a pattern matches here only, and `(?u)` turns on Unicode classes whose
+//!   case folding made one host pattern cost milliseconds to compile.
 //! - `\<` and `\>` (word start/end, glibc) are supported by both.
 //! - Bracket expressions, POSIX classes (`[[:digit:]]`), anchors, alternation and intervals behave
 //!   the same.
@@ -137,7 +141,8 @@ fn last_nonblank_line(text: &str) -> String {
 }
 
 /// Rewrites the glibc ERE constructs the `regex` crate reads differently (see the module docs):
-/// a `{` that does not open a valid interval becomes `\{`; back-references are refused.
+/// a `{` that does not open a valid interval becomes `\{`; back-references and `(?` groups are
+/// refused.
 fn translate_ere(pattern: &str) -> Result<String, &'static str> {
     let bytes = pattern.as_bytes();
     let mut out = String::with_capacity(pattern.len() + 4);
@@ -225,6 +230,9 @@ fn translate_ere(pattern: &str) -> Result<String, &'static str> {
             b'}' => {
                 out.push_str("\\}");
                 index += 1;
+            }
+            b'(' if bytes.get(index + 1) == Some(&b'?') => {
+                return Err("'?' after '(' repeats nothing (flag groups such as (?i) are not ERE)");
             }
             _ => {
                 let character = pattern[index..].chars().next().unwrap_or(char::REPLACEMENT_CHARACTER);
@@ -358,6 +366,20 @@ mod tests {
         }
         assert!(Pattern::new("x[[:alpha:").is_err());
         assert!(matches("^[[:alpha:]_]{2}$", "a_"));
+    }
+
+    /// `(?i)`, `(?u)` and `(?:` are the `regex` crate's syntax; glibc's ERE refuses a `?` right
+    /// after `(`. The fuzz campaign found `(?u)` host patterns costing milliseconds each to compile.
+    #[test]
+    fn a_group_opened_by_a_question_mark_is_refused_as_in_ere() {
+        for pattern in ["(?i)kx", "^(?u)[a-z]+$", "a(?:b|c)", "(?-u)x"] {
+            let error = Pattern::new(pattern).unwrap_err().to_string();
+            assert!(error.contains("repeats nothing"), "{pattern}: {error}");
+            assert!(Pattern::new_case_insensitive(pattern).is_err());
+        }
+        assert!(matches("[(?]", "?"));
+        assert!(matches("\\(?x", "x"));
+        assert!(matches("(a)?b", "b"));
     }
 
     #[test]
