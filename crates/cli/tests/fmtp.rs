@@ -106,27 +106,21 @@ fn bad_inputs_are_refused_before_anything_runs() {
 #[test]
 fn a_receiver_that_gets_fewer_products_than_its_count_says_so_and_exits_2() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("product.bin");
-    std::fs::write(&file, b"one product").expect("write product");
-    let group = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 90, 12)), free_port());
-    let retx = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
-    let (group, retx) = (group.to_string(), retx.to_string());
-    let receiver = Command::new(LDM7)
-        .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "3", "--timeout", "2"])
-        .args(["--connect-timeout", "60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start receiver");
+    let file = write_product(dir.path(), 0, 11);
+    let (group, retx) = addresses(12);
+    let receiver = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "3", "--timeout", "2"])
+            .args(["--connect-timeout", "60"]),
+    );
     let sender = Command::new(LDM7)
         .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "30s"])
         .arg(&file)
         .output()
         .expect("run sender");
     assert!(sender.status.success(), "sender: {}{}", text(&sender.stdout), text(&sender.stderr));
-    let received = receiver.wait_with_output().expect("receiver");
-    let (summary, log) = (text(&received.stdout), text(&received.stderr));
-    assert_eq!(received.status.code(), Some(2), "{summary}{log}");
+    let (status, summary, log) = receiver.outcome();
+    assert_eq!(status.code(), Some(2), "{summary}{log}");
     assert!(summary.contains("delivered 1, missed 0"), "{summary}{log}");
     assert!(log.contains("1 of the 3 products expected came before 2s passed without one"), "{log}");
 }
@@ -138,26 +132,21 @@ fn a_file_sent_arrives_under_its_md5_in_the_output_directory() {
     let file = dir.path().join("product.bin");
     std::fs::write(&file, &product).expect("write product");
     let out = dir.path().join("out");
-    let group = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 90, 2)), free_port());
-    let retx = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_port());
-    let (group, retx) = (group.to_string(), retx.to_string());
+    let (group, retx) = addresses(2);
     // The receiver first: it retries its connection until the sender listens.
-    let receiver = Command::new(LDM7)
-        .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "1", "--timeout", "60"])
-        .args(["--drop", "0.05", "--out", &out.display().to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start receiver");
+    let receiver = Running::start(
+        Command::new(LDM7)
+            .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "1", "--timeout", "60"])
+            .args(["--drop", "0.05", "--out", &out.display().to_string()]),
+    );
     let sender = Command::new(LDM7)
         .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "30s"])
         .arg(&file)
         .output()
         .expect("run sender");
-    let received = receiver.wait_with_output().expect("receiver");
-    let (summary, log) = (text(&received.stdout), text(&received.stderr));
+    let (status, summary, log) = receiver.outcome();
     assert!(sender.status.success(), "sender: {}{}", text(&sender.stdout), text(&sender.stderr));
-    assert!(received.status.success() && summary.contains("delivered 1, missed 0"), "receiver: {summary}{log}");
+    assert!(status.success() && summary.contains("delivered 1, missed 0"), "receiver: {summary}{log}");
     let digest = md5_hex(&product);
     assert_eq!(std::fs::read(out.join(&digest)).expect("the product under its MD5"), product);
     let names: Vec<String> = std::fs::read_dir(&out)

@@ -903,6 +903,28 @@ struct JobHead {
     start: Option<WallTime>,
 }
 
+impl JobHead {
+    /// Microseconds from the product's creation to now (0 for an unusable product); an
+    /// inserted product's delivery line is logged here, right after its insertion and on the
+    /// inserter's thread: a process killed in between (kill -9) loses at most the line of the
+    /// product being inserted, not of every product whose result waits for the session.
+    fn settle(&self, result: &Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable>) -> i64 {
+        let Ok((info, outcome)) = result else { return 0 };
+        let latency_us = latency_us(self.start.unwrap_or_else(|| WallTime::from(info.arrival.to_system_time())));
+        if let Ok(InsertOutcome::Inserted { .. }) = outcome {
+            let delivery = Delivery {
+                mode: self.mode,
+                latency_us,
+                index: self.index.map(ldm7_fmtp_proto::ProductIndex),
+                retransmitted_blocks: self.retransmitted_blocks,
+                info: info.clone(),
+            };
+            tracing::info!(target: PRODUCT, "{delivery}");
+        }
+        latency_us
+    }
+}
+
 /// The thread that checks products and copies them into the queue, so that the session keeps
 /// reading its connection and FMTP's notices while a large product is hashed and copied. Jobs
 /// are done in order; at most [`INSERT_QUEUE_MAX`] wait (then submitting waits).
@@ -930,28 +952,7 @@ impl Inserter {
                         Payload::Fmtp { product, metadata } => insert_fmtp(&queue, product, &metadata),
                         Payload::Control(product) => insert_control(&queue, product),
                     };
-                    let latency_us = match &result {
-                        Ok((info, outcome)) => {
-                            let start = head.start.unwrap_or_else(|| WallTime::from(info.arrival.to_system_time()));
-                            let latency_us = latency_us(start);
-                            if let Ok(InsertOutcome::Inserted { .. }) = outcome {
-                                // The product's line, right after its insertion and on this
-                                // thread: a process killed in between (kill -9) loses at most
-                                // the line of the product being inserted, not of every
-                                // product whose result waits for the session.
-                                let delivery = Delivery {
-                                    mode: head.mode,
-                                    latency_us,
-                                    index: head.index.map(ldm7_fmtp_proto::ProductIndex),
-                                    retransmitted_blocks: head.retransmitted_blocks,
-                                    info: info.clone(),
-                                };
-                                tracing::info!(target: PRODUCT, "{delivery}");
-                            }
-                            latency_us
-                        }
-                        Err(_) => 0,
-                    };
+                    let latency_us = head.settle(&result);
                     if done_tx.send(Done { job: head, result, latency_us }).is_err() {
                         break;
                     }
