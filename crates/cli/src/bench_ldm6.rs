@@ -95,13 +95,6 @@ pub fn run(args: &BenchLdm6Args) -> anyhow::Result<()> {
     for (index, system) in systems.iter().enumerate() {
         let dir = scratch.path().join(format!("up-{index}"));
         prepare_dir(system, &dir, &format!("ALLOW ANY {LOCAL} .*\n"), bytes, slots)?;
-        if let System::Ldm7(_) = system {
-            // The downstreams stand for as many hosts but all come from 127.0.0.1 with the same
-            // request — as behind a NAT — so that one feeder per host and feed (docs/server.md
-            // "Bounds") would have each FEEDME end the one before: off here. The reference has no
-            // such switch; its documented remedy is distinct patterns.
-            std::fs::write(dir.join("ldm7.toml"), "[ldm6]\none_feeder_per_host = false\n")?;
-        }
         let mut insert = system.insert_command(&files_dir, &dir.join("q.pq"), &files);
         let output = insert.output().with_context(|| format!("preload with {}", system.name()))?;
         if !output.status.success() {
@@ -116,7 +109,23 @@ pub fn run(args: &BenchLdm6Args) -> anyhow::Result<()> {
     for (server, _) in upstreams {
         stop_server(server);
     }
+    if result.is_err() {
+        // Keep the servers' logs that the error points to; drop the bulk (products, queues).
+        let kept = scratch.keep();
+        keep_only_logs(&kept);
+        eprintln!("ldm7 bench ldm6: the servers' logs are kept in {}", kept.display());
+    }
     result
+}
+
+/// Removes the product files and every queue under a scratch directory, leaving the rest (the
+/// servers' configurations, logs and state) for a look at what went wrong.
+fn keep_only_logs(root: &Path) {
+    let _ = std::fs::remove_dir_all(root.join("products"));
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        remove_queue(&entry.path().join("q.pq"));
+    }
 }
 
 fn measure_all(
@@ -159,10 +168,10 @@ fn fan_out(
     products: usize,
     cache: CacheState,
 ) -> anyhow::Result<f64> {
-    let config = format!("ALLOW ANY {LOCAL} .*\nREQUEST ANY \".*\" 127.0.0.1:{up_port}\n");
     let mut dirs = Vec::new();
     for k in 0..count {
         let dir = root.join(format!("down-{index}-{count}-{run}-{k}"));
+        let config = format!("ALLOW ANY {LOCAL} .*\nREQUEST ANY \"{}\" 127.0.0.1:{up_port}\n", everything(k));
         prepare_dir(system, &dir, &config, bytes, slots)?;
         dirs.push(dir);
     }
@@ -211,6 +220,15 @@ fn fan_out(
         let _ = std::fs::remove_dir_all(dir);
     }
     Ok(seconds)
+}
+
+/// The pattern of downstream `k`: everything, written differently for each downstream (`.*`,
+/// `(.*)`, `((.*))`, …). The downstreams all connect from 127.0.0.1 — as hosts behind one NAT
+/// address — and both systems end a host's older feed when the same host asks again for the same
+/// class (one feeder per host and feed, docs/server.md "Bounds"); distinct patterns are the
+/// reference's documented remedy, so both run with the rule on, as installed.
+fn everything(k: usize) -> String {
+    format!("{}.*{}", "(".repeat(k), ")".repeat(k))
 }
 
 /// Reads a queue (a file, or a directory of files) to its end, so that its pages are in the
