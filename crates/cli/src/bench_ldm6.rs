@@ -268,3 +268,22 @@ fn wait_for_port(port: u16, dir: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::everything;
+    use ldm7_types::class::Pattern;
+
+    #[test]
+    fn each_downstream_pattern_is_distinct_and_matches_every_product() {
+        let patterns: Vec<String> = (0..8).map(everything).collect();
+        assert_eq!(patterns[..3], [".*", "(.*)", "((.*))"]);
+        assert_eq!(patterns.iter().collect::<std::collections::HashSet<_>>().len(), patterns.len());
+        for text in &patterns {
+            let pattern = Pattern::new(text).unwrap();
+            for ident in ["", "p00042", "SDUS53 KOAX 261200 /pN0QOAX"] {
+                assert!(pattern.is_match(ident), "{text} misses {ident:?}");
+            }
+        }
+    }
+}
