@@ -9,11 +9,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ldm7_fmtp::MacLevel;
 use ldm7_fmtp::app::{
     self, AppError, DropProbability, ProductSource, RecvOptions, RecvProgress, SendOptions, SendProgress, Speedup,
 };
 use ldm7_fmtp::keys;
+use ldm7_fmtp::{MacLevel, ParityConfig};
+
 use ldm7_types::Rate;
 use ldm7_types::units::parse_duration;
 
@@ -87,6 +88,11 @@ pub struct SendArgs {
     /// (an ldm7 extension: every receiver must be ldm7; at least 1s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub mac_rotation: Option<Duration>,
+    /// Repair by parity (an ldm7 extension): answer receivers' parity requests with parity
+    /// shards multicast once for all of them, GROUP data blocks per group and up to SHARDS
+    /// shards each (e.g. 256/32). Receivers need the same value.
+    #[arg(long, value_name = "GROUP/SHARDS")]
+    pub parity: Option<ParityConfig>,
     /// Files to send, one product each, read in turn as they are sent (a pipe is held in memory
     /// until its product is released).
     pub files: Vec<PathBuf>,
@@ -138,6 +144,9 @@ pub struct RecvArgs {
     /// `fmtp keygen`): a man in the middle of the repair connection is refused.
     #[arg(long, value_name = "FILE")]
     pub pin: Option<PathBuf>,
+    /// Ask for lost blocks as parity (an ldm7 extension): the sender's --parity value.
+    #[arg(long, value_name = "GROUP/SHARDS")]
+    pub parity: Option<ParityConfig>,
 }
 
 /// Runs an `fmtp` subcommand.
@@ -184,6 +193,7 @@ async fn send(args: &SendArgs) -> CmdResult {
         mac_level: args.mac_level,
         identity,
         mac_rotation: args.mac_rotation,
+        parity: args.parity,
     };
     let summary = app::send(&options, |progress| match progress {
         SendProgress::Started { source, retx } => {
@@ -216,6 +226,17 @@ async fn send(args: &SendArgs) -> CmdResult {
         summary.protocol.retx_data_blocks,
         summary.protocol.rejects
     );
+    if args.parity.is_some() {
+        let protocol = &summary.protocol;
+        println!(
+            "fmtp send: parity: {} requests, {} shards multicast ({} bytes, {:.2}% of the product bytes), {} groups coded",
+            protocol.parity_requests,
+            protocol.parity_datagrams,
+            protocol.parity_bytes,
+            protocol.parity_bytes as f64 * 100.0 / summary.bytes.max(1) as f64,
+            protocol.parity_groups_coded
+        );
+    }
     Ok(())
 }
 
@@ -238,6 +259,7 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         connect_deadline: args.connect_timeout.unwrap_or(args.timeout),
         mac_level: args.mac_level,
         pin,
+        parity: args.parity,
     };
     let summary = app::recv(&options, |progress| match progress {
         RecvProgress::Waiting { sender, deadline, last_error } => tracing::info!(
@@ -261,6 +283,12 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         summary.report.protocol.datagrams
     );
     let protocol = &summary.report.protocol;
+    if args.parity.is_some() {
+        println!(
+            "fmtp recv: parity: {} requests, {} shards taken, {} blocks recovered, {} groups asked for with RETX_REQ",
+            protocol.parity_requests, protocol.parity_shards, protocol.parity_blocks, protocol.parity_fallbacks
+        );
+    }
     let dropped = [
         ("truncated", protocol.truncated),
         ("oversized", protocol.oversized),
@@ -271,6 +299,7 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         ("stale or replayed", protocol.stale),
         ("bad MAC", summary.report.driver.bad_mac),
         ("past the product's end", protocol.out_of_range),
+        ("parity coded otherwise", protocol.parity_mismatched),
     ];
     if dropped.iter().any(|(_, count)| *count > 0) || protocol.index_forged > 0 {
         let list: Vec<String> =

@@ -120,6 +120,7 @@
 pub mod index;
 pub mod mac;
 pub mod pacing;
+pub mod parity;
 mod ranges;
 pub mod receiver;
 pub mod sender;
@@ -129,6 +130,7 @@ pub mod wire;
 
 pub use index::ProductIndex;
 pub use pacing::Pacing;
+pub use parity::ParityConfig;
 pub use receiver::{
     Assembly, BlockRun, Delivery, InFlight, IndexTrust, MissReason, ReceiveTimer, Receiver, ReceiverBound,
     ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint,

@@ -62,6 +62,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 use crate::index::ProductIndex;
+use crate::parity::ParityConfig;
 use crate::ranges::RangeSet;
 use crate::sink::{ProductSink, SinkSlot};
 use crate::time::{Instant, WallClock, WallTime, transmission_time};
@@ -111,6 +112,13 @@ pub struct ReceiverConfig {
     pub assembly: Assembly,
     /// Which product indexes are believed without asking the sender.
     pub index_trust: IndexTrust,
+    /// ldm7 extension: ask for lost blocks as parity shards (PARITY_REQ) rather than with
+    /// RETX_REQ ([`crate::parity`]); the sender must use the same settings. Used with
+    /// [`Assembly::Memory`], with [`Assembly::Sink`] when the sink reads back
+    /// ([`ProductSink::reads_back`]: a decode needs the group's other blocks), and with
+    /// [`Assembly::Discard`] given [`Receiver::set_fingerprint_source`]. `None`: off, as the
+    /// reference.
+    pub parity: Option<ParityConfig>,
 }
 
 /// Which product indexes a receiver believes without asking the sender over its TCP
@@ -171,6 +179,7 @@ impl Default for ReceiverConfig {
             incomplete_timeout: Duration::from_secs(600),
             assembly: Assembly::Memory,
             index_trust: IndexTrust::default(),
+            parity: None,
         }
     }
 }
@@ -354,6 +363,21 @@ pub struct ReceiverCounters {
     pub bound_hits: u64,
     /// Products missed because the [`ProductSink`] failed.
     pub sink_failures: u64,
+    /// PARITY_REQ sent.
+    pub parity_requests: u64,
+    /// Parity shards taken (held for a decode).
+    pub parity_shards: u64,
+    /// Parity shards not needed here (their group complete, or the product finished).
+    pub parity_unused: u64,
+    /// Parity shards coded otherwise than this receiver's settings say (ignored).
+    pub parity_mismatched: u64,
+    /// Blocks recovered from parity.
+    pub parity_blocks: u64,
+    /// Groups whose lost blocks were asked for with RETX_REQ after all (too many lost, or
+    /// the parity did not come after [`ParityConfig::rounds_max`] requests, or a decode failed).
+    pub parity_fallbacks: u64,
+    /// Decodes that failed (shards that lie about their coding).
+    pub parity_decode_failures: u64,
 }
 
 /// The FMTP receiver. See the crate documentation for the polling order.
@@ -397,6 +421,18 @@ pub struct Receiver {
     /// Indexes beyond the window seen twice lately (the last 64): when the sender confirms one,
     /// those shortly before it were its stream's too.
     repeated: VecDeque<ProductIndex>,
+    /// With [`Assembly::Discard`]: the fingerprint of product bytes `[start, end)`, for blocks
+    /// recovered from parity ([`Receiver::set_fingerprint_source`]).
+    fingerprint_source: Option<FingerprintSource>,
+}
+
+/// [`Receiver::set_fingerprint_source`]'s function.
+struct FingerprintSource(Box<dyn FnMut(ProductIndex, u32, u32) -> u64 + Send>);
+
+impl std::fmt::Debug for FingerprintSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FingerprintSource")
+    }
 }
 
 /// Bound of [`Receiver::candidates`].
@@ -444,6 +480,9 @@ impl Receiver {
                 "request_len_max, in_flight_products_max and index_gap_max must be at least 1".into(),
             ));
         }
+        if let Some(parity) = &config.parity {
+            parity.validate()?;
+        }
         if u64::from(config.product_size_max) > config.in_flight_bytes_max {
             return Err(ConfigError(format!(
                 "product_size_max ({}) exceeds in_flight_bytes_max ({}): raise in_flight_bytes_max",
@@ -472,7 +511,31 @@ impl Receiver {
             refuted: VecDeque::new(),
             repeated: VecDeque::new(),
             eop_seen_last: false,
+            fingerprint_source: None,
         })
+    }
+
+    /// With [`Assembly::Discard`] and [`ReceiverConfig::parity`]: where the fingerprints of
+    /// blocks recovered from parity come from (`source(index, start, end)` is the sum of the
+    /// [`block_fingerprint`]s of the product's blocks in `[start, end)`), as a simulator that
+    /// checked the parity it multicast gives them. Without it a discarding receiver asks with
+    /// RETX_REQ.
+    pub fn set_fingerprint_source(&mut self, source: impl FnMut(ProductIndex, u32, u32) -> u64 + Send + 'static) {
+        self.fingerprint_source = Some(FingerprintSource(Box::new(source)));
+    }
+
+    /// Whether a parity shard of group `group` of product `index` would be of use here now
+    /// (the product is being received, its size is known and the group is incomplete): a
+    /// simulator hands parity datagrams only to the receivers that want them.
+    pub fn wants_parity(&self, index: ProductIndex, group: u16) -> bool {
+        let (Some(parity), Some(key)) = (self.parity_in_use(), self.known_key(index)) else { return false };
+        let Some(product) = self.products.get(&key) else { return false };
+        let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return false };
+        if u64::from(group) >= parity.groups(size) {
+            return false;
+        }
+        let (start, end, _) = parity.group_range(u32::from(group), size);
+        !product.received.contains(start, end)
     }
 
     /// Anchors wall-clock time (for latencies) to the monotonic clock: `wall` was read at
@@ -496,6 +559,10 @@ impl Receiver {
         };
         if !message.message_type().is_multicast() {
             self.counters.unexpected += 1;
+            return;
+        }
+        if let Body::Parity { group, group_blocks_log2, shards_log2, shard, data } = message.body {
+            self.on_parity(message.index, group, (group_blocks_log2, shards_log2), shard, data);
             return;
         }
         self.eop_seen_last = matches!(message.body, Body::Eop);
@@ -580,6 +647,7 @@ impl Receiver {
         if start > previous_end {
             self.request_missing(key, previous_end, start);
         }
+        self.decode_passed_groups(key, start, end);
     }
 
     /// Handles one message from the sender's TCP connection (RETX_DATA, RETX_BOP, RETX_EOP,
@@ -655,6 +723,10 @@ impl Receiver {
             let Some(product) = self.products.get_mut(&key) else { continue };
             product.requested = RangeSet::default();
             product.eop_requested = false;
+            for repair in product.parity.values_mut() {
+                repair.asked_for = 0;
+                repair.fallback = false;
+            }
             let index = product.index;
             match product.bop.as_ref().map(|b| u64::from(b.size)) {
                 Some(size) => {
@@ -772,6 +844,7 @@ impl Receiver {
             match kind {
                 TimerKind::Abandon => self.abandon(key, MissReason::TimedOut),
                 TimerKind::Receive => self.receive_timer_fired(key),
+                TimerKind::Parity => self.parity_timer_fired(key),
             }
         }
     }
@@ -1361,6 +1434,7 @@ impl Receiver {
             // In-order path: what lies between the previous block and this one is lost.
             self.request_missing(key, previous_end, start);
         }
+        self.decode_passed_groups(key, start, end);
     }
 
     fn on_eop(&mut self, key: i64) {
@@ -1418,27 +1492,344 @@ impl Receiver {
         self.add_timer((due, key, TimerKind::Receive));
     }
 
-    /// Requests the bytes of `[start, end)` neither received nor requested yet, coalesced.
+    /// Requests the bytes of `[start, end)` neither received nor requested yet, coalesced: as
+    /// parity of their groups when parity is in use, else (and for groups that fell back) with
+    /// RETX_REQ.
     fn request_missing(&mut self, key: i64, start: u64, end: u64) {
-        let chunk = u64::from(self.config.request_len_max);
+        let parity = self.parity_in_use();
         let Some(product) = self.products.get_mut(&key) else { return };
-        let index = product.index;
-        let mut requests = Vec::new();
+        let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
+        let parity = parity.filter(|parity| parity.groups(size) <= 1 << 16);
+        let mut ranges = Vec::new();
+        let mut groups: Vec<u16> = Vec::new();
         for (gap_start, gap_end) in product.received.gaps(start, end) {
             for (from, to) in product.requested.gaps(gap_start, gap_end) {
+                product.requested.insert(from, to);
+                let Some(parity) = &parity else {
+                    ranges.push((from, to));
+                    continue;
+                };
                 let mut at = from;
                 while at < to {
-                    let len = chunk.min(to - at);
-                    // at < size ≤ u32::MAX and len ≤ request_len_max ≤ u16::MAX.
-                    requests.push(Message { index, body: Body::RetxReq { offset: at as u32, len: len as u16 } });
-                    at += len;
+                    // < 2¹⁶ groups (checked above).
+                    let group = parity.group_of(at) as u16;
+                    let (_, group_end, _) = parity.group_range(u32::from(group), size);
+                    let piece_end = group_end.min(to);
+                    if product.parity.get(&group).is_some_and(|repair| repair.fallback) {
+                        ranges.push((at, piece_end));
+                    } else if groups.last() != Some(&group) {
+                        groups.push(group);
+                    }
+                    at = piece_end;
                 }
-                product.requested.insert(from, to);
-                self.counters.retx_request_bytes += to - from;
             }
         }
-        self.counters.retx_requests += requests.len() as u64;
-        self.transmits.extend(requests);
+        for (from, to) in ranges {
+            self.retx_request(key, from, to);
+        }
+        for group in groups {
+            self.ask_parity(key, group, false);
+        }
+    }
+
+    /// RETX_REQs for `[from, to)` (already marked requested).
+    fn retx_request(&mut self, key: i64, from: u64, to: u64) {
+        let chunk = u64::from(self.config.request_len_max);
+        let Some(product) = self.products.get(&key) else { return };
+        let index = product.index;
+        let mut at = from;
+        while at < to {
+            let len = chunk.min(to - at);
+            // at < size ≤ u32::MAX and len ≤ request_len_max ≤ u16::MAX.
+            self.transmits.push_back(Message { index, body: Body::RetxReq { offset: at as u32, len: len as u16 } });
+            self.counters.retx_requests += 1;
+            at += len;
+        }
+        self.counters.retx_request_bytes += to - from;
+    }
+
+    /// The parity settings when this receiver repairs by parity.
+    fn parity_in_use(&self) -> Option<ParityConfig> {
+        let parity = self.config.parity?;
+        match self.config.assembly {
+            Assembly::Memory => Some(parity),
+            Assembly::Discard if self.fingerprint_source.is_some() => Some(parity),
+            Assembly::Sink if self.sink.as_ref().is_some_and(|sink| sink.0.reads_back()) => Some(parity),
+            _ => None,
+        }
+    }
+
+    /// Blocks of `[start, end)` neither received nor still to come by multicast (asked for).
+    fn lost_blocks(product: &Incoming, start: u64, end: u64, block_len: u64) -> u32 {
+        let mut lost = 0u64;
+        for (gap_start, gap_end) in product.received.gaps(start, end) {
+            let mut at = gap_start;
+            for (from, to) in product.requested.gaps(gap_start, gap_end) {
+                if from > at {
+                    lost += (from - at).div_ceil(block_len);
+                }
+                at = to;
+            }
+            if gap_end > at {
+                lost += (gap_end - at).div_ceil(block_len);
+            }
+        }
+        // ≤ the blocks of a group ≤ 32768.
+        lost as u32
+    }
+
+    /// Asks for the parity shards a group still needs (on a new loss, or again when
+    /// `retry`), falling back to RETX_REQ when parity cannot repair it.
+    fn ask_parity(&mut self, key: i64, group: u16, retry: bool) {
+        let Some(parity) = self.parity_in_use() else { return };
+        let now = self.now;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
+        let (start, end, _) = parity.group_range(u32::from(group), size);
+        let lost = Self::lost_blocks(product, start, end, parity.block_len as u64);
+        let index = product.index;
+        let repair = product.parity.entry(group).or_default();
+        if repair.fallback || lost == 0 {
+            return;
+        }
+        let held = repair.shards.len() as u32;
+        let from = repair.shards.keys().next_back().map_or(0, |&last| u32::from(last) + 1);
+        let need = lost.saturating_sub(held);
+        if need == 0 {
+            self.try_decode(key, group);
+            return;
+        }
+        if from + need > parity.shards || (retry && repair.rounds >= parity.rounds_max) {
+            repair.fallback = true;
+            self.counters.parity_fallbacks += 1;
+            // Only what is lost (asked for), not what the multicast has yet to bring.
+            let lost_ranges: Vec<(u64, u64)> = product
+                .received
+                .gaps(start, end)
+                .into_iter()
+                .flat_map(|(from, to)| complement(&product.requested.gaps(from, to), from, to))
+                .collect();
+            for (from, to) in lost_ranges {
+                self.retx_request(key, from, to);
+            }
+            return;
+        }
+        if !retry && lost <= repair.asked_for {
+            return;
+        }
+        repair.asked_for = lost;
+        repair.rounds = repair.rounds.saturating_add(1);
+        let retry_at = now + parity.retry;
+        repair.retry_at = Some(retry_at);
+        // need ≤ lost ≤ 32768 and from ≤ shards ≤ 256.
+        self.transmits
+            .push_back(Message { index, body: Body::ParityReq { group, need: need as u16, from: from as u16 } });
+        self.counters.parity_requests += 1;
+        if product.parity_timer.is_none_or(|at| at > retry_at) {
+            if let Some(at) = product.parity_timer.take() {
+                self.remove_timer((at, key, TimerKind::Parity));
+            }
+            if let Some(product) = self.products.get_mut(&key) {
+                product.parity_timer = Some(retry_at);
+            }
+            self.add_timer((retry_at, key, TimerKind::Parity));
+        }
+    }
+
+    fn parity_timer_fired(&mut self, key: i64) {
+        let now = self.now;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        product.parity_timer = None;
+        let due: Vec<u16> = product
+            .parity
+            .iter()
+            .filter(|(_, repair)| !repair.fallback && repair.retry_at.is_some_and(|at| at <= now))
+            .map(|(group, _)| *group)
+            .collect();
+        for group in due {
+            self.ask_parity(key, group, true);
+        }
+        // The next retry of the groups still waiting.
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let next = product
+            .parity
+            .values()
+            .filter(|repair| !repair.fallback)
+            .filter_map(|repair| repair.retry_at)
+            .filter(|at| *at > now)
+            .min();
+        if let Some(at) = next {
+            if product.parity_timer.is_none() {
+                product.parity_timer = Some(at);
+                self.add_timer((at, key, TimerKind::Parity));
+            }
+        }
+    }
+
+    /// A PARITY datagram: held if its group is incomplete here, then a decode tried.
+    fn on_parity(&mut self, index: ProductIndex, group: u16, coding: (u8, u8), shard: u8, data: &[u8]) {
+        let Some(parity) = self.parity_in_use() else {
+            self.counters.unexpected += 1;
+            return;
+        };
+        if !parity.codes_as(coding.0, coding.1) || data.len() != parity.block_len || u32::from(shard) >= parity.shards {
+            self.counters.parity_mismatched += 1;
+            return;
+        }
+        if !self.wants_parity(index, group) {
+            self.counters.parity_unused += 1;
+            return;
+        }
+        let Some(key) = self.known_key(index) else { return };
+        let discard = self.config.assembly == Assembly::Discard;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let repair = product.parity.entry(group).or_default();
+        if repair.fallback || repair.shards.contains_key(&shard) {
+            self.counters.duplicates += 1;
+            return;
+        }
+        repair.shards.insert(shard, if discard { Vec::new() } else { data.to_vec() });
+        self.counters.parity_shards += 1;
+        self.try_decode(key, group);
+    }
+
+    /// Tries to decode the groups `[start, end)` touches (a block arrived there).
+    fn decode_passed_groups(&mut self, key: i64, start: u64, end: u64) {
+        let Some(parity) = self.parity_in_use() else { return };
+        let Some(product) = self.products.get(&key) else { return };
+        if product.parity.is_empty() || end <= start {
+            return;
+        }
+        let (first, last) = (parity.group_of(start), parity.group_of(end - 1));
+        for group in first..=last {
+            // < 2¹⁶ groups when parity is held.
+            if self.products.get(&key).is_some_and(|p| p.parity.contains_key(&(group as u16))) {
+                self.try_decode(key, group as u16);
+            }
+        }
+    }
+
+    /// Recovers a group's lost blocks once its multicast has passed and as many shards as
+    /// lost blocks are held.
+    fn try_decode(&mut self, key: i64, group: u16) {
+        let Some(parity) = self.parity_in_use() else { return };
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
+        let (start, end, blocks) = parity.group_range(u32::from(group), size);
+        let Some(repair) = product.parity.get(&group) else { return };
+        if repair.fallback || repair.shards.is_empty() || !(product.ended || product.multicast_end >= end) {
+            return;
+        }
+        let block_len = parity.block_len as u64;
+        let missing: Vec<(u64, u64)> = product.received.gaps(start, end);
+        let missing_blocks: u64 = missing.iter().map(|(from, to)| (to - from).div_ceil(block_len)).sum();
+        if missing_blocks == 0 {
+            product.parity.remove(&group);
+            return;
+        }
+        if (repair.shards.len() as u64) < missing_blocks {
+            return;
+        }
+        let index = product.index;
+        // Each recovered block: its range, fingerprint and bytes (none when discarding).
+        let recovered: Vec<(u64, u64, u64, Vec<u8>)> = if self.config.assembly == Assembly::Discard {
+            let Some(source) = self.fingerprint_source.as_mut() else { return };
+            // Within the product (< 4 GiB).
+            missing
+                .iter()
+                .map(|&(from, to)| (from, to, (source.0)(index, from as u32, to as u32), Vec::new()))
+                .collect()
+        } else {
+            // The group's bytes as held: in the product's buffer, or read back from the sink.
+            let read_back;
+            let group_bytes: &[u8] = if self.config.assembly == Assembly::Memory {
+                &product.data[start as usize..end as usize]
+            } else {
+                let mut bytes = vec![0u8; (end - start) as usize];
+                let Some(sink) = self.sink.as_mut() else { return };
+                let mut at = start;
+                let mut read = Ok(());
+                for &(gap_start, gap_end) in missing.iter().chain(std::iter::once(&(end, end))) {
+                    if gap_start > at && read.is_ok() {
+                        let out = &mut bytes[(at - start) as usize..(gap_start - start) as usize];
+                        // Within the product (< 4 GiB).
+                        read = sink.0.read_at(index, at as u32, out);
+                    }
+                    at = gap_end;
+                }
+                if read.is_err() {
+                    self.counters.sink_failures += 1;
+                    self.abandon(key, MissReason::SinkFailed);
+                    return;
+                }
+                read_back = bytes;
+                &read_back
+            };
+            let positions_missing: BTreeSet<u32> = missing
+                .iter()
+                .flat_map(|&(from, to)| ((from - start) / block_len)..(to - start).div_ceil(block_len))
+                // < blocks ≤ 32768.
+                .map(|position| position as u32)
+                .collect();
+            let held = (0..blocks).filter(|p| !positions_missing.contains(p)).map(|position| {
+                let from = (u64::from(position) * block_len) as usize;
+                let to = (from + parity.block_len).min(group_bytes.len());
+                (position, &group_bytes[from..to])
+            });
+            let shards =
+                repair.shards.iter().take(missing_blocks as usize).map(|(j, bytes)| (u32::from(*j), bytes.as_slice()));
+            match parity.decode(blocks, held, shards) {
+                Ok(restored) => restored
+                    .into_iter()
+                    .filter(|(position, _)| positions_missing.contains(position))
+                    .map(|(position, mut bytes)| {
+                        let from = start + u64::from(position) * block_len;
+                        let to = (from + block_len).min(end);
+                        bytes.truncate((to - from) as usize);
+                        // from < size ≤ u32::MAX.
+                        (from, to, block_fingerprint(from as u32, &bytes), bytes)
+                    })
+                    .collect(),
+                Err(_) => {
+                    self.counters.parity_decode_failures += 1;
+                    if let Some(repair) = product.parity.get_mut(&group) {
+                        repair.shards.clear();
+                        repair.rounds = parity.rounds_max;
+                    }
+                    self.ask_parity(key, group, true);
+                    return;
+                }
+            }
+        };
+        let mut count = 0;
+        for (from, to, fingerprint, bytes) in recovered {
+            match self.config.assembly {
+                Assembly::Memory => {
+                    if let Some(product) = self.products.get_mut(&key) {
+                        product.data[from as usize..to as usize].copy_from_slice(&bytes);
+                    }
+                }
+                Assembly::Sink => {
+                    // Within the product (< 4 GiB).
+                    let written = self.sink.as_mut().map(|sink| sink.0.write_at(index, from as u32, &bytes));
+                    if !matches!(written, Some(Ok(()))) {
+                        self.counters.sink_failures += 1;
+                        self.abandon(key, MissReason::SinkFailed);
+                        return;
+                    }
+                }
+                Assembly::Discard => {}
+            }
+            let Some(product) = self.products.get_mut(&key) else { return };
+            product.received.insert(from, to);
+            product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
+            count += (to - from).div_ceil(block_len);
+        }
+        if let Some(product) = self.products.get_mut(&key) {
+            product.parity.remove(&group);
+        }
+        self.counters.parity_blocks += count;
+        self.complete_if_done(key);
     }
 
     /// Delivers the product if it is complete; returns whether it was.
@@ -1520,6 +1911,9 @@ impl Receiver {
         if let Some(at) = product.receive_timer {
             self.remove_timer((at, key, TimerKind::Receive));
         }
+        if let Some(at) = product.parity_timer {
+            self.remove_timer((at, key, TimerKind::Parity));
+        }
         self.in_flight_bytes -= product.held_bytes();
         self.early_bytes -= product.early_bytes;
         Some(product)
@@ -1551,6 +1945,22 @@ impl Receiver {
         self.counters.bound_hits += 1;
         self.events.push_back(ReceiverEvent::BoundHit { bound, index });
     }
+}
+
+/// The parts of `[start, end)` outside the sorted, disjoint `gaps`.
+fn complement(gaps: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for &(from, to) in gaps {
+        if from > at {
+            out.push((at, from));
+        }
+        at = at.max(to);
+    }
+    if end > at {
+        out.push((at, end));
+    }
+    out
 }
 
 /// The fingerprint of one data block: a 64-bit mix of its offset, its length and its first and
@@ -1586,6 +1996,7 @@ fn receive_due(timer: &ReceiveTimer, last_multicast: Instant, remaining_bytes: u
 enum TimerKind {
     Receive,
     Abandon,
+    Parity,
 }
 
 #[derive(Debug)]
@@ -1624,6 +2035,25 @@ struct Incoming {
     fingerprint: u64,
     receive_timer: Option<Instant>,
     abandon_at: Instant,
+    /// Groups whose lost blocks are asked for as parity ([`ReceiverConfig::parity`]).
+    parity: BTreeMap<u16, GroupRepair>,
+    /// When the parity timer is due (the earliest retry of `parity`).
+    parity_timer: Option<Instant>,
+}
+
+/// A group of a product's blocks being repaired by parity.
+#[derive(Debug, Default)]
+struct GroupRepair {
+    /// Shards held, by index (without bytes with [`Assembly::Discard`]).
+    shards: BTreeMap<u8, Vec<u8>>,
+    /// Lost blocks when the last request went out.
+    asked_for: u32,
+    /// Requests sent.
+    rounds: u8,
+    /// When to ask again if the group is still incomplete.
+    retry_at: Option<Instant>,
+    /// Its lost blocks were asked for with RETX_REQ.
+    fallback: bool,
 }
 
 /// MEM_DATA datagrams of one product that arrived back to back and in order, handed over at once
@@ -1699,6 +2129,8 @@ impl Incoming {
             fingerprint: 0,
             receive_timer: None,
             abandon_at,
+            parity: BTreeMap::new(),
+            parity_timer: None,
         }
     }
 }

@@ -37,6 +37,7 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::index::ProductIndex;
 use crate::pacing::{Pacing, TokenBucket};
+use crate::parity::ParityConfig;
 use crate::time::{Instant, WallClock, WallTime, transmission_time};
 use crate::wire::{self, BLOCK_LEN, Body, Bop, HEADER_LEN, METADATA_LEN_MAX, Message, MessageType, Packet};
 
@@ -190,6 +191,9 @@ pub struct SenderConfig {
     /// deadline (no later product would reveal the gap). `None`: off (the reference's
     /// behaviour: RETX_EOP only at release).
     pub tail_probe: Option<Duration>,
+    /// ldm7 extension: answer PARITY_REQ with parity shards multicast ([`crate::parity`];
+    /// its `block_len` must be this configuration's). `None`: off, as the reference.
+    pub parity: Option<ParityConfig>,
 }
 
 impl Default for SenderConfig {
@@ -206,6 +210,7 @@ impl Default for SenderConfig {
             retx_backlog_items_max: 4096,
             block_len: BLOCK_LEN,
             tail_probe: Some(TAIL_PROBE_DEFAULT),
+            parity: None,
         }
     }
 }
@@ -418,6 +423,17 @@ pub struct SenderCounters {
     pub requests_dropped: u64,
     /// RETX_EOPs sent when the multicast fell idle ([`SenderConfig::tail_probe`]).
     pub tail_probes: u64,
+    /// PARITY_REQ received.
+    pub parity_requests: u64,
+    /// Shards asked for that no shard index was left to give (the receiver falls back to
+    /// RETX_REQ).
+    pub parity_shortfall: u64,
+    /// Parity shards multicast.
+    pub parity_datagrams: u64,
+    /// Parity bytes multicast (FMTP header + shard; not in `multicast_bytes`).
+    pub parity_bytes: u64,
+    /// Groups whose parity was computed.
+    pub parity_groups_coded: u64,
 }
 
 /// The FMTP sender. See the crate documentation for the polling order.
@@ -448,6 +464,8 @@ pub struct Sender {
     /// When to probe the receivers that have not finished the last product multicast, and that
     /// product's key ([`SenderConfig::tail_probe`]).
     tail_probe: Option<(Instant, u64)>,
+    /// Parity shards to multicast before new data: product key, group, shard.
+    parity_queue: VecDeque<(u64, u16, u8)>,
 }
 
 impl Sender {
@@ -464,6 +482,15 @@ impl Sender {
         }
         if !(1..=BLOCK_LEN).contains(&config.block_len) {
             return Err(ConfigError(format!("block_len {} must be 1 to {BLOCK_LEN} bytes", config.block_len)));
+        }
+        if let Some(parity) = &config.parity {
+            parity.validate()?;
+            if parity.block_len != config.block_len {
+                return Err(ConfigError(format!(
+                    "parity block length {} differs from the block length {}",
+                    parity.block_len, config.block_len
+                )));
+            }
         }
         if let DeadlinePolicy::Proportional { f_snd, .. } = config.deadline {
             if !(f_snd.is_finite() && f_snd >= 0.0) {
@@ -489,6 +516,7 @@ impl Sender {
             counters: SenderCounters::default(),
             retained_bound_hit: false,
             tail_probe: None,
+            parity_queue: VecDeque::new(),
         })
     }
 
@@ -557,6 +585,7 @@ impl Sender {
                 failed: false,
                 interest: BTreeMap::new(),
                 repairs: BTreeMap::new(),
+                parity: BTreeMap::new(),
             },
         );
         self.multicast_queue.push_back(key);
@@ -649,6 +678,14 @@ impl Sender {
                 match key {
                     Some(key) => self.queue_request(id, key, message.index, WorkKind::Eop),
                     None => self.queue_reject(id, message.index),
+                }
+            }
+            Body::ParityReq { group, need, from } => {
+                self.counters.parity_requests += 1;
+                match (key, self.config.parity) {
+                    (Some(key), Some(parity)) => self.queue_parity(id, key, group, need, from, &parity),
+                    (None, _) => self.queue_reject(id, message.index),
+                    (Some(_), None) => self.counters.unexpected += 1,
                 }
             }
             Body::RetxEnd => {
@@ -769,6 +806,7 @@ impl Sender {
     /// tail probe is due.
     pub fn is_idle(&self) -> bool {
         self.multicast_queue.is_empty()
+            && self.parity_queue.is_empty()
             && self.receivers.values().all(|r| r.work.is_empty())
             && self.tail_probe.is_none()
     }
@@ -1019,6 +1057,9 @@ impl Sender {
     }
 
     fn next_multicast_len(&self) -> Option<usize> {
+        if !self.parity_queue.is_empty() {
+            return Some(HEADER_LEN + self.config.block_len);
+        }
         let product = self.products.get(self.multicast_queue.front()?)?;
         Some(match self.stage {
             Stage::Bop => HEADER_LEN + 18 + product.metadata.len(),
@@ -1028,6 +1069,11 @@ impl Sender {
     }
 
     fn transmit_multicast(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        while let Some((key, group, shard)) = self.parity_queue.pop_front() {
+            if let Some(transmit) = self.transmit_parity(buf, key, group, shard) {
+                return Some(transmit);
+            }
+        }
         let key = *self.multicast_queue.front()?;
         let start = buf.len();
         let product = self.products.get_mut(&key)?;
@@ -1070,6 +1116,88 @@ impl Sender {
         self.counters.multicast_datagrams += 1;
         self.counters.multicast_bytes += len as u64;
         Some(Transmit { destination: Destination::Multicast, len, message_type })
+    }
+
+    /// Queues parity shards of a group for a receiver that needs `need` more of index `from` or
+    /// above: as many as are not already on their way to it (queued, or multicast less than
+    /// its round-trip time ago), shards never multicast first (they serve every receiver),
+    /// then shards multicast long enough ago that this receiver lost them.
+    fn queue_parity(&mut self, id: ReceiverId, key: u64, group: u16, need: u16, from: u16, parity: &ParityConfig) {
+        let now = self.now;
+        let Some(receiver) = self.receivers.get(&id) else { return };
+        let round = receiver.rtt.max(REPAIR_ROUND_MIN);
+        // A shard multicast less than this long ago may not have reached the receiver when it
+        // asked (a round trip, and a quarter more for queueing).
+        let on_its_way = round + round / 4;
+        let Some(product) = self.products.get_mut(&key) else { return };
+        if u64::from(group) >= parity.groups(u64::from(product.size)) || need == 0 {
+            self.counters.retx_requests_empty += 1;
+            return;
+        }
+        product.interest.entry(id).or_insert(Interest::Pending);
+        product.repairs.entry(id).or_insert(RepairRounds { count: 0, started: now }).request(now, round);
+        let shards = parity.shards as usize;
+        let state = product.parity.entry(group).or_insert_with(|| ParityGroup::new(shards));
+        let from = usize::from(from).min(shards);
+        let on_the_way = state.sent[from..]
+            .iter()
+            .filter(|sent| match sent {
+                ShardState::Queued => true,
+                ShardState::Sent(at) => now < *at + on_its_way,
+                ShardState::Unsent => false,
+            })
+            .count();
+        let mut want = usize::from(need).saturating_sub(on_the_way);
+        let fresh = (from..shards).filter(|&j| state.sent[j] == ShardState::Unsent);
+        let stale = (from..shards).filter(|&j| matches!(state.sent[j], ShardState::Sent(at) if now >= at + on_its_way));
+        let chosen: Vec<usize> = fresh.chain(stale).take(want).collect();
+        want -= chosen.len();
+        for j in chosen {
+            state.sent[j] = ShardState::Queued;
+            // j < shards ≤ 256.
+            self.parity_queue.push_back((key, group, j as u8));
+        }
+        self.counters.parity_shortfall += want as u64;
+    }
+
+    /// Multicasts one queued parity shard (computing its group's shards the first time);
+    /// `None` when its product is gone or its bytes cannot be read.
+    fn transmit_parity(&mut self, buf: &mut Vec<u8>, key: u64, group: u16, shard: u8) -> Option<Transmit> {
+        let parity = self.config.parity?;
+        let product = self.products.get_mut(&key)?;
+        let state = product.parity.get_mut(&group)?;
+        if state.shards.is_empty() {
+            let (start, end, _) = parity.group_range(u32::from(group), u64::from(product.size));
+            let mut bytes = vec![0u8; (end - start) as usize];
+            if product.data.read_at(start, &mut bytes).is_err() {
+                self.release(key, ReleaseReason::DataUnavailable);
+                return None;
+            }
+            let blocks: Vec<&[u8]> = bytes.chunks(parity.block_len).collect();
+            state.shards = parity.encode(&blocks).expect("a validated configuration codes any group");
+            self.counters.parity_groups_coded += 1;
+        }
+        state.sent[usize::from(shard)] = ShardState::Sent(self.now);
+        let start = buf.len();
+        let message = Message {
+            index: product.index,
+            body: Body::Parity {
+                group,
+                // log₂ of values ≤ 32768 and ≤ 256.
+                group_blocks_log2: parity.group_blocks.trailing_zeros() as u8,
+                shards_log2: parity.shards.trailing_zeros() as u8,
+                shard,
+                data: &state.shards[usize::from(shard)],
+            },
+        };
+        message.emit_to_vec(buf).expect("a shard is at most a block");
+        let len = buf.len() - start;
+        if let Some(bucket) = &mut self.multicast_bucket {
+            bucket.try_take(len);
+        }
+        self.counters.parity_datagrams += 1;
+        self.counters.parity_bytes += len as u64;
+        Some(Transmit { destination: Destination::Multicast, len, message_type: MessageType::Parity })
     }
 
     /// The EOP went out: start the deadline, and release at once if nobody is interested.
@@ -1198,6 +1326,30 @@ struct SentProduct {
     interest: BTreeMap<ReceiverId, Interest>,
     /// Receivers that asked for repairs of it, until their RETX_END.
     repairs: BTreeMap<ReceiverId, RepairRounds>,
+    /// Parity of the groups asked for ([`SenderConfig::parity`]).
+    parity: BTreeMap<u16, ParityGroup>,
+}
+
+/// The parity of one group of a product's blocks.
+struct ParityGroup {
+    /// Every shard, once the first is multicast.
+    shards: Vec<Vec<u8>>,
+    /// Per shard index.
+    sent: Vec<ShardState>,
+}
+
+impl ParityGroup {
+    fn new(shards: usize) -> Self {
+        Self { shards: Vec::new(), sent: vec![ShardState::Unsent; shards] }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShardState {
+    Unsent,
+    Queued,
+    /// Last multicast then.
+    Sent(Instant),
 }
 
 /// One receiver's repair rounds for one product ([`Completion::repair_rounds`]).

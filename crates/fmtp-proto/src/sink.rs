@@ -29,6 +29,19 @@ pub trait ProductSink: Send {
     /// The product is finished: `completed` when every byte was written (its `Delivered` event
     /// follows), otherwise abandoned (discard what was written; its `Missed` event follows).
     fn close(&mut self, index: ProductIndex, completed: bool);
+
+    /// Whether [`ProductSink::read_at`] works: a receiver repairs by parity
+    /// ([`ReceiverConfig::parity`](crate::ReceiverConfig::parity)) into a sink only when it can
+    /// read back the blocks a decode needs.
+    fn reads_back(&self) -> bool {
+        false
+    }
+
+    /// Reads bytes `[offset, offset + out.len())` written earlier to an open product.
+    fn read_at(&mut self, index: ProductIndex, offset: u32, out: &mut [u8]) -> Result<(), SinkError> {
+        let _ = (index, offset, out);
+        Err(SinkError::new("this product sink cannot read back"))
+    }
 }
 
 /// A sink could not take a product (the driver says why; the receiver only counts it).

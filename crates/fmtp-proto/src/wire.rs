@@ -72,6 +72,10 @@ pub enum MessageType {
     /// ldm7 extension: the next MAC key, sealed to the receiver's offer (sender → receiver;
     /// `prodindex` carries the key's epoch). Sent only when key rotation is on.
     KeyUpdate = 0x4000,
+    /// ldm7 extension: a parity shard of a group of data blocks (multicast; `crate::parity`).
+    Parity = 0x1000,
+    /// ldm7 extension: a receiver's request for parity shards of a group (TCP; `crate::parity`).
+    ParityReq = 0x2000,
     /// ldm7 extension: the receiver holds the key of the epoch in `prodindex` (receiver →
     /// sender).
     KeyAck = 0x8000,
@@ -93,6 +97,8 @@ impl MessageType {
             0x0200 => Self::EopReq,
             0x0400 => Self::RetxEop,
             0x4000 => Self::KeyUpdate,
+            0x1000 => Self::Parity,
+            0x2000 => Self::ParityReq,
             0x8000 => Self::KeyAck,
             _ => return None,
         })
@@ -105,12 +111,18 @@ impl MessageType {
 
     /// Whether this type carries a payload (BOP body or product bytes).
     pub const fn has_payload(self) -> bool {
-        matches!(self, Self::Bop | Self::MemData | Self::RetxData | Self::RetxBop | Self::KeyUpdate)
+        matches!(self, Self::Bop | Self::MemData | Self::RetxData | Self::RetxBop | Self::KeyUpdate | Self::Parity)
     }
 
-    /// Whether the type travels by multicast (BOP, EOP, MEM_DATA).
+    /// Whether the type travels by multicast (BOP, EOP, MEM_DATA, PARITY).
     pub const fn is_multicast(self) -> bool {
-        matches!(self, Self::Bop | Self::Eop | Self::MemData)
+        matches!(self, Self::Bop | Self::Eop | Self::MemData | Self::Parity)
+    }
+
+    /// Whether `payloadlen` is a parameter and nothing follows the header (RETX_REQ,
+    /// PARITY_REQ).
+    pub const fn payload_len_is_parameter(self) -> bool {
+        matches!(self, Self::RetxReq | Self::ParityReq)
     }
 }
 
@@ -278,7 +290,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Payload bytes that follow the header on the wire: `payloadlen`, except 0 for RETX_REQ.
     pub fn wire_payload_len(&self) -> usize {
-        if self.message_type() == Some(MessageType::RetxReq) { 0 } else { usize::from(self.payload_len()) }
+        if self.message_type().is_some_and(MessageType::payload_len_is_parameter) {
+            0
+        } else {
+            usize::from(self.payload_len())
+        }
     }
 
     /// Bytes the whole message occupies: header + wire payload.
@@ -422,6 +438,30 @@ pub enum Body<'a> {
     },
     /// ldm7 extension: the receiver holds the key of the epoch in the message's index.
     KeyAck,
+    /// ldm7 extension: parity shard `shard` of data block group `group`, coded with groups of
+    /// 2^`group_blocks_log2` blocks and 2^`shards_log2` shards (`crate::parity`).
+    Parity {
+        /// The group.
+        group: u16,
+        /// log₂ of the group size the sender codes with.
+        group_blocks_log2: u8,
+        /// log₂ of the shard count the sender codes with.
+        shards_log2: u8,
+        /// The shard's index.
+        shard: u8,
+        /// The shard.
+        data: &'a [u8],
+    },
+    /// ldm7 extension: `need` more parity shards of group `group`, of index `from` or above
+    /// (`crate::parity`).
+    ParityReq {
+        /// The group.
+        group: u16,
+        /// Shards still needed.
+        need: u16,
+        /// The lowest shard index the receiver may still use.
+        from: u16,
+    },
 }
 
 /// A typed FMTP message, borrowing payload bytes from the buffer it was parsed from (or from
@@ -486,6 +526,17 @@ impl<'a> Message<'a> {
             MessageType::RetxEop => Body::RetxEop,
             MessageType::KeyUpdate => Body::KeyUpdate { sealed: payload },
             MessageType::KeyAck => Body::KeyAck,
+            MessageType::Parity => Body::Parity {
+                // The seqnum's fields (crate::parity): truncations are the layout.
+                group: (offset >> 16) as u16,
+                group_blocks_log2: ((offset >> 12) & 0xf) as u8,
+                shards_log2: ((offset >> 8) & 0xf) as u8,
+                shard: offset as u8,
+                data: payload,
+            },
+            MessageType::ParityReq => {
+                Body::ParityReq { group: (offset >> 16) as u16, need: offset as u16, from: packet.payload_len() }
+            }
         };
         Ok(Self { index, body })
     }
@@ -506,6 +557,8 @@ impl<'a> Message<'a> {
             Body::RetxEop => MessageType::RetxEop,
             Body::KeyUpdate { .. } => MessageType::KeyUpdate,
             Body::KeyAck => MessageType::KeyAck,
+            Body::Parity { .. } => MessageType::Parity,
+            Body::ParityReq { .. } => MessageType::ParityReq,
         }
     }
 
@@ -527,6 +580,14 @@ impl<'a> Message<'a> {
             Body::RetxReq { offset, len } => (offset, usize::from(len)),
             Body::Bop(bop) | Body::RetxBop(bop) => (0, bop.buffer_len()),
             Body::KeyUpdate { sealed } => (0, sealed.len()),
+            Body::Parity { group, group_blocks_log2, shards_log2, shard, data } => (
+                (u32::from(group) << 16)
+                    | (u32::from(group_blocks_log2 & 0xf) << 12)
+                    | (u32::from(shards_log2 & 0xf) << 8)
+                    | u32::from(shard),
+                data.len(),
+            ),
+            Body::ParityReq { group, need, from } => ((u32::from(group) << 16) | u32::from(need), usize::from(from)),
             _ => (0, 0),
         };
         let mut packet = Packet::new_unchecked(&mut *out);
@@ -536,7 +597,10 @@ impl<'a> Message<'a> {
         packet.set_payload_len(payload_len as u16);
         packet.set_flags(self.message_type().flags());
         match self.body {
-            Body::MemData { data, .. } | Body::RetxData { data, .. } | Body::KeyUpdate { sealed: data } => {
+            Body::MemData { data, .. }
+            | Body::RetxData { data, .. }
+            | Body::KeyUpdate { sealed: data }
+            | Body::Parity { data, .. } => {
                 out[HEADER_LEN..].copy_from_slice(data);
             }
             Body::Bop(bop) | Body::RetxBop(bop) => bop.emit(&mut out[HEADER_LEN..]),
@@ -562,7 +626,10 @@ impl<'a> Message<'a> {
 
     const fn wire_payload_len(&self) -> usize {
         match self.body {
-            Body::MemData { data, .. } | Body::RetxData { data, .. } | Body::KeyUpdate { sealed: data } => data.len(),
+            Body::MemData { data, .. }
+            | Body::RetxData { data, .. }
+            | Body::KeyUpdate { sealed: data }
+            | Body::Parity { data, .. } => data.len(),
             Body::Bop(bop) | Body::RetxBop(bop) => bop.buffer_len(),
             _ => 0,
         }
@@ -582,8 +649,8 @@ impl<'a> Message<'a> {
                     Ok(())
                 }
             }
-            Body::KeyUpdate { sealed } if sealed.len() > PAYLOAD_LEN_MAX => {
-                Err(Error::PayloadTooLong { payload_len: sealed.len() })
+            Body::KeyUpdate { sealed: data } | Body::Parity { data, .. } if data.len() > PAYLOAD_LEN_MAX => {
+                Err(Error::PayloadTooLong { payload_len: data.len() })
             }
             _ => Ok(()),
         }

@@ -32,7 +32,7 @@ use std::time::Duration;
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use ldm7_fmtp_proto::mac::MacLevel;
 use ldm7_fmtp_proto::{
-    DeadlinePolicy, EnqueueRefusal, MissReason, ProductIndex, SenderConfig, SenderCounters, SenderEvent,
+    DeadlinePolicy, EnqueueRefusal, MissReason, ParityConfig, ProductIndex, SenderConfig, SenderCounters, SenderEvent,
 };
 use ldm7_io::Clock;
 use ldm7_types::{Instant, Rate, Signature};
@@ -156,6 +156,9 @@ pub struct SendOptions {
     pub identity: Option<Arc<SigningKey>>,
     /// A new MAC key this often (the ldm7 extension).
     pub mac_rotation: Option<Duration>,
+    /// Answer parity requests with parity multicast (the ldm7 extension; receivers need the
+    /// same group size and shard count).
+    pub parity: Option<ParityConfig>,
 }
 
 /// What [`send`] reports as it goes.
@@ -252,6 +255,9 @@ pub struct RecvOptions {
     pub mac_level: MacLevel,
     /// The pinned publisher key: the key answer must be signed by it (the ldm7 extension).
     pub pin: Option<VerifyingKey>,
+    /// Ask for lost blocks as parity (the ldm7 extension; the sender's group size and shard
+    /// count).
+    pub parity: Option<ParityConfig>,
 }
 
 /// What [`recv`] reports as it goes.
@@ -389,6 +395,7 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
         pacing.overhead_bytes_per_message = WIRE_OVERHEAD_BYTES;
     }
     proto.deadline = DeadlinePolicy::Constant(options.retx_timeout);
+    proto.parity = options.parity;
     proto.queued_products_max = QUEUED_PRODUCTS_MAX;
     // Retained products hold no bytes of a file (read back by offset): keep them all.
     proto.retained_products_max = proto.retained_products_max.max(total + 1);
@@ -502,6 +509,7 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
     receiver_options.connect_deadline = options.connect_deadline;
     receiver_options.mac_level = options.mac_level;
     receiver_options.pin = options.pin;
+    receiver_options.proto.parity = options.parity;
     let mut receiver = FmtpReceiver::start(receiver_options).map_err(AppError::Receive)?;
     let mut connection = receiver.connection();
     let (mut connected, mut said_waiting) = (false, false);

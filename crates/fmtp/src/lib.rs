@@ -28,6 +28,7 @@ pub mod spool;
 pub mod stream;
 pub mod udp;
 
+pub use ldm7_fmtp_proto::ParityConfig;
 pub use ldm7_fmtp_proto::mac::MacLevel;
 pub use receiver::{
     ConnectionState, FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters,

@@ -363,6 +363,10 @@ impl FmtpSender {
         let mut proto = options.proto.clone();
         let mac = SenderKey::generate(options.mac_level, &mut rand_core::OsRng);
         proto.block_len = proto.block_len.min(PAYLOAD_LEN_MAX - options.mac_level.mac_len());
+        if let Some(parity) = &mut proto.parity {
+            // A shard is as long as a block.
+            parity.block_len = proto.block_len;
+        }
         let (current_key, current) = watch::channel(CurrentKey { epoch: 0, material: Arc::new(mac.material()) });
         let keys = KeyAnswer { current, identity: options.identity.clone() };
         let rotation = options.mac_rotation.filter(|_| options.mac_level != MacLevel::None).map(|every| Rotation {

@@ -105,6 +105,19 @@ impl ProductSink for SpoolSink {
         }
     }
 
+    fn reads_back(&self) -> bool {
+        true
+    }
+
+    fn read_at(&mut self, index: ProductIndex, offset: u32, out: &mut [u8]) -> Result<(), SinkError> {
+        let spool = self.lock();
+        let Some((path, file, _, _)) = spool.open.get(&index) else {
+            return Err(SinkError::new(format!("product {index} is not open in the spool")));
+        };
+        file.read_exact_at(out, u64::from(offset))
+            .map_err(|error| SinkError::new(format!("reading back {} at {offset}: {error}", path.display())))
+    }
+
     fn close(&mut self, index: ProductIndex, completed: bool) {
         let mut spool = self.lock();
         let Some(entry) = spool.open.remove(&index) else { return };

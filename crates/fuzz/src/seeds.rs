@@ -71,6 +71,11 @@ fn fmtp(seeds: &mut Vec<Seed>) {
         Message { index: ProductIndex(0), body: Body::RetxEop },
         Message { index: ProductIndex(3), body: Body::KeyUpdate { sealed: &block[..320] } },
         Message { index: ProductIndex(3), body: Body::KeyAck },
+        Message {
+            index: ProductIndex(0),
+            body: Body::Parity { group: 1, group_blocks_log2: 8, shards_log2: 5, shard: 3, data: &block },
+        },
+        Message { index: ProductIndex(0), body: Body::ParityReq { group: 1, need: 2, from: 0 } },
     ];
     let mut stream = Vec::new();
     for message in every_kind.iter().cloned() {

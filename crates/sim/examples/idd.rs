@@ -5,8 +5,10 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example idd -- [--receivers 570] [--loss 0.01] [--rtt-ms 30]
 //!     [--set idd2018|paper] [--only FEED]... [--duration 1h] [--seed N] [--wait 1s]
-//!     [--retx-factor 1] [--jobs 2]
+//!     [--retx-factor 1] [--jobs 2] [--parity [--parity-group 256] [--parity-shards 32]]
 //! ```
+//!
+//! `--parity`: repairs by parity multicast (the ldm7 extension) rather than unicast.
 //!
 //! Feeds are independent simulations (as LDM-7 multicasts each on its own group and path) and
 //! run side by side on `--jobs` threads, largest first. Prints a line per feed, the totals, the
@@ -16,6 +18,9 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+#[path = "support/parity_args.rs"]
+mod parity_args;
 
 use clap::Parser;
 use ldm7_fmtp_proto::SenderConfig;
@@ -56,6 +61,8 @@ struct Args {
     /// Feeds simulated at once.
     #[arg(long, default_value_t = 2)]
     jobs: usize,
+    #[command(flatten)]
+    parity: parity_args::ParityArgs,
 }
 
 /// One feed's outcome.
@@ -120,22 +127,26 @@ fn main() -> ExitCode {
     let wall = started.elapsed();
     let failed = runs.iter().filter(|run| run.result.is_err()).count();
     let (mut delivered, mut missed, mut events) = (0u64, 0u64, 0u64);
+    let (mut product_bytes, mut sent_bytes) = (0u64, 0f64);
     let mut latency = LatencyStats::default();
     for report in runs.iter().filter_map(|run| run.result.as_ref().ok()) {
         delivered += report.delivered();
         missed += report.missed();
         latency.merge(&report.latency_of(0..report.receivers.len()));
         events += report.events;
+        product_bytes += report.product_bytes;
+        sent_bytes += report.egress_per_product_byte() * report.product_bytes as f64;
     }
     println!(
         "all feeds: {} products, {:.2} GB, path rates {:.0} Mbit/s in total; delivered {delivered}, missed {missed} \
-         ({:.3}%), latency mean {:?} p99 {:?}; {:.1} M events",
+         ({:.3}%), latency mean {:?} p99 {:?}; publisher egress {:.3} per product byte; {:.1} M events",
         runs.iter().map(|run| run.products).sum::<usize>(),
         runs.iter().map(|run| run.bytes).sum::<u64>() as f64 / 1e9,
         runs.iter().map(|run| run.rate_bps).sum::<u64>() as f64 / 1e6,
         if delivered + missed > 0 { missed as f64 * 100.0 / (delivered + missed) as f64 } else { 0.0 },
         latency.mean(),
         latency.quantile(0.99),
+        sent_bytes / product_bytes.max(1) as f64,
         events as f64 / 1e6
     );
     println!(
@@ -173,6 +184,7 @@ fn simulate_feed(args: &Args, name: &'static str, workload: Workload) -> FeedRun
     let mut config = SimConfig::new(args.seed, receivers);
     config.sender = SenderConfig::with_rate(rate_bps);
     config.sender.retx_pacing = Some(ldm7_fmtp_proto::Pacing::new((rate_bps as f64 * args.retx_factor) as u64));
+    config = args.parity.apply(config);
     config.content = ContentMode::Pattern;
     let (products, bytes) = (workload.products.len(), workload.total_bytes());
     let result = Simulation::new(config, workload)

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example ngrid -- [--receivers 100] [--loss 0.01] [--rtt-ms 30]
 //!     [--rate 40M] [--retx-rate R] [--trace PATH] [--seed N] [--memory]
+//!     [--parity [--parity-group 256] [--parity-shards 32]]
 //! ```
 //!
 //! Prints the run's report, the wall time and the virtual/wall speed-up. Exits non-zero if a
@@ -12,6 +13,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+#[path = "support/parity_args.rs"]
+mod parity_args;
 
 use clap::Parser;
 use ldm7_fmtp_proto::SenderConfig;
@@ -49,6 +53,8 @@ struct Args {
     /// Materialize products and check full MD5s (slow at scale).
     #[arg(long)]
     memory: bool,
+    #[command(flatten)]
+    parity: parity_args::ParityArgs,
 }
 
 /// The one-hour NGRID trace of the shared data (`$LDM7_SHARED/data` or `../shared/data`); a
@@ -84,6 +90,7 @@ fn main() -> ExitCode {
     if let Some(retx_rate) = args.retx_rate {
         config.sender.retx_pacing = Some(ldm7_fmtp_proto::Pacing::new(retx_rate.bits_per_s()));
     }
+    config = args.parity.apply(config);
     config.content = if args.memory { ContentMode::Memory } else { ContentMode::Pattern };
     println!(
         "{}: {} products, {:.2} GB over {:?}, to {} receivers at {}% loss, RTT {:?}, {} bit/s, seed {seed}",

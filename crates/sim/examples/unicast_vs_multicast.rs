@@ -6,11 +6,18 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example unicast_vs_multicast -- [--subscribers 1,8,100]
 //!     [--loss 0.01] [--rtt-ms 30] [--rate 40M] [--limit 2000] [--top-fanout 20] [--relay-fanout 10]
+//!     [--parity [--parity-group 256] [--parity-shards 32]]
 //! ```
+//!
+//! With `--parity`, LDM-7 runs a second time with parity repair (the ldm7 extension,
+//! `ldm7_fmtp_proto::parity`): lost blocks repaired by parity shards multicast once for all.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant as WallInstant};
+
+#[path = "support/parity_args.rs"]
+mod parity_args;
 
 use clap::Parser;
 use ldm7_fmtp_proto::SenderConfig;
@@ -48,6 +55,48 @@ struct Args {
     /// Seed (default `LDM7_SEED`, else 1).
     #[arg(long)]
     seed: Option<u64>,
+    /// `--parity`: also run LDM-7 with parity repair.
+    #[command(flatten)]
+    parity: parity_args::ParityArgs,
+}
+
+/// One LDM-7 run: egress per ingested byte, mean latency, mean throughput (bit/s).
+struct Ldm7Outcome {
+    egress: f64,
+    latency: Duration,
+    throughput: f64,
+}
+
+fn run_ldm7(
+    args: &Args,
+    workload: &Workload,
+    subscribers: usize,
+    seed: u64,
+    parity: bool,
+) -> Result<Ldm7Outcome, String> {
+    let rtt = Duration::from_millis(args.rtt_ms);
+    let receivers =
+        (0..subscribers).map(|_| ReceiverSpec::with_rtt(rtt).loss(LossModel::Bernoulli(args.loss))).collect();
+    let mut config = SimConfig::new(seed, receivers);
+    config.sender = SenderConfig::with_rate(args.rate.bits_per_s());
+    if parity {
+        config = args.parity.apply(config);
+    }
+    config.content = ContentMode::Pattern;
+    let report = Simulation::new(config, workload.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|s| s.run().map_err(|failure| failure.to_string()))?;
+    let latency = report.latency_of(0..subscribers).mean();
+    let throughput: f64 = report
+        .receivers
+        .iter()
+        .map(|receiver| {
+            let summed = receiver.tally.latency.mean().as_secs_f64() * receiver.tally.latency.count() as f64;
+            workload.total_bytes() as f64 * 8.0 / summed.max(1e-9)
+        })
+        .sum::<f64>()
+        / subscribers.max(1) as f64;
+    Ok(Ldm7Outcome { egress: report.egress_per_product_byte(), latency, throughput })
 }
 
 fn main() -> ExitCode {
@@ -101,43 +150,47 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        let receivers =
-            (0..subscribers).map(|_| ReceiverSpec::with_rtt(rtt).loss(LossModel::Bernoulli(args.loss))).collect();
-        let mut config = SimConfig::new(seed, receivers);
-        config.sender = SenderConfig::with_rate(args.rate.bits_per_s());
-        config.content = ContentMode::Pattern;
-        let multicast = match Simulation::new(config, workload.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|s| s.run().map_err(|failure| failure.to_string()))
-        {
-            Ok(report) => report,
+        let multicast = match run_ldm7(&args, &workload, subscribers, seed, false) {
+            Ok(outcome) => outcome,
             Err(error) => {
                 eprintln!("unicast_vs_multicast: {subscribers} subscribers: {error}");
                 return ExitCode::from(2);
             }
         };
-        let egress = multicast.sender.multicast_bytes + multicast.sender.retx_bytes;
-        let latency = multicast.latency_of(0..subscribers);
-        let throughput: f64 = multicast
-            .receivers
-            .iter()
-            .map(|receiver| {
-                let summed = receiver.tally.latency.mean().as_secs_f64() * receiver.tally.latency.count() as f64;
-                workload.total_bytes() as f64 * 8.0 / summed.max(1e-9)
-            })
-            .sum::<f64>()
-            / subscribers.max(1) as f64;
+        let parity = if args.parity.parity {
+            match run_ldm7(&args, &workload, subscribers, seed, true) {
+                Ok(outcome) => Some(outcome),
+                Err(error) => {
+                    eprintln!("unicast_vs_multicast: {subscribers} subscribers, parity: {error}");
+                    return ExitCode::from(2);
+                }
+            }
+        } else {
+            None
+        };
         println!(
             "{:>5} | {:>10.2} · {:>9.3} | {:>9.2?} · {:>9.2?} | {:>11.3} · {:>11.3} | {:>8.1}",
             subscribers,
             unicast.egress_per_ingest(),
-            egress as f64 / workload.total_bytes().max(1) as f64,
+            multicast.egress,
             unicast.latency.mean(),
-            latency.mean(),
+            multicast.latency,
             unicast.mean_throughput_bits_per_s() / 1e6,
-            throughput / 1e6,
+            multicast.throughput / 1e6,
             started.elapsed().as_secs_f64()
         );
+        if let Some(parity) = parity {
+            println!(
+                "{:>5} | {:>10} · {:>9.3} | {:>9} · {:>9.2?} | {:>11} · {:>11.3} |   (LDM-7 with parity repair)",
+                "",
+                "",
+                parity.egress,
+                "",
+                parity.latency,
+                "",
+                parity.throughput / 1e6
+            );
+        }
     }
     ExitCode::SUCCESS
 }

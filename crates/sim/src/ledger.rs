@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use ldm7_fmtp_proto::wire::{BLOCK_LEN, Body, Message};
 use ldm7_fmtp_proto::{
-    Delivery, Instant, MissReason, ProductIndex, ReceiverEvent, ReleaseReason, SenderEvent, WallTime,
+    Delivery, Instant, MissReason, ParityConfig, ProductIndex, ReceiverEvent, ReleaseReason, SenderEvent, WallTime,
 };
 use ldm7_types::Signature;
 
@@ -93,6 +93,39 @@ pub enum Violation {
     /// The run did not come to rest.
     #[error("not quiescent: {0}")]
     NotQuiescent(String),
+}
+
+/// Every parity shard of a group of a product, computed from the product's content as the
+/// datagram says it was coded.
+fn parity_of(
+    record: &ProductRecord,
+    group: u16,
+    group_blocks_log2: u8,
+    shards_log2: u8,
+    block_len: usize,
+) -> Result<Vec<Vec<u8>>, String> {
+    let parity = ParityConfig {
+        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
+        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
+        block_len,
+        ..ParityConfig::default()
+    };
+    parity.validate().map_err(|error| error.to_string())?;
+    if u64::from(group) >= parity.groups(u64::from(record.size)) {
+        return Err("no such group".into());
+    }
+    let (start, end, _) = parity.group_range(u32::from(group), u64::from(record.size));
+    let bytes = match &record.content {
+        // Within the product (< 4 GiB).
+        Content::Pattern(seed) => {
+            let mut bytes = vec![0u8; (end - start) as usize];
+            crate::workload::pattern_fill(*seed, start, &mut bytes);
+            bytes
+        }
+        Content::Bytes(data) => data[start as usize..end as usize].to_vec(),
+    };
+    let blocks: Vec<&[u8]> = bytes.chunks(block_len).collect();
+    parity.encode(&blocks).map_err(|error| error.to_string())
 }
 
 /// What a product's bytes are.
@@ -186,7 +219,13 @@ pub(crate) struct Ledger {
     cursor: MulticastCursor,
     /// The ledger checks delivered bytes by MD5 (memory content).
     check_md5: bool,
+    /// The parity shards of the group checked last, and which group they are.
+    parity_checked: Option<(ParityGroupKey, Vec<Vec<u8>>)>,
 }
+
+/// A product's group of blocks as a parity datagram codes it: index, group, log₂ of the group
+/// size and of the shard count.
+type ParityGroupKey = (ProductIndex, u16, u8, u8);
 
 impl Ledger {
     pub(crate) fn new(first_index: ProductIndex, receivers: usize, check_md5: bool) -> Self {
@@ -196,6 +235,7 @@ impl Ledger {
             receivers: (0..receivers).map(|_| ReceiverLedger::default()).collect(),
             cursor: MulticastCursor::default(),
             check_md5,
+            parity_checked: None,
         }
     }
 
@@ -285,6 +325,18 @@ impl Ledger {
                     return Err(Violation::Sender(format!("EOP of {index} before its data")));
                 }
                 cursor.ended = true;
+            }
+            Body::Parity { group, group_blocks_log2, shards_log2, shard, data } => {
+                let key = (index, group, group_blocks_log2, shards_log2);
+                if self.parity_checked.as_ref().is_none_or(|(checked, _)| *checked != key) {
+                    let shards = parity_of(record, group, group_blocks_log2, shards_log2, data.len())
+                        .map_err(|what| Violation::Sender(format!("parity of {index} group {group}: {what}")))?;
+                    self.parity_checked = Some((key, shards));
+                }
+                let shards = self.parity_checked.as_ref().map(|(_, shards)| shards);
+                if shards.and_then(|shards| shards.get(usize::from(shard))).map(Vec::as_slice) != Some(data) {
+                    return Err(Violation::Sender(format!("parity shard {shard} of {index} group {group} is wrong")));
+                }
             }
             _ => return Err(Violation::Sender(format!("multicast a {:?}", message.message_type()))),
         }

@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
-    Assembly, BlockRun, Destination, EnqueueRefusal, IndexTrust, Instant, Product, ProductIndex, Receiver,
-    ReceiverConfig, ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent, block_fingerprint,
+    Assembly, BlockRun, Destination, EnqueueRefusal, IndexTrust, Instant, ParityConfig, Product, ProductIndex,
+    Receiver, ReceiverConfig, ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
+    block_fingerprint,
 };
 use ldm7_types::Signature;
 
@@ -40,6 +41,12 @@ use crate::queue::EventQueue;
 use crate::rng::{SimRng, mix64};
 use crate::stats::LatencyStats;
 use crate::workload::{PatternData, ProductSpec, Workload, bytes_fingerprint, pattern_bytes, pattern_fingerprint};
+
+/// The seed of the pattern content of the product at `position` (0 for the first) of a run
+/// with seed `seed`.
+fn content_seed(seed: u64, position: u64) -> u64 {
+    mix64(seed ^ mix64(position.wrapping_add(1)))
+}
 
 /// Decides whether receiver `n` (its position in [`SimConfig::receivers`]) loses a multicast
 /// datagram, on top of its loss model: scripted losses for named scenarios.
@@ -209,6 +216,24 @@ impl SimConfig {
             time_limit: Duration::from_secs(7 * 24 * 3600),
         }
     }
+
+    /// Sets parity repair ([`ldm7_fmtp_proto::parity`]) at the sender and every receiver:
+    /// groups of `group_blocks` data blocks with up to `shards` parity shards each, a receiver
+    /// asking again after twice the largest round-trip time and 100 ms more.
+    pub fn with_parity(mut self, group_blocks: u32, shards: u32) -> Self {
+        let rtt_max =
+            self.receivers.iter().map(|spec| spec.to_sender.delay + spec.to_receiver.delay).max().unwrap_or_default();
+        let parity = ParityConfig {
+            group_blocks,
+            shards,
+            block_len: self.sender.block_len,
+            retry: rtt_max * 2 + Duration::from_millis(100),
+            ..ParityConfig::default()
+        };
+        self.sender.parity = Some(parity);
+        self.receiver.parity = Some(parity);
+        self
+    }
 }
 
 /// One delivery at one receiver (kept with [`Simulation::with_delivery_log`]).
@@ -292,6 +317,13 @@ pub struct ReceiverReport {
 }
 
 impl Report {
+    /// The publisher's bytes sent (multicast, unicast repairs and parity shards, FMTP headers
+    /// included) per product byte.
+    pub fn egress_per_product_byte(&self) -> f64 {
+        let sent = self.sender.multicast_bytes + self.sender.retx_bytes + self.sender.parity_bytes;
+        sent as f64 / self.product_bytes.max(1) as f64
+    }
+
     /// Products delivered, all receivers.
     pub fn delivered(&self) -> u64 {
         self.receivers.iter().map(|r| r.tally.delivered).sum()
@@ -348,6 +380,14 @@ impl fmt::Display for Report {
             self.gap_reported(),
             self.unknown_before_first_contact(),
             self.retransmitted_blocks()
+        )?;
+        writeln!(
+            f,
+            "publisher egress {:.3} per product byte (multicast {}, repairs {}, parity {} bytes)",
+            self.egress_per_product_byte(),
+            self.sender.multicast_bytes,
+            self.sender.retx_bytes,
+            self.sender.parity_bytes
         )?;
         write!(
             f,
@@ -441,7 +481,16 @@ impl Simulation {
                 ContentMode::Memory => Assembly::Memory,
                 ContentMode::Pattern => Assembly::Discard,
             };
-            let receiver = Receiver::new(receiver_config.clone())?;
+            let mut receiver = Receiver::new(receiver_config.clone())?;
+            if config.content == ContentMode::Pattern && receiver_config.parity.is_some() {
+                // Blocks recovered from parity are known by their fingerprints, as the blocks of
+                // a run are: the ledger checks every parity shard the sender multicasts.
+                let first = config.sender.first_index;
+                receiver.set_fingerprint_source(move |index, start, end| {
+                    let position = u64::from(index.0.wrapping_sub(first.0));
+                    crate::workload::pattern_range_fingerprint(content_seed(seed, position), start, end)
+                });
+            }
             let group = match groups.iter().position(|g| g.delay == spec.multicast_delay && g.jitter == spec.jitter) {
                 Some(group) => group,
                 None => {
@@ -832,7 +881,7 @@ impl Simulation {
             }
             self.backlog.pop_front();
             let position = self.ledger.product_count() as u64;
-            let content_seed = mix64(self.seed ^ mix64(position.wrapping_add(1)));
+            let content_seed = content_seed(self.seed, position);
             let (product, content, metadata, fingerprint) = match self.content {
                 ContentMode::Memory => {
                     let bytes: Arc<[u8]> = pattern_bytes(content_seed, spec.size).into();
@@ -941,10 +990,13 @@ impl Simulation {
     /// a break in the group's run) are visited — a datagram's cost grows with the losses, not
     /// with the members.
     fn on_multicast_sampled(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
-        let seq = self.groups[group].seq;
-        self.groups[group].seq += 1;
         let message = Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?;
         let index = message.index;
+        if let Body::Parity { group: of_group, .. } = message.body {
+            return self.on_parity_sampled(group, index, of_group, datagram);
+        }
+        let seq = self.groups[group].seq;
+        self.groups[group].seq += 1;
         // Who loses it (each draws its next loss).
         let mut losers = std::mem::take(&mut self.losers);
         losers.clear();
@@ -987,6 +1039,35 @@ impl Simulation {
         };
         self.losers = losers;
         result
+    }
+
+    /// A parity shard reaches a group: only the members whose product still misses blocks of
+    /// that block group take it, each deciding its loss on its own (a draw of its loss model,
+    /// apart from the sampled losses of the data stream), after their share of the run so far.
+    /// It takes no place in the group's run: the next block continues it.
+    fn on_parity_sampled(
+        &mut self,
+        group: usize,
+        index: ProductIndex,
+        of_group: u16,
+        datagram: &[u8],
+    ) -> Result<(), Violation> {
+        let seq = self.groups[group].seq;
+        for member in 0..self.groups[group].members.len() {
+            let receiver = self.groups[group].members[member];
+            let node = &mut self.nodes[receiver];
+            if !node.joined || !node.receiver.wants_parity(index, of_group) {
+                continue;
+            }
+            if node.loss.lose() {
+                node.datagrams_lost += 1;
+                continue;
+            }
+            self.counters.datagram_deliveries += 1;
+            self.flush_member_to(receiver, seq)?;
+            self.hand_over(receiver, index, datagram)?;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -1,6 +1,7 @@
 //! Named FMTP scenarios on the simulator. Every run ends with the simulator's own checks: each
 //! product delivered once with the right MD5 and fingerprint, or reported missed, never
-//! silently lost; sender and receivers at rest. `LDM7_SEED=n` replays a failing seed.
+//! silently lost; sender and receivers at rest. `LDM7_SEED=n` replays a failing seed. The
+//! last two run parity repair (the ldm7 extension, docs/parity.md).
 
 use std::time::Duration;
 
@@ -427,4 +428,39 @@ fn repairs_get_what_the_multicast_leaves_of_a_shared_interface() {
     assert!(shared_wait > 2 * own_wait, "shared: {shared}\nown: {own}");
     let latency = |report: &Report| report.latency_of(0..10).mean();
     assert!(latency(&shared) > latency(&own), "shared: {shared}\nown: {own}");
+}
+
+/// Parity repair (the ldm7 extension) with real decoding: memory content, each delivery's MD5
+/// checked; 10% loss in bursts at eight receivers (groups lose more blocks than they have
+/// shards, so some fall back to RETX_REQ).
+#[test]
+fn parity_repair_in_memory_under_bursts() {
+    let seed = seed_from_env(41);
+    let specs = (0..8).map(|_| rtt30().loss(LossModel::bursts(0.10, 8.0)).jitter(2 * MS)).collect();
+    let mut config = SimConfig::new(seed, specs).with_parity(64, 16);
+    config.content = ContentMode::Memory;
+    let workload = Workload::generated(seed, 120, 100, 2_000_000, 30 * MS);
+    let report = run(config, workload);
+    assert_all_delivered(&report, 120);
+    let recovered: u64 = report.receivers.iter().map(|r| r.counters.parity_blocks).sum();
+    assert!(recovered > 0 && report.sender.parity_datagrams > 0, "{report}");
+}
+
+/// The bar (#15): at 570 subscribers and 1% independent loss, parity repair keeps the
+/// publisher's egress within 1.1 × the product bytes, where unicast repairs cost about 1 + N·p;
+/// every product delivered, every parity shard the sender multicasts checked against the
+/// product's content.
+#[test]
+fn parity_keeps_egress_near_the_ingest_at_570_subscribers_and_one_percent_loss() {
+    let seed = seed_from_env(42);
+    let specs = (0..570).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
+    let mut config = SimConfig::new(seed, specs).with_parity(256, 32);
+    config.sender = SenderConfig { parity: config.sender.parity, ..SenderConfig::with_rate(40_000_000) };
+    config.content = ContentMode::Pattern;
+    let workload = Workload::generated(seed, 150, 100_000, 3_000_000, 100 * MS);
+    let report = run(config, workload);
+    assert_all_delivered(&report, 150);
+    let egress = report.egress_per_product_byte();
+    assert!(egress <= 1.1, "egress {egress:.3} per product byte: {report}");
+    assert!(report.sender.parity_datagrams > 0, "{report}");
 }
