@@ -3,7 +3,8 @@
 //! reaches every subscriber's queue intact and once — by FMTP, the backstop or the backlog —
 //! through loss, a subscriber killed and restarted, and a publisher restarted; subscriptions
 //! that ALLOW does not grant and repair connections from addresses the publisher did not hand
-//! out are refused and logged.
+//! out are refused and logged. With parity repair (docs/parity.md) lossy subscribers get their
+//! lost blocks back from shards multicast.
 
 mod support;
 
@@ -159,6 +160,54 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
     }
     let (lossy, _) = statistics(&subscribers[2]);
     assert!(lossy.derived().mplr.is_some_and(|mplr| mplr > 0.0));
+}
+
+/// Parity repair (an ldm7 extension, docs/parity.md) in `ldm7 serve`: `parity` in the
+/// publisher's `[multicast]` and the subscribers' `[receive]`. Two subscribers at 3% loss get
+/// every product by FMTP; their lost blocks come back as parity shards multicast (counted in
+/// the publisher's metrics and as the subscribers' repaired blocks), not as retransmissions.
+#[test]
+fn parity_repairs_lossy_subscribers_in_serve() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
+    let root = tempfile::tempdir().expect("tempdir");
+    let settings = "[multicast]\nrate = \"400 Mbit/s\"\nparity = \"64/16\"\n";
+    let mut publisher = publisher(root.path(), 13, &allow_all(), settings);
+    let publisher_metrics = support::free_port();
+    publisher.extra = vec!["--metrics".into(), format!("127.0.0.1:{publisher_metrics}")];
+    publisher.start();
+    let mut subscribers: Vec<Node> = (0..2)
+        .map(|k| {
+            let node = subscriber(root.path(), &format!("sub{k}"), &publisher, 0.03);
+            let path = node.dir.join("ldm7.toml");
+            let settings = std::fs::read_to_string(&path).expect("settings");
+            std::fs::write(&path, format!("{settings}parity = \"64/16\"\n")).expect("settings");
+            node
+        })
+        .collect();
+    for node in &mut subscribers {
+        node.start();
+        wait_subscribed(node);
+    }
+    replay(&publisher, &trace, 300, 13);
+    for node in &subscribers {
+        node.wait_for(300, Duration::from_secs(120));
+    }
+    assert_same_products(&publisher, &subscribers);
+    for node in &subscribers {
+        assert_eq!(deliveries(node, "Received"), 300, "{}", tail(&node.log()));
+        assert!(retransmitted_blocks(node) > 0, "the lossy subscriber's repaired blocks: {}", tail(&node.log()));
+    }
+    let text = get_metrics(publisher_metrics);
+    let parity = metric(&text, "ldm7_fmtp_parity_bytes_total{feed=\"EXP\"}").unwrap_or(0.0);
+    let retransmitted = metric(&text, "ldm7_fmtp_retransmitted_bytes_total{feed=\"EXP\"}").unwrap_or(0.0);
+    assert!(parity > 0.0, "{text}");
+    // Repair connections carry requests' answers of other kinds only (BOP, EOP), and blocks
+    // of groups that lost more than the shards can repair: little next to the parity.
+    assert!(retransmitted < parity, "{text}");
+    for node in &mut subscribers {
+        node.stop();
+    }
+    publisher.stop();
 }
 
 /// FMTP products that needed at least one retransmitted block, by the subscriber's log.

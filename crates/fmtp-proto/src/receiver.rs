@@ -238,8 +238,9 @@ pub struct Delivery {
     pub start_time: WallTime,
     /// When the product completed.
     pub completed_at: Instant,
-    /// Data blocks that came by retransmission (RETX_DATA adding new bytes); 0 means
-    /// "multicast-itself-sufficient" (RESEARCH.md §5).
+    /// Data blocks that came by repair: retransmitted (RETX_DATA adding new bytes) or recovered
+    /// from parity shards ([`ReceiverConfig::parity`]); 0 means "multicast-itself-sufficient"
+    /// (RESEARCH.md §5).
     pub retransmitted_blocks: u32,
     /// Completion wall time − start time, in nanoseconds; may be slightly negative when the
     /// two hosts' clocks disagree.
@@ -1408,18 +1409,8 @@ impl Receiver {
             self.counters.duplicates += 1;
             return;
         }
-        match self.config.assembly {
-            Assembly::Memory => product.data[start as usize..end as usize].copy_from_slice(data),
-            Assembly::Sink => {
-                let index = product.index;
-                let written = self.sink.as_mut().map(|sink| sink.0.write_at(index, offset, data));
-                if !matches!(written, Some(Ok(()))) {
-                    self.counters.sink_failures += 1;
-                    self.abandon(key, MissReason::SinkFailed);
-                    return;
-                }
-            }
-            Assembly::Discard => {}
+        if !self.store(key, offset, data) {
+            return;
         }
         let Some(product) = self.products.get_mut(&key) else { return };
         product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
@@ -1803,22 +1794,9 @@ impl Receiver {
         };
         let mut count = 0;
         for (from, to, fingerprint, bytes) in recovered {
-            match self.config.assembly {
-                Assembly::Memory => {
-                    if let Some(product) = self.products.get_mut(&key) {
-                        product.data[from as usize..to as usize].copy_from_slice(&bytes);
-                    }
-                }
-                Assembly::Sink => {
-                    // Within the product (< 4 GiB).
-                    let written = self.sink.as_mut().map(|sink| sink.0.write_at(index, from as u32, &bytes));
-                    if !matches!(written, Some(Ok(()))) {
-                        self.counters.sink_failures += 1;
-                        self.abandon(key, MissReason::SinkFailed);
-                        return;
-                    }
-                }
-                Assembly::Discard => {}
+            // Within the product (< 4 GiB).
+            if !self.store(key, from as u32, &bytes) {
+                return;
             }
             let Some(product) = self.products.get_mut(&key) else { return };
             product.received.insert(from, to);
@@ -1827,9 +1805,34 @@ impl Receiver {
         }
         if let Some(product) = self.products.get_mut(&key) {
             product.parity.remove(&group);
+            // Lost on the multicast and repaired: they count as the product's repaired blocks.
+            product.retransmitted_blocks = product.retransmitted_blocks.saturating_add(count as u32);
         }
         self.counters.parity_blocks += count;
         self.complete_if_done(key);
+    }
+
+    /// Keeps a block's bytes where the product is assembled (its buffer, the sink, nowhere);
+    /// a sink that fails makes the product missed, and `false` is returned.
+    fn store(&mut self, key: i64, offset: u32, bytes: &[u8]) -> bool {
+        let Some(product) = self.products.get_mut(&key) else { return false };
+        match self.config.assembly {
+            Assembly::Memory => {
+                let start = offset as usize;
+                product.data[start..start + bytes.len()].copy_from_slice(bytes);
+            }
+            Assembly::Sink => {
+                let index = product.index;
+                let written = self.sink.as_mut().map(|sink| sink.0.write_at(index, offset, bytes));
+                if !matches!(written, Some(Ok(()))) {
+                    self.counters.sink_failures += 1;
+                    self.abandon(key, MissReason::SinkFailed);
+                    return false;
+                }
+            }
+            Assembly::Discard => {}
+        }
+        true
     }
 
     /// Delivers the product if it is complete; returns whether it was.

@@ -329,6 +329,10 @@ pub struct Completion {
 /// RTT) count as one round of [`Completion::repair_rounds`].
 pub const REPAIR_ROUND_MIN: Duration = Duration::from_millis(1);
 
+/// The shortest time a parity shard counts as on its way to a receiver after it was multicast
+/// ([`SenderConfig::parity`]).
+const PARITY_IN_FLIGHT_MIN: Duration = Duration::from_millis(20);
+
 /// What a RETX_END means. The wire does not say: a receiver sends RETX_END both when it has
 /// the product and when it gives it up (its incomplete timeout, its bounds; not after
 /// RETX_REJ), so the sender infers it.
@@ -1127,8 +1131,10 @@ impl Sender {
         let Some(receiver) = self.receivers.get(&id) else { return };
         let round = receiver.rtt.max(REPAIR_ROUND_MIN);
         // A shard multicast less than this long ago may not have reached the receiver when it
-        // asked (a round trip, and a quarter more for queueing).
-        let on_its_way = round + round / 4;
+        // asked: a round trip and a quarter more for queueing, and at least the time a busy
+        // host may take to hand a datagram to the receiver (a receiver asks again only after
+        // its `retry`, far longer).
+        let on_its_way = (round + round / 4).max(PARITY_IN_FLIGHT_MIN);
         let Some(product) = self.products.get_mut(&key) else { return };
         if u64::from(group) >= parity.groups(u64::from(product.size)) || need == 0 {
             self.counters.retx_requests_empty += 1;

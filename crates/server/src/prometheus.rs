@@ -17,7 +17,7 @@
 //! | `ldm7_receive_retransmitted_blocks_total` | `receive` | FMTP blocks repaired over TCP |
 //! | `ldm7_receive_subscriptions_total`, `ldm7_receive_backstop_requests_total`, `ldm7_receive_corrupt_total`, `ldm7_receive_duplicates_total` | `receive` | |
 //! | `ldm7_publisher_subscriptions_total`, `ldm7_publisher_refusals_total`, `ldm7_publisher_products_multicast_total`, `ldm7_publisher_backstop_products_sent_total`, `ldm7_publisher_backlog_products_sent_total` | | publisher side |
-//! | `ldm7_fmtp_multicast_bytes_total`, `ldm7_fmtp_retransmitted_blocks_total`, `ldm7_fmtp_retransmitted_bytes_total`, `ldm7_fmtp_retransmission_requests_total`, `ldm7_fmtp_rejections_total`, `ldm7_fmtp_subscribers` | `feed` | each multicast feed's FMTP sender |
+//! | `ldm7_fmtp_multicast_bytes_total`, `ldm7_fmtp_retransmitted_blocks_total`, `ldm7_fmtp_retransmitted_bytes_total`, `ldm7_fmtp_retransmission_requests_total`, `ldm7_fmtp_rejections_total`, `ldm7_fmtp_parity_bytes_total`, `ldm7_fmtp_subscribers` | `feed` | each multicast feed's FMTP sender |
 //! | `ldm7_path_rate_bits_per_second` | `feed` | each multicast feed's path rate now (FMTP pacing) |
 //! | `ldm7_rate_monitor_intervals_total`, `ldm7_rate_monitor_deliveries_total`, `ldm7_rate_monitor_violations_total`, `ldm7_rate_monitor_raises_total`, `ldm7_rate_monitor_lowers_total`, `ldm7_rate_monitor_at_ceiling_total`, `ldm7_rate_monitor_rate_change_failures_total` | `feed` | the online monitor of a feed with `rate_control` |
 //! | `ldm7_rate_monitor_subscribers`, `ldm7_rate_monitor_violating_subscribers` | `feed` | the monitor's last interval |
@@ -191,7 +191,7 @@ pub(crate) fn render(shared: &Shared) -> String {
     );
     let feeds = shared.multicaster.feed_counters();
     type Fmtp = (String, usize, ldm7_fmtp_proto::SenderCounters);
-    let fmtp: [Family<Fmtp>; 6] = [
+    let fmtp: [Family<Fmtp>; 7] = [
         ("ldm7_fmtp_multicast_bytes_total", "counter", "Bytes multicast (FMTP header and payload).", |f| {
             f.2.multicast_bytes
         }),
@@ -202,6 +202,9 @@ pub(crate) fn render(shared: &Shared) -> String {
         }),
         ("ldm7_fmtp_rejections_total", "counter", "Retransmission requests rejected (past the deadline).", |f| {
             f.2.rejects
+        }),
+        ("ldm7_fmtp_parity_bytes_total", "counter", "Parity bytes multicast (parity repair, docs/parity.md).", |f| {
+            f.2.parity_bytes
         }),
         ("ldm7_fmtp_subscribers", "gauge", "Subscribers of the feed.", |f| f.1 as u64),
     ];

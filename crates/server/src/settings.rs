@@ -22,6 +22,8 @@
 //!                                 # subscribers that pin it (ldm7 subscribers only)
 //! mac_rotation = "1h"             # a new MAC key this often, handed to every subscriber over
 //!                                 # its repair connection (ldm7 subscribers only; off by default)
+//! parity = "256/32"               # repair by parity multicast, GROUP/SHARDS (ldm7 subscribers
+//!                                 # with the same value only; off by default; docs/parity.md)
 //!
 //! [multicast.feeds.NGRID]         # per-feed overrides of the keys above, and:
 //! rate = "40 Mbit/s"
@@ -57,6 +59,7 @@
 //! drop = 0.0                      # test knob: drop this share of multicast datagrams on receipt
 //! mac_level = 0                   # the publisher's MAC level
 //! pin = "publisher.key.pub"       # accept only a key exchange signed by this publisher key
+//! parity = "256/32"               # ask for lost blocks as parity: the publisher's value
 //!
 //! [receive.feeds.NGRID]           # per-feed overrides of the keys above
 //! drop = 0.02
@@ -75,7 +78,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ldm7_fmtp::MacLevel;
+use ldm7_fmtp::{MacLevel, ParityConfig};
 
 use ldm7_types::units::{ByteSize, Rate, parse_duration};
 use ldm7_types::{FeedType, QuantityError};
@@ -207,6 +210,8 @@ pub struct MulticastSettings {
     pub identity: Option<PathBuf>,
     /// A new MAC key this often (`None`: one key for the sender's life).
     pub mac_rotation: Option<Duration>,
+    /// Repair by parity multicast (an ldm7 extension; subscribers need the same value).
+    pub parity: Option<ParityConfig>,
 }
 
 impl Default for MulticastSettings {
@@ -224,6 +229,7 @@ impl Default for MulticastSettings {
             mac_level: MacLevel::None,
             identity: None,
             mac_rotation: None,
+            parity: None,
         }
     }
 }
@@ -280,6 +286,8 @@ pub struct ReceiveSettings {
     pub mac_level: MacLevel,
     /// The publisher's identity public key: the key exchange must be signed by it.
     pub pin: Option<PathBuf>,
+    /// Ask for lost blocks as parity (the publisher's `parity`).
+    pub parity: Option<ParityConfig>,
 }
 
 impl Default for ReceiveSettings {
@@ -294,6 +302,7 @@ impl Default for ReceiveSettings {
             drop: 0.0,
             mac_level: MacLevel::None,
             pin: None,
+            parity: None,
         }
     }
 }
@@ -504,6 +513,7 @@ mod raw {
         mac_level: Option<u8>,
         identity: Option<PathBuf>,
         mac_rotation: Option<String>,
+        parity: Option<String>,
     }
 
     /// `rate_control` of a multicast section.
@@ -545,6 +555,7 @@ mod raw {
         drop: Option<f64>,
         mac_level: Option<u8>,
         pin: Option<PathBuf>,
+        parity: Option<String>,
     }
 
     type Value<'a> = &'a dyn Fn(String, String) -> SettingsError;
@@ -556,6 +567,13 @@ mod raw {
                 format!("{level} is not a MAC level: give 0 (none), 1 (HMAC-SHA-256) or 2 (Ed25519)"),
             )
         })
+    }
+
+    /// A `parity = "GROUP/SHARDS"` value.
+    fn parity(text: &Option<String>, key: &str, value: Value<'_>) -> Result<Option<ParityConfig>, SettingsError> {
+        text.as_deref()
+            .map(|text| text.parse::<ParityConfig>().map_err(|error| value(format!("{key}.parity"), error.0)))
+            .transpose()
     }
 
     fn quantity<T>(
@@ -662,6 +680,9 @@ mod raw {
                     ));
                 }
                 settings.mac_rotation = Some(every);
+            }
+            if let Some(config) = parity(&self.parity, key, value)? {
+                settings.parity = Some(config);
             }
             if let Some(keys) = &self.rate_control {
                 settings.rate_control =
@@ -835,6 +856,9 @@ mod raw {
                 ldm7_fmtp::keys::read_pin(path).map_err(|error| value(format!("{key}.pin"), error.to_string()))?;
                 settings.pin = Some(path.clone());
             }
+            if let Some(config) = parity(&self.parity, key, value)? {
+                settings.parity = Some(config);
+            }
             Ok(settings)
         }
     }
@@ -885,6 +909,7 @@ retx_timeout = "2min"
 [multicast.feeds.NGRID]
 rate = "500M"
 path = "ngrid"
+parity = "128/16"
 [multicast.feeds.EXP]
 deadline = "proportional"
 deadline_factor = 20
@@ -902,6 +927,9 @@ drop = 0.02
         assert_eq!(settings.multicast(feed("NGRID")).rate, Rate::from_megabits_per_s(500));
         assert_eq!(settings.multicast(feed("NGRID")).deadline, Deadline::Constant(Duration::from_secs(120)));
         assert_eq!(settings.multicast(feed("NGRID")).path.as_deref(), Some("ngrid"));
+        let parity = settings.multicast(feed("NGRID")).parity.expect("parity for NGRID");
+        assert_eq!((parity.group_blocks, parity.shards), (128, 16));
+        assert_eq!(settings.multicast(feed("IDS")).parity, None);
         assert_eq!(settings.multicast(feed("IDS")).rate, Rate::from_megabits_per_s(40));
         assert_eq!(
             settings.multicast(feed("EXP")).deadline,
@@ -966,6 +994,11 @@ enabled = false
             ("[multicast]\nmac_rotation = \"10ms\"\n", "multicast.mac_rotation"),
             ("[multicast.feeds.EXP]\nidentity = \"/nonexistent/publisher.key\"\n", "multicast.feeds.EXP.identity"),
             ("[receive]\npin = \"/nonexistent/publisher.key.pub\"\n", "receive.pin"),
+            ("[multicast]\nparity = \"100/32\"\n", "multicast.parity"),
+            (
+                "[receive.feeds.EXP]\nparity = \"256\"\n",
+                "receive.feeds.EXP.parity: parity \"256\": expected GROUP/SHARDS",
+            ),
             ("[multicast]\nretx_timeout = \"inf\"\n", "multicast.retx_timeout"),
             ("[multicast]\ndeadline = \"sometimes\"\n", "deadline policy"),
             ("[multicast.feeds.NOSUCH]\nrate = \"1M\"\n", "not a feedtype"),

@@ -505,6 +505,7 @@ impl Session<'_> {
             receive_timer: ReceiveTimer { rate_bits_per_s: rate, ..ReceiveTimer::default() },
             in_flight_bytes_max: in_flight,
             product_size_max: u32::try_from(in_flight.min(u64::from(u32::MAX))).unwrap_or(u32::MAX),
+            parity: self.settings.parity,
             ..ReceiverConfig::default()
         };
         let spool = if self.settings.spool_dir.is_absolute() {

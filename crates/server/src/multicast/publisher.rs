@@ -598,6 +598,7 @@ impl Feed {
             Deadline::Constant(duration) => DeadlinePolicy::Constant(duration),
             Deadline::Proportional { factor, min } => DeadlinePolicy::Proportional { f_snd: factor, min },
         };
+        proto.parity = settings.parity;
         let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
         let mut options = SenderOptions::new(multicast, retx_listen, proto);
         options.mac_level = settings.mac_level;
