@@ -122,19 +122,7 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
         .enumerate()
         .map(|(k, drop)| subscriber(root.path(), &format!("sub{k}"), &publisher, *drop))
         .collect();
-    for node in &mut subscribers {
-        node.start();
-        wait_subscribed(node);
-    }
-    replay(&publisher, &trace, 1500, 7);
-    for node in &subscribers {
-        node.wait_for(1500, Duration::from_secs(120));
-    }
-    assert_same_products(&publisher, &subscribers);
-    for node in &subscribers {
-        assert_eq!(deliveries(node, "Received"), 1500, "{}", tail(&node.log()));
-        assert_eq!(deliveries(node, "Inserted") + deliveries(node, "Backlog"), 0);
-    }
+    all_by_fmtp(&publisher, &mut subscribers, &trace, 1500, 7);
     let repaired =
         subscribers[2].log().lines().filter(|line| line.contains("Received:") && !line.contains("retrans: 0,")).count();
     assert!(repaired > 0, "the lossy subscriber needed repairs");
@@ -184,17 +172,8 @@ fn parity_repairs_lossy_subscribers_in_serve() {
             node
         })
         .collect();
-    for node in &mut subscribers {
-        node.start();
-        wait_subscribed(node);
-    }
-    replay(&publisher, &trace, 300, 13);
+    all_by_fmtp(&publisher, &mut subscribers, &trace, 300, 13);
     for node in &subscribers {
-        node.wait_for(300, Duration::from_secs(120));
-    }
-    assert_same_products(&publisher, &subscribers);
-    for node in &subscribers {
-        assert_eq!(deliveries(node, "Received"), 300, "{}", tail(&node.log()));
         assert!(retransmitted_blocks(node) > 0, "the lossy subscriber's repaired blocks: {}", tail(&node.log()));
     }
     let text = get_metrics(publisher_metrics);
@@ -208,6 +187,24 @@ fn parity_repairs_lossy_subscribers_in_serve() {
         node.stop();
     }
     publisher.stop();
+}
+
+/// Starts the subscribers, waits until each subscribed, replays `count` products into the
+/// publisher's queue and checks that every subscriber got them all, by FMTP only.
+fn all_by_fmtp(publisher: &Node, subscribers: &mut [Node], trace: &std::path::Path, count: usize, seed: u64) {
+    for node in subscribers.iter_mut() {
+        node.start();
+        wait_subscribed(node);
+    }
+    replay(publisher, trace, count, seed);
+    for node in subscribers.iter() {
+        node.wait_for(count as u64, Duration::from_secs(120));
+    }
+    assert_same_products(publisher, subscribers);
+    for node in subscribers.iter() {
+        assert_eq!(deliveries(node, "Received"), count, "{}", tail(&node.log()));
+        assert_eq!(deliveries(node, "Inserted") + deliveries(node, "Backlog"), 0);
+    }
 }
 
 /// FMTP products that needed at least one retransmitted block, by the subscriber's log.
