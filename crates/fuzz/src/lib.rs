@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use ldm7_fmtp_proto::mac::{self, KeyOffer, MacLevel, SenderKey, Verifier};
 use ldm7_fmtp_proto::wire::{self, Message, Packet, Split, handshake};
-use ldm7_fmtp_proto::{Instant, Receiver, ReceiverConfig, ReceiverEvent};
+use ldm7_fmtp_proto::{IndexTrust, Instant, ParityConfig, Receiver, ReceiverConfig, ReceiverEvent};
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 use ldm7_xdr::ldm::{self, Proc};
 use ldm7_xdr::ldm7;
@@ -39,9 +39,14 @@ pub struct Target {
 }
 
 /// Every target.
-pub const TARGETS: [Target; 8] = [
+pub const TARGETS: [Target; 9] = [
     Target { name: "fmtp_decode", what: "an FMTP datagram or TCP byte stream", run: fmtp_decode },
     Target { name: "fmtp_receive", what: "the FMTP receiver fed datagrams and repair frames", run: fmtp_receive },
+    Target {
+        name: "fmtp_parity",
+        what: "the FMTP receiver with parity repair fed datagrams, parity shards and repair frames",
+        run: fmtp_parity,
+    },
     Target { name: "fmtp_keys", what: "the FMTP key exchange and MAC verification", run: fmtp_keys },
     Target { name: "ldm6_rpc", what: "an LDM-6 RPC byte stream (record marking, calls, replies)", run: ldm6_rpc },
     Target { name: "ldm7_rpc", what: "an LDM-7 RPC byte stream (record marking, calls, replies)", run: ldm7_rpc },
@@ -102,14 +107,38 @@ pub fn receive_record(kind: u8, delay: u8, bytes: &[u8]) -> Vec<u8> {
 /// once; a record with a raw index may make a number name a later product (serial arithmetic
 /// after jumps adding up to 2³²), so it resets that check.
 pub fn fmtp_receive(data: &[u8]) {
-    let config = ReceiverConfig {
+    receive_records(receive_config(), data);
+}
+
+/// [`fmtp_receive`] with parity repair ([`PARITY`]: 16-byte blocks, so that an input can hold
+/// whole groups and shards) and every index believed (the decode paths are reached without a
+/// confirmation first). The same checks.
+pub fn fmtp_parity(data: &[u8]) {
+    let config = ReceiverConfig { parity: Some(PARITY), index_trust: IndexTrust::All, ..receive_config() };
+    receive_records(config, data);
+}
+
+/// The parity settings of [`fmtp_parity`] (and of its seeds' sender).
+pub const PARITY: ParityConfig = ParityConfig {
+    group_blocks: 64,
+    shards: 8,
+    block_len: 16,
+    retry: std::time::Duration::from_millis(20),
+    rounds_max: 2,
+};
+
+fn receive_config() -> ReceiverConfig {
+    ReceiverConfig {
         in_flight_products_max: 8,
         in_flight_bytes_max: 1 << 20,
         product_size_max: 1 << 20,
         early_bytes_max: 1 << 16,
         index_gap_max: 16,
         ..ReceiverConfig::default()
-    };
+    }
+}
+
+fn receive_records(config: ReceiverConfig, data: &[u8]) {
     let mut receiver = Receiver::new(config).expect("valid config");
     let mut now = Instant::ZERO;
     let mut reported = HashSet::new();

@@ -133,6 +133,15 @@ fn fmtp(seeds: &mut Vec<Seed>) {
     eop_lost.extend(confirm(3, 1448));
     eop_lost.extend(receive_record(1, 200, &emit(Message { index: ProductIndex(3), body: Body::RetxEop })));
     seeds.push(("fmtp_receive", eop_lost));
+    // Lost blocks (product, block): a few; a burst past the shard count (RETX_REQ after all);
+    // none.
+    for lost in [
+        &[(0, 3), (0, 70), (0, 71), (1, 5)][..],
+        &[(0, 10), (0, 11), (0, 12), (0, 13), (0, 14), (0, 15), (0, 16), (0, 17), (0, 18), (1, 0)],
+        &[],
+    ] {
+        seeds.push(("fmtp_parity", parity_session(lost)));
+    }
     let mut far = confirmed;
     far.extend(receive_record(2, 0, &emit(bop(100_000, 10))));
     far.extend(receive_record(2, 0, &emit(bop(100_000, 10))));
@@ -293,4 +302,57 @@ fn from_captures(captures: &Path, seeds: &mut Vec<Seed>) -> std::io::Result<()> 
         seeds.push(("fmtp_receive", records));
     }
     Ok(())
+}
+
+/// A sender with [`crate::PARITY`] and one receiver that loses the `lost` blocks (product index,
+/// block number): the datagrams that reach it, the parity shards its requests bring, and the
+/// sender's repair frames, as [`crate::fmtp_parity`] records.
+fn parity_session(lost: &[(u32, u32)]) -> Vec<u8> {
+    use ldm7_fmtp_proto::{Destination, Product, Receiver, ReceiverConfig, ReceiverId, Sender, SenderConfig};
+    let parity = crate::PARITY;
+    let now = ldm7_fmtp_proto::Instant::ZERO;
+    let config = SenderConfig { block_len: parity.block_len, parity: Some(parity), ..SenderConfig::default() };
+    let mut sender = Sender::new(config, now).expect("a valid sender");
+    sender.receiver_connected(now, ReceiverId(1));
+    let receiver_config = ReceiverConfig {
+        parity: Some(parity),
+        index_trust: ldm7_fmtp_proto::IndexTrust::All,
+        ..ReceiverConfig::default()
+    };
+    let mut receiver = Receiver::new(receiver_config).expect("a valid receiver");
+    for (size, seed) in [(2_100usize, 3u8), (700, 9)] {
+        let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(seed).wrapping_add(i as u8 >> 3)).collect();
+        sender.enqueue(now, Product::new(data, *b"0123456789abcdef")).expect("enqueued");
+    }
+    let mut records = Vec::new();
+    let mut buf = Vec::new();
+    for _ in 0..64 {
+        let mut moved = false;
+        while let Some(transmit) = sender.poll_transmit(now, &mut buf) {
+            moved = true;
+            let message = Message::parse(&buf).expect("the sender emits valid messages");
+            let lost = matches!(message.body, Body::MemData { offset, .. }
+                if lost.contains(&(message.index.0, offset / 16)));
+            match transmit.destination {
+                Destination::Multicast if !lost => {
+                    records.extend(receive_record(0, 0, &buf));
+                    receiver.handle_datagram(now, &buf);
+                }
+                Destination::Multicast => {}
+                Destination::Receiver(_) => {
+                    records.extend(receive_record(1, 0, &buf));
+                    let _ = receiver.handle_stream_frame(now, &buf);
+                }
+            }
+            buf.clear();
+        }
+        while let Some(request) = receiver.poll_transmit() {
+            moved = true;
+            sender.handle_stream(now, ReceiverId(1), &request);
+        }
+        if !moved {
+            break;
+        }
+    }
+    records
 }
