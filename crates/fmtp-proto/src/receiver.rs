@@ -1552,21 +1552,20 @@ impl Receiver {
 
     /// Blocks of `[start, end)` neither received nor still to come by multicast (asked for).
     fn lost_blocks(product: &Incoming, start: u64, end: u64, block_len: u64) -> u32 {
-        let mut lost = 0u64;
-        for (gap_start, gap_end) in product.received.gaps(start, end) {
-            let mut at = gap_start;
-            for (from, to) in product.requested.gaps(gap_start, gap_end) {
-                if from > at {
-                    lost += (from - at).div_ceil(block_len);
-                }
-                at = to;
-            }
-            if gap_end > at {
-                lost += (gap_end - at).div_ceil(block_len);
-            }
-        }
+        let lost: u64 =
+            Self::lost_ranges(product, start, end).iter().map(|(from, to)| (to - from).div_ceil(block_len)).sum();
         // ≤ the blocks of a group ≤ 32768.
         lost as u32
+    }
+
+    /// The ranges of `[start, end)` neither received nor still to come by multicast (asked for).
+    fn lost_ranges(product: &Incoming, start: u64, end: u64) -> Vec<(u64, u64)> {
+        product
+            .received
+            .gaps(start, end)
+            .into_iter()
+            .flat_map(|(from, to)| complement(&product.requested.gaps(from, to), from, to))
+            .collect()
     }
 
     /// Asks for the parity shards a group still needs (on a new loss, or again when
@@ -1594,13 +1593,7 @@ impl Receiver {
             repair.fallback = true;
             self.counters.parity_fallbacks += 1;
             // Only what is lost (asked for), not what the multicast has yet to bring.
-            let lost_ranges: Vec<(u64, u64)> = product
-                .received
-                .gaps(start, end)
-                .into_iter()
-                .flat_map(|(from, to)| complement(&product.requested.gaps(from, to), from, to))
-                .collect();
-            for (from, to) in lost_ranges {
+            for (from, to) in Self::lost_ranges(product, start, end) {
                 self.retx_request(key, from, to);
             }
             return;
@@ -1738,16 +1731,11 @@ impl Receiver {
             } else {
                 let mut bytes = vec![0u8; (end - start) as usize];
                 let Some(sink) = self.sink.as_mut() else { return };
-                let mut at = start;
-                let mut read = Ok(());
-                for &(gap_start, gap_end) in missing.iter().chain(std::iter::once(&(end, end))) {
-                    if gap_start > at && read.is_ok() {
-                        let out = &mut bytes[(at - start) as usize..(gap_start - start) as usize];
-                        // Within the product (< 4 GiB).
-                        read = sink.0.read_at(index, at as u32, out);
-                    }
-                    at = gap_end;
-                }
+                // What is held: the group less what is missing.
+                let read = complement(&missing, start, end).into_iter().try_for_each(|(from, to)| {
+                    // Within the product (< 4 GiB).
+                    sink.0.read_at(index, from as u32, &mut bytes[(from - start) as usize..(to - start) as usize])
+                });
                 if read.is_err() {
                     self.counters.sink_failures += 1;
                     self.abandon(key, MissReason::SinkFailed);
