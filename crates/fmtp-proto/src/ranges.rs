@@ -55,22 +55,13 @@ impl RangeSet {
 
     /// The parts of `[start, end)` not in the set, in order.
     pub(crate) fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
-        let mut gaps = Vec::new();
-        let mut cursor = start;
+        self.gaps_iter(start, end).collect()
+    }
+
+    /// [`RangeSet::gaps`] without a vector.
+    pub(crate) fn gaps_iter(&self, start: u64, end: u64) -> Gaps<'_> {
         let first = self.ranges.partition_point(|r| r.1 <= start);
-        for &(a, b) in &self.ranges[first..] {
-            if a >= end || cursor >= end {
-                break;
-            }
-            if a > cursor {
-                gaps.push((cursor, a));
-            }
-            cursor = cursor.max(b);
-        }
-        if cursor < end {
-            gaps.push((cursor, end));
-        }
-        gaps
+        Gaps { ranges: &self.ranges[first..], cursor: start, end }
     }
 
     /// Removes `[start, end)` from the set.
@@ -104,6 +95,40 @@ impl RangeSet {
     #[cfg(test)]
     pub(crate) fn range_count(&self) -> usize {
         self.ranges.len()
+    }
+}
+
+/// The gaps of a [`RangeSet`] in a window ([`RangeSet::gaps_iter`]).
+pub(crate) struct Gaps<'a> {
+    /// The set's ranges from the first that ends after the cursor.
+    ranges: &'a [(u64, u64)],
+    cursor: u64,
+    end: u64,
+}
+
+impl Iterator for Gaps<'_> {
+    type Item = (u64, u64);
+
+    fn next(&mut self) -> Option<(u64, u64)> {
+        while self.cursor < self.end {
+            let Some((&(a, b), rest)) = self.ranges.split_first() else {
+                let gap = (self.cursor, self.end);
+                self.cursor = self.end;
+                return Some(gap);
+            };
+            if a >= self.end {
+                let gap = (self.cursor, self.end);
+                self.cursor = self.end;
+                return Some(gap);
+            }
+            self.ranges = rest;
+            let gap = (self.cursor, a);
+            self.cursor = self.cursor.max(b);
+            if gap.0 < gap.1 {
+                return Some(gap);
+            }
+        }
+        None
     }
 }
 

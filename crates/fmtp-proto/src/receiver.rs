@@ -624,22 +624,23 @@ impl Receiver {
             self.counters.out_of_range += u64::from(run.datagrams);
             return;
         }
-        let missing = product.received.gaps(start, end);
-        let new_bytes: u64 = missing.iter().map(|(from, to)| to - from).sum();
+        let new_bytes: u64 = product.received.gaps_iter(start, end).map(|(from, to)| to - from).sum();
         let fingerprint = if new_bytes == end - start {
+            product.received.insert(start, end);
             run.fingerprint
         } else {
             // Part is here already (a repair overtook the multicast): only the rest counts.
+            let missing = product.received.gaps(start, end);
             let blocks_new: u64 = missing.iter().map(|(from, to)| (to - from).div_ceil(BLOCK_LEN as u64)).sum();
             self.counters.duplicates += u64::from(run.datagrams).saturating_sub(blocks_new);
+            for &(from, to) in &missing {
+                product.received.insert(from, to);
+            }
             // Block-aligned, within [start, end) ⊂ u32.
             missing.iter().fold(0u64, |sum, &(from, to)| sum.wrapping_add(range_fingerprint(from as u32, to as u32)))
         };
         if new_bytes == 0 {
             return;
-        }
-        for &(from, to) in &missing {
-            product.received.insert(from, to);
         }
         product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
         if self.complete_if_done(key) {
@@ -1685,11 +1686,18 @@ impl Receiver {
             return;
         }
         let (first, last) = (parity.group_of(start), parity.group_of(end - 1));
-        for group in first..=last {
-            // < 2¹⁶ groups when parity is held.
-            if self.products.get(&key).is_some_and(|p| p.parity.contains_key(&(group as u16))) {
-                self.try_decode(key, group as u16);
-            }
+        // < 2¹⁶ groups when parity is held.
+        let (first, last) = (first.min(u64::from(u16::MAX)) as u16, last.min(u64::from(u16::MAX)) as u16);
+        let mut next = first;
+        while next <= last {
+            let Some(group) =
+                self.products.get(&key).and_then(|p| p.parity.range(next..=last).next().map(|(group, _)| *group))
+            else {
+                break;
+            };
+            self.try_decode(key, group);
+            let Some(after) = group.checked_add(1) else { break };
+            next = after;
         }
     }
 
@@ -1705,8 +1713,8 @@ impl Receiver {
             return;
         }
         let block_len = parity.block_len as u64;
-        let missing: Vec<(u64, u64)> = product.received.gaps(start, end);
-        let missing_blocks: u64 = missing.iter().map(|(from, to)| (to - from).div_ceil(block_len)).sum();
+        let missing_blocks: u64 =
+            product.received.gaps_iter(start, end).map(|(from, to)| (to - from).div_ceil(block_len)).sum();
         if missing_blocks == 0 {
             product.parity.remove(&group);
             return;
@@ -1714,6 +1722,7 @@ impl Receiver {
         if (repair.shards.len() as u64) < missing_blocks {
             return;
         }
+        let missing: Vec<(u64, u64)> = product.received.gaps(start, end);
         let index = product.index;
         // Each recovered block: its range, fingerprint and bytes (none when discarding).
         let recovered: Vec<(u64, u64, u64, Vec<u8>)> = if self.config.assembly == Assembly::Discard {

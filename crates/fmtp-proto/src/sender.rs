@@ -587,7 +587,7 @@ impl Sender {
                 size,
                 deadline: None,
                 failed: false,
-                interest: BTreeMap::new(),
+                interest: InterestSet::default(),
                 repairs: BTreeMap::new(),
                 parity: BTreeMap::new(),
             },
@@ -613,7 +613,7 @@ impl Sender {
             return;
         }
         let keys: Vec<u64> =
-            self.products.iter_mut().filter_map(|(key, product)| product.interest.remove(&id).map(|_| *key)).collect();
+            self.products.iter_mut().filter_map(|(key, product)| product.interest.remove(id).map(|_| *key)).collect();
         for key in keys {
             self.release_if_done(key);
         }
@@ -857,7 +857,7 @@ impl Sender {
         let Some(product) = self.products.get(&key) else { return };
         let index = product.index;
         for (id, receiver) in &mut self.receivers {
-            if product.interest.get(id) != Some(&Interest::Pending)
+            if product.interest.get(*id) != Some(Interest::Pending)
                 || receiver.work.iter().any(|work| work.key == key && matches!(work.kind, WorkKind::Eop))
             {
                 continue;
@@ -919,7 +919,7 @@ impl Sender {
         // deadline), even if it connected after the BOP.
         let round = receiver.rtt.max(REPAIR_ROUND_MIN);
         if let Some(product) = self.products.get_mut(&key) {
-            product.interest.entry(id).or_insert(Interest::Pending);
+            product.interest.hold(id);
             product.repairs.entry(id).or_insert(RepairRounds { count: 0, started: self.now }).request(self.now, round);
         }
     }
@@ -946,7 +946,7 @@ impl Sender {
             receiver.work_per_key.contains_key(&key) && receiver.work.iter().any(|w| w.key == key && w.lost);
         let rtt = receiver.rtt;
         let Some(product) = self.products.get_mut(&key) else { return };
-        if product.interest.insert(id, Interest::Done) == Some(Interest::Done) {
+        if product.interest.finish(id) == Some(Interest::Done) {
             return;
         }
         let outcome =
@@ -1084,7 +1084,7 @@ impl Sender {
         let message_type = match self.stage {
             Stage::Bop => {
                 // §3.8: the product's receiver set is the receivers connected now.
-                product.interest = self.receivers.keys().map(|id| (*id, Interest::Pending)).collect();
+                product.interest = InterestSet::all_pending(self.receivers.keys().copied());
                 emit_control(buf, product.index, Body::Bop(product.bop()));
                 self.stage = if product.size == 0 { Stage::Eop } else { Stage::Data(0) };
                 MessageType::Bop
@@ -1140,7 +1140,7 @@ impl Sender {
             self.counters.retx_requests_empty += 1;
             return;
         }
-        product.interest.entry(id).or_insert(Interest::Pending);
+        product.interest.hold(id);
         product.repairs.entry(id).or_insert(RepairRounds { count: 0, started: now }).request(now, round);
         let shards = parity.shards as usize;
         let state = product.parity.entry(group).or_insert_with(|| ParityGroup::new(shards));
@@ -1225,7 +1225,7 @@ impl Sender {
         self.deadlines.insert((deadline, key));
         self.retained_count += 1;
         self.release_if_done(key);
-        let pending = self.products.get(&key).is_some_and(|p| p.interest.values().any(|i| *i == Interest::Pending));
+        let pending = self.products.get(&key).is_some_and(|p| p.interest.any_pending());
         self.tail_probe = match self.config.tail_probe {
             Some(delay) if pending && self.multicast_queue.is_empty() => {
                 let rtt_max = self.receivers.values().map(|r| r.rtt).max().unwrap_or(Duration::ZERO);
@@ -1253,7 +1253,7 @@ impl Sender {
         let done = self
             .products
             .get(&key)
-            .is_some_and(|p| p.deadline.is_some() && p.interest.values().all(|i| *i == Interest::Done));
+            .is_some_and(|p| p.deadline.is_some() && !p.interest.any_pending());
         if done {
             self.release(key, ReleaseReason::AllDone);
         }
@@ -1271,11 +1271,10 @@ impl Sender {
                 self.stage = Stage::Bop;
             }
         }
-        let unfinished: Vec<ReceiverId> =
-            product.interest.iter().filter(|(_, i)| **i == Interest::Pending).map(|(id, _)| *id).collect();
+        let unfinished: Vec<ReceiverId> = product.interest.pending().collect();
         for (id, receiver) in &mut self.receivers {
             let purged = receiver.purge(key);
-            if product.interest.get(id) == Some(&Interest::Pending) {
+            if product.interest.get(*id) == Some(Interest::Pending) {
                 receiver.push(Work { key, index: product.index, kind: WorkKind::Eop, lost: false });
             }
             if purged {
@@ -1329,7 +1328,7 @@ struct SentProduct {
     /// The bytes could not be read during multicast.
     failed: bool,
     /// Receivers that hold the product: pending until RETX_END.
-    interest: BTreeMap<ReceiverId, Interest>,
+    interest: InterestSet,
     /// Receivers that asked for repairs of it, until their RETX_END.
     repairs: BTreeMap<ReceiverId, RepairRounds>,
     /// Parity of the groups asked for ([`SenderConfig::parity`]).
@@ -1398,6 +1397,60 @@ impl fmt::Debug for SentProduct {
 enum Interest {
     Pending,
     Done,
+}
+
+/// The receivers that hold a product, with a count of those still pending: whether all are
+/// done is asked at every RETX_END, and a scan would cost N² per product for N receivers.
+#[derive(Debug, Default)]
+struct InterestSet {
+    by_receiver: BTreeMap<ReceiverId, Interest>,
+    pending: usize,
+}
+
+impl InterestSet {
+    /// Every one of `ids` pending.
+    fn all_pending(ids: impl Iterator<Item = ReceiverId>) -> Self {
+        let by_receiver: BTreeMap<ReceiverId, Interest> = ids.map(|id| (id, Interest::Pending)).collect();
+        Self { pending: by_receiver.len(), by_receiver }
+    }
+
+    fn get(&self, id: ReceiverId) -> Option<Interest> {
+        self.by_receiver.get(&id).copied()
+    }
+
+    /// `id` holds the product (pending) unless it is known already.
+    fn hold(&mut self, id: ReceiverId) {
+        if let std::collections::btree_map::Entry::Vacant(entry) = self.by_receiver.entry(id) {
+            entry.insert(Interest::Pending);
+            self.pending += 1;
+        }
+    }
+
+    /// `id` is done; what it was before.
+    fn finish(&mut self, id: ReceiverId) -> Option<Interest> {
+        let before = self.by_receiver.insert(id, Interest::Done);
+        if before != Some(Interest::Done) && before.is_some() {
+            self.pending -= 1;
+        }
+        before
+    }
+
+    fn remove(&mut self, id: ReceiverId) -> Option<Interest> {
+        let before = self.by_receiver.remove(&id);
+        if before == Some(Interest::Pending) {
+            self.pending -= 1;
+        }
+        before
+    }
+
+    fn any_pending(&self) -> bool {
+        self.pending > 0
+    }
+
+    /// The receivers still pending.
+    fn pending(&self) -> impl Iterator<Item = ReceiverId> + '_ {
+        self.by_receiver.iter().filter(|(_, interest)| **interest == Interest::Pending).map(|(id, _)| *id)
+    }
 }
 
 /// Where the multicast of the front product stands.
@@ -1528,5 +1581,31 @@ fn sync_ready(ready: &mut BTreeSet<ReceiverId>, id: ReceiverId, receiver: &Recei
         ready.insert(id);
     } else {
         ready.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interest_count_follows_every_change() {
+        let ids = |n: u64| (0..n).map(ReceiverId);
+        let mut interest = InterestSet::all_pending(ids(3));
+        assert!(interest.any_pending());
+        assert_eq!(interest.finish(ReceiverId(0)), Some(Interest::Pending));
+        assert_eq!(interest.finish(ReceiverId(0)), Some(Interest::Done));
+        // Unknown until now: done at once, nothing pending added.
+        assert_eq!(interest.finish(ReceiverId(9)), None);
+        interest.hold(ReceiverId(9));
+        interest.hold(ReceiverId(4));
+        assert_eq!(interest.remove(ReceiverId(1)), Some(Interest::Pending));
+        assert_eq!(interest.remove(ReceiverId(1)), None);
+        assert_eq!(interest.pending().collect::<Vec<_>>(), vec![ReceiverId(2), ReceiverId(4)]);
+        interest.finish(ReceiverId(2));
+        assert!(interest.any_pending());
+        assert_eq!(interest.remove(ReceiverId(4)), Some(Interest::Pending));
+        assert!(!interest.any_pending());
+        assert_eq!(interest.get(ReceiverId(9)), Some(Interest::Done));
     }
 }

@@ -83,4 +83,39 @@ mod tests {
         assert_eq!(order, vec!['b', 'd', 'a', 'c']);
         assert_eq!(queue.len(), 0);
     }
+
+    /// Pushes and pops interleaved at random, many at the same instants: the same order as
+    /// sorting by (time, insertion sequence).
+    #[test]
+    fn matches_a_sort_by_time_then_sequence() {
+        let mut rng = crate::rng::SimRng::new(7, 0);
+        for round in 0..200 {
+            let mut queue = EventQueue::new();
+            let mut pending: Vec<(u64, u64)> = Vec::new();
+            let mut now = 0;
+            let mut sequence = 0;
+            for _ in 0..rng.below(400) {
+                if rng.below(3) > 0 || pending.is_empty() {
+                    let at = now + rng.below(if round % 2 == 0 { 4 } else { 50 });
+                    sequence += 1;
+                    queue.push(Instant::from_nanos(at), sequence);
+                    pending.push((at, sequence));
+                } else {
+                    pending.sort_unstable();
+                    let expected = pending.remove(0);
+                    assert_eq!(queue.peek_time(), Some(Instant::from_nanos(expected.0)));
+                    let (at, popped) = queue.pop().expect("pending");
+                    assert_eq!((at.as_nanos(), popped), expected);
+                    now = at.as_nanos();
+                }
+                assert_eq!(queue.len(), pending.len());
+            }
+            pending.sort_unstable();
+            for expected in pending {
+                let (at, popped) = queue.pop().expect("pending");
+                assert_eq!((at.as_nanos(), popped), expected);
+            }
+            assert!(queue.pop().is_none());
+        }
+    }
 }
