@@ -25,7 +25,8 @@
 //! KEY_UPDATE message on the repair connection, and signs with it once every receiver
 //! acknowledged it (KEY_ACK) or a deadline passed. A receiver's [`KeyRing`] checks datagrams with
 //! its current key, then the announced next one (the first datagram that verifies with it makes
-//! it current), then, for a grace period, the previous one (datagrams still in flight).
+//! it current, and so does the announcement of the key after it: a sender rotates again only
+//! after its switch), then, for a grace period, the previous one (datagrams still in flight).
 //!
 //! Key material is zeroized after use ([`Zeroizing`]; the Ed25519 and RSA keys zeroize on drop).
 //! Well-kept RustCrypto crates do the cryptography (`rsa`, `hmac`, `sha2`, `ed25519-dalek`).
@@ -511,9 +512,15 @@ impl KeyRing {
         self.current.level
     }
 
-    /// Takes the announced key of `epoch`; an epoch not after the newest one known (a replay)
-    /// is refused.
-    pub fn announce(&mut self, epoch: u32, next: Verifier) -> Result<(), MacError> {
+    /// Takes the announced key of `epoch` at `now`; an epoch not after the newest one known (a
+    /// replay) is refused.
+    ///
+    /// A sender announces a key only once it signs with the one announced before (it rotates
+    /// again only after the switch). So a key still announced here, that no datagram has
+    /// verified with yet (none came since the switch, or all were lost), becomes current now,
+    /// the current one previous: without this, datagrams signed with it before the sender's
+    /// next switch would fail their check.
+    pub fn announce(&mut self, now: Instant, epoch: u32, next: Verifier) -> Result<(), MacError> {
         let newest = self.next.as_ref().map(|(epoch, _)| *epoch).or(self.epoch);
         if newest.is_some_and(|newest| epoch <= newest) {
             return Err(MacError::StaleEpoch { epoch, newest: newest.unwrap_or_default() });
@@ -521,8 +528,18 @@ impl KeyRing {
         if next.level != self.current.level {
             return Err(MacError::LevelMismatch { sender: next.level, receiver: self.current.level });
         }
-        self.next = Some((epoch, next));
+        if let Some((announced, key)) = self.next.replace((epoch, next)) {
+            self.switch_to(now, announced, key);
+        }
         Ok(())
+    }
+
+    /// The announced key of `epoch` becomes current; the current one verifies for the grace
+    /// period.
+    fn switch_to(&mut self, now: Instant, epoch: u32, key: Verifier) {
+        let previous = std::mem::replace(&mut self.current, key);
+        self.previous = Some((previous, now + self.grace));
+        self.epoch = Some(epoch);
     }
 
     /// Checks a datagram with the current key, then the next (which becomes current when it
@@ -534,9 +551,7 @@ impl KeyRing {
         };
         if let Some(message) = self.next.as_ref().and_then(|(_, next)| next.verify(datagram).ok()) {
             let (epoch, next) = self.next.take().expect("checked above");
-            let previous = std::mem::replace(&mut self.current, next);
-            self.previous = Some((previous, now + self.grace));
-            self.epoch = Some(epoch);
+            self.switch_to(now, epoch, next);
             return Ok(message);
         }
         match &self.previous {
@@ -660,7 +675,7 @@ mod tests {
                 "epoch is signed"
             );
             let material = offer.open_update(1, &update, Some(&pin)).expect("open update");
-            ring.announce(1, Verifier::from_material(level, &material).expect("v")).expect("announce");
+            ring.announce(t0, 1, Verifier::from_material(level, &material).expect("v")).expect("announce");
             assert!(ring.verify(t0, &signed(&first)).is_ok());
             assert_eq!(ring.epoch(), None);
             assert!(ring.verify(t0, &signed(&second)).is_ok());
@@ -672,14 +687,44 @@ mod tests {
             assert_eq!(ring.verify(t0, &signed(&foreign)), Err(MacError::Mismatch));
             // A replayed (old) epoch is refused; so is an update of another level.
             let again = Verifier::from_material(level, &second.material()).expect("v");
-            assert!(matches!(ring.announce(1, again), Err(MacError::StaleEpoch { epoch: 1, newest: 1 })));
+            assert!(matches!(ring.announce(t0, 1, again), Err(MacError::StaleEpoch { epoch: 1, newest: 1 })));
             let other = SenderKey::generate(MacLevel::None, &mut OsRng);
             let other = Verifier::from_material(MacLevel::None, &other.material()).expect("v");
-            assert!(matches!(ring.announce(2, other), Err(MacError::LevelMismatch { .. })));
+            assert!(matches!(ring.announce(t0, 2, other), Err(MacError::LevelMismatch { .. })));
             // An update signed by someone else is refused with a pin.
             let impostor = SigningKey::generate(&mut OsRng);
             let forged = sealed_to.seal_update(5, &foreign.material(), Some(&impostor), &mut OsRng).expect("seal");
             assert!(matches!(offer.open_update(5, &forged, Some(&pin)), Err(MacError::NotPinned(_))));
+        }
+    }
+
+    /// The sender announces a key only once it signs with the one before: a key announced and
+    /// never seen in a datagram (an idle or lossy spell after the switch) is the sender's when
+    /// the next is announced, and its datagrams still verify.
+    #[test]
+    fn a_key_announced_and_not_yet_seen_is_current_when_the_next_is_announced() {
+        for level in [MacLevel::Hmac, MacLevel::Ed25519] {
+            let keys: Vec<SenderKey> = (0..3).map(|_| SenderKey::generate(level, &mut OsRng)).collect();
+            let verifier = |key: &SenderKey| Verifier::from_material(level, &key.material()).expect("material");
+            let signed = |key: &SenderKey| {
+                let mut datagram = b"\0\0\0\x01\0\0\0\0\0\0\0\x02".to_vec();
+                key.sign_in_place(&mut datagram);
+                datagram
+            };
+            let t0 = Instant::ZERO;
+            let mut ring = KeyRing::new(verifier(&keys[0]));
+            ring.announce(t0, 1, verifier(&keys[1])).expect("epoch 1");
+            // No datagram of epoch 1 arrives before epoch 2 is announced.
+            ring.announce(t0, 2, verifier(&keys[2])).expect("epoch 2");
+            assert_eq!(ring.epoch(), Some(1));
+            assert!(ring.verify(t0, &signed(&keys[1])).is_ok(), "level {level}: the sender's key now");
+            assert!(ring.verify(t0, &signed(&keys[0])).is_ok(), "level {level}: in flight, within the grace");
+            assert!(ring.verify(t0, &signed(&keys[2])).is_ok(), "level {level}: the next key");
+            assert_eq!(ring.epoch(), Some(2));
+            assert!(ring.verify(t0, &signed(&keys[1])).is_ok(), "level {level}: previous, within the grace");
+            assert_eq!(ring.verify(t0 + KeyRing::GRACE, &signed(&keys[1])), Err(MacError::Mismatch));
+            assert_eq!(ring.verify(t0, &signed(&keys[0])), Err(MacError::Mismatch), "level {level}: two keys back");
+            assert!(matches!(ring.announce(t0, 2, verifier(&keys[2])), Err(MacError::StaleEpoch { .. })));
         }
     }
 

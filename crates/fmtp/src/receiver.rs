@@ -729,7 +729,7 @@ impl ReceiverTask {
         let taken = offer
             .open_update(epoch, sealed, self.options.pin.as_ref())
             .and_then(|material| Verifier::from_material(keys.level(), &material))
-            .and_then(|next| keys.announce(epoch, next));
+            .and_then(|next| keys.announce(Clock::now(), epoch, next));
         match taken {
             Ok(()) => {
                 self.shared.key_updates.fetch_add(1, Ordering::Relaxed);

@@ -777,8 +777,12 @@ impl SenderTask {
                 if link.epoch != self.mac_epoch {
                     send_key_update(&mut link, self.mac_epoch, &self.mac, self.identity.as_deref());
                 }
-                if let Some(pending) = self.rotation.as_ref().and_then(|rotation| rotation.pending.as_ref()) {
-                    send_key_update(&mut link, pending.epoch, &pending.key, self.identity.as_deref());
+                // The switch then waits for its acknowledgement too: datagrams signed with the
+                // pending key before it took it would fail their check.
+                if let Some(pending) = self.rotation.as_mut().and_then(|rotation| rotation.pending.as_mut()) {
+                    if send_key_update(&mut link, pending.epoch, &pending.key, self.identity.as_deref()) {
+                        pending.waiting.insert(id);
+                    }
                 }
                 self.links.insert(id, *link);
                 self.sender.receiver_connected(now, id);
