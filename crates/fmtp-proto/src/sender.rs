@@ -1250,10 +1250,7 @@ impl Sender {
     }
 
     fn release_if_done(&mut self, key: u64) {
-        let done = self
-            .products
-            .get(&key)
-            .is_some_and(|p| p.deadline.is_some() && !p.interest.any_pending());
+        let done = self.products.get(&key).is_some_and(|p| p.deadline.is_some() && !p.interest.any_pending());
         if done {
             self.release(key, ReleaseReason::AllDone);
         }
