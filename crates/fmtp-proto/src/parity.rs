@@ -1,4 +1,4 @@
-//! ldm7 extension: repairs by parity over the multicast (docs/fmtp.md "Parity repair").
+//! ldm7 extension: repairs by parity over the multicast (docs/parity.md).
 //!
 //! With unicast repairs, every receiver's losses cost the publisher their own bytes again: at
 //! independent loss p and N receivers the publisher sends about (1 + N·p) × the product bytes
@@ -107,14 +107,6 @@ impl ParityConfig {
         offset / (u64::from(self.group_blocks) * self.block_len as u64)
     }
 
-    /// The PARITY datagram's `seqnum` for shard `shard` of group `group`.
-    pub fn parity_seqnum(&self, group: u16, shard: u8) -> u32 {
-        (u32::from(group) << 16)
-            | (self.group_blocks.trailing_zeros() << 12)
-            | (self.shards.trailing_zeros() << 8)
-            | u32::from(shard)
-    }
-
     /// Whether a PARITY datagram's coding (log₂ of its group size and shard count) is this
     /// configuration's.
     pub fn codes_as(&self, group_blocks_log2: u8, shards_log2: u8) -> bool {
@@ -122,54 +114,68 @@ impl ParityConfig {
             && self.shards.trailing_zeros() == u32::from(shards_log2)
     }
 
-    /// Every parity shard of a group from its data blocks (each at most `block_len` bytes; the
-    /// last may be shorter and is padded with zeros).
-    pub fn encode(&self, blocks: &[&[u8]]) -> Result<Vec<Vec<u8>>, CodingError> {
-        let mut encoder =
-            reed_solomon_simd::ReedSolomonEncoder::new(blocks.len(), self.shards as usize, self.block_len)?;
-        let mut padded = vec![0u8; self.block_len];
-        for block in blocks {
-            if block.len() == self.block_len {
-                encoder.add_original_shard(block)?;
-            } else {
-                padded.fill(0);
-                padded[..block.len()].copy_from_slice(block);
-                encoder.add_original_shard(&padded)?;
-            }
+    /// Every parity shard of a group from its bytes (`group_range`'s; the last block may be
+    /// short and is padded with zeros).
+    pub fn encode(&self, group: &[u8]) -> Result<Vec<Vec<u8>>, CodingError> {
+        let mut encoder = reed_solomon_simd::ReedSolomonEncoder::new(
+            group.len().div_ceil(self.block_len),
+            self.shards as usize,
+            self.block_len,
+        )?;
+        let mut scratch = vec![0u8; self.block_len];
+        for block in group.chunks(self.block_len) {
+            encoder.add_original_shard(padded(block, &mut scratch))?;
         }
         let result = encoder.encode()?;
         Ok(result.recovery_iter().map(<[u8]>::to_vec).collect())
     }
 
-    /// The lost blocks of a group of `group_blocks` data blocks from the blocks held (by their
-    /// position in the group, padded as for [`ParityConfig::encode`]) and at least as many
-    /// shards (by shard index) as blocks are lost: the lost blocks by position, each
-    /// `block_len` bytes (the caller cuts a product's last block to its length).
-    pub fn decode<'b>(
+    /// The lost blocks of a group from the others and at least as many shards (by shard index)
+    /// as blocks are lost. `group` is the group's bytes as held (what lies in a lost block is
+    /// not read) and `lost(position)` says which blocks are lost. The lost blocks by position,
+    /// each cut to its length in the group.
+    pub fn decode<'s>(
         &self,
-        group_blocks: u32,
-        held: impl IntoIterator<Item = (u32, &'b [u8])>,
-        shards: impl IntoIterator<Item = (u32, &'b [u8])>,
+        group: &[u8],
+        lost: impl Fn(u32) -> bool,
+        shards: impl IntoIterator<Item = (u32, &'s [u8])>,
     ) -> Result<Vec<(u32, Vec<u8>)>, CodingError> {
-        let mut decoder =
-            reed_solomon_simd::ReedSolomonDecoder::new(group_blocks as usize, self.shards as usize, self.block_len)?;
-        let mut padded = vec![0u8; self.block_len];
-        for (position, block) in held {
-            if block.len() == self.block_len {
-                decoder.add_original_shard(position as usize, block)?;
-            } else {
-                padded.fill(0);
-                padded[..block.len()].copy_from_slice(block);
-                decoder.add_original_shard(position as usize, &padded)?;
+        let mut decoder = reed_solomon_simd::ReedSolomonDecoder::new(
+            group.len().div_ceil(self.block_len),
+            self.shards as usize,
+            self.block_len,
+        )?;
+        let mut scratch = vec![0u8; self.block_len];
+        for (position, block) in group.chunks(self.block_len).enumerate() {
+            // Positions < group_blocks ≤ 32768.
+            if !lost(position as u32) {
+                decoder.add_original_shard(position, padded(block, &mut scratch))?;
             }
         }
         for (index, shard) in shards {
             decoder.add_recovery_shard(index as usize, shard)?;
         }
         let result = decoder.decode()?;
-        // Positions < group_blocks ≤ 32768.
-        Ok(result.restored_original_iter().map(|(position, block)| (position as u32, block.to_vec())).collect())
+        Ok(result
+            .restored_original_iter()
+            .map(|(position, block)| {
+                let len = self.block_len.min(group.len() - position * self.block_len);
+                // Positions < group_blocks ≤ 32768.
+                (position as u32, block[..len].to_vec())
+            })
+            .collect())
     }
+}
+
+/// `block` as a whole coding block: itself, or copied into `scratch` (one block long) with
+/// zeros after it.
+fn padded<'a>(block: &'a [u8], scratch: &'a mut [u8]) -> &'a [u8] {
+    if block.len() == scratch.len() {
+        return block;
+    }
+    scratch.fill(0);
+    scratch[..block.len()].copy_from_slice(block);
+    scratch
 }
 
 impl std::str::FromStr for ParityConfig {
@@ -207,30 +213,28 @@ mod tests {
     #[test]
     fn any_shards_repair_as_many_lost_blocks() {
         let config = config();
-        // A short group of 5 blocks, the last one cut short.
-        let blocks: Vec<Vec<u8>> =
-            (0..5u8).map(|b| (0..if b == 4 { 7 } else { 16 }).map(|i| b * 31 + i).collect()).collect();
-        let refs: Vec<&[u8]> = blocks.iter().map(Vec::as_slice).collect();
-        let shards = config.encode(&refs).unwrap();
+        // A short group of 5 blocks, the last one cut short (7 bytes).
+        let group: Vec<u8> = (0..4 * 16 + 7).map(|i: u32| (i * 31 % 251) as u8).collect();
+        let shards = config.encode(&group).unwrap();
         assert_eq!(shards.len(), 8);
-        // Lose blocks 1 and 4; repair with shards 6 and 2.
-        let held = [0u32, 2, 3].map(|p| (p, refs[p as usize]));
-        let restored = config.decode(5, held, [(6, shards[6].as_slice()), (2, shards[2].as_slice())]).unwrap();
-        let mut restored: Vec<(u32, Vec<u8>)> = restored;
+        // Lose blocks 1 and 4 (their bytes are not read); repair with shards 6 and 2.
+        let mut held = group.clone();
+        held[16..32].fill(0xaa);
+        held[64..].fill(0xaa);
+        let lost = |position| position == 1 || position == 4;
+        let mut restored = config.decode(&held, lost, [(6, shards[6].as_slice()), (2, shards[2].as_slice())]).unwrap();
         restored.sort();
-        assert_eq!(restored[0], (1, blocks[1].clone()));
+        assert_eq!(restored[0], (1, group[16..32].to_vec()));
         assert_eq!(restored[1].0, 4);
-        assert_eq!(&restored[1].1[..7], &blocks[4][..]);
-        assert!(restored[1].1[7..].iter().all(|&b| b == 0));
+        assert_eq!(restored[1].1, group[64..].to_vec(), "cut to its length in the group");
     }
 
     #[test]
     fn too_few_shards_is_an_error() {
         let config = config();
-        let blocks = [[1u8; 16], [2; 16], [3; 16]];
-        let refs: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
-        let shards = config.encode(&refs).unwrap();
-        assert!(config.decode(3, [(0, refs[0])], [(0, shards[0].as_slice())]).is_err());
+        let group = [[1u8; 16], [2; 16], [3; 16]].concat();
+        let shards = config.encode(&group).unwrap();
+        assert!(config.decode(&group, |position| position > 0, [(0, shards[0].as_slice())]).is_err());
     }
 
     #[test]
@@ -241,7 +245,15 @@ mod tests {
         assert_eq!(config.groups(span * 2 + 1), 3);
         assert_eq!(config.group_range(2, span * 2 + 1), (span * 2, span * 2 + 1, 1));
         assert_eq!(config.group_of(span), 1);
-        assert_eq!(config.parity_seqnum(3, 17), (3 << 16) | (8 << 12) | (5 << 8) | 17);
+        let shard = [0u8; 1448];
+        let mut datagram = Vec::new();
+        crate::wire::Message {
+            index: crate::ProductIndex(9),
+            body: crate::wire::Body::Parity { group: 3, group_blocks_log2: 8, shards_log2: 5, shard: 17, data: &shard },
+        }
+        .emit_to_vec(&mut datagram)
+        .unwrap();
+        assert_eq!(&datagram[4..8], &((3u32 << 16) | (8 << 12) | (5 << 8) | 17).to_be_bytes(), "the seqnum's layout");
         assert!(config.codes_as(8, 5));
         assert_eq!("128/16".parse::<ParityConfig>().unwrap(), ParityConfig { group_blocks: 128, shards: 16, ..config });
         for bad in ["128", "128/", "x/16", "100/16", "128/3", "128/16/2"] {

@@ -64,6 +64,12 @@ impl RangeSet {
         Gaps { ranges: &self.ranges[first..], cursor: start, end }
     }
 
+    /// The parts of `[start, end)` in the set, in order (what [`RangeSet::gaps`] leaves).
+    pub(crate) fn within(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let first = self.ranges.partition_point(|r| r.1 <= start);
+        self.ranges[first..].iter().take_while(move |r| r.0 < end).map(move |&(a, b)| (a.max(start), b.min(end)))
+    }
+
     /// Removes `[start, end)` from the set.
     #[cfg(test)]
     pub(crate) fn remove(&mut self, start: u64, end: u64) {
@@ -171,6 +177,17 @@ mod tests {
                 prop_assert_eq!(set.len(), bits.iter().filter(|b| **b).count() as u64);
                 let gaps: u64 = set.gaps(0, 240).iter().map(|(a, b)| b - a).sum();
                 prop_assert_eq!(gaps, 240 - set.len());
+                // A window: what is in it and its gaps cover it, apart and in order.
+                let (from, to) = (start.min(end / 2), end + 7);
+                let mut pieces: Vec<(u64, u64)> = set.within(from, to).chain(set.gaps(from, to)).collect();
+                pieces.sort_unstable();
+                prop_assert!(pieces.iter().all(|(a, b)| a < b), "{:?}", pieces);
+                prop_assert_eq!(pieces.first().map(|p| p.0), Some(from).filter(|_| from < to));
+                prop_assert_eq!(pieces.last().map(|p| p.1), Some(to).filter(|_| from < to));
+                prop_assert!(pieces.windows(2).all(|w| w[0].1 == w[1].0), "{:?}", pieces);
+                for (a, b) in set.within(from, to) {
+                    prop_assert!(bits[a as usize..b as usize].iter().all(|bit| *bit));
+                }
                 for window in set.ranges.windows(2) {
                     prop_assert!(window[0].1 < window[1].0);
                 }

@@ -1561,12 +1561,7 @@ impl Receiver {
 
     /// The ranges of `[start, end)` neither received nor still to come by multicast (asked for).
     fn lost_ranges(product: &Incoming, start: u64, end: u64) -> Vec<(u64, u64)> {
-        product
-            .received
-            .gaps(start, end)
-            .into_iter()
-            .flat_map(|(from, to)| complement(&product.requested.gaps(from, to), from, to))
-            .collect()
+        product.received.gaps_iter(start, end).flat_map(|(from, to)| product.requested.within(from, to)).collect()
     }
 
     /// Asks for the parity shards a group still needs (on a new loss, or again when
@@ -1707,7 +1702,7 @@ impl Receiver {
         let Some(parity) = self.parity_in_use() else { return };
         let Some(product) = self.products.get_mut(&key) else { return };
         let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
-        let (start, end, blocks) = parity.group_range(u32::from(group), size);
+        let (start, end, _) = parity.group_range(u32::from(group), size);
         let Some(repair) = product.parity.get(&group) else { return };
         if repair.fallback || repair.shards.is_empty() || !(product.ended || product.multicast_end >= end) {
             return;
@@ -1740,8 +1735,7 @@ impl Receiver {
             } else {
                 let mut bytes = vec![0u8; (end - start) as usize];
                 let Some(sink) = self.sink.as_mut() else { return };
-                // What is held: the group less what is missing.
-                let read = complement(&missing, start, end).into_iter().try_for_each(|(from, to)| {
+                let read = product.received.within(start, end).try_for_each(|(from, to)| {
                     // Within the product (< 4 GiB).
                     sink.0.read_at(index, from as u32, &mut bytes[(from - start) as usize..(to - start) as usize])
                 });
@@ -1753,29 +1747,20 @@ impl Receiver {
                 read_back = bytes;
                 &read_back
             };
-            let positions_missing: BTreeSet<u32> = missing
-                .iter()
-                .flat_map(|&(from, to)| ((from - start) / block_len)..(to - start).div_ceil(block_len))
-                // < blocks ≤ 32768.
-                .map(|position| position as u32)
-                .collect();
-            let held = (0..blocks).filter(|p| !positions_missing.contains(p)).map(|position| {
-                let from = (u64::from(position) * block_len) as usize;
-                let to = (from + parity.block_len).min(group_bytes.len());
-                (position, &group_bytes[from..to])
-            });
+            // A block with any byte missing.
+            let lost = |position: u32| {
+                let at = start + u64::from(position) * block_len;
+                missing.iter().any(|&(from, to)| from < at + block_len && at < to)
+            };
             let shards =
                 repair.shards.iter().take(missing_blocks as usize).map(|(j, bytes)| (u32::from(*j), bytes.as_slice()));
-            match parity.decode(blocks, held, shards) {
+            match parity.decode(group_bytes, lost, shards) {
                 Ok(restored) => restored
                     .into_iter()
-                    .filter(|(position, _)| positions_missing.contains(position))
-                    .map(|(position, mut bytes)| {
+                    .map(|(position, bytes)| {
                         let from = start + u64::from(position) * block_len;
-                        let to = (from + block_len).min(end);
-                        bytes.truncate((to - from) as usize);
                         // from < size ≤ u32::MAX.
-                        (from, to, block_fingerprint(from as u32, &bytes), bytes)
+                        (from, from + bytes.len() as u64, block_fingerprint(from as u32, &bytes), bytes)
                     })
                     .collect(),
                 Err(_) => {
@@ -1945,22 +1930,6 @@ impl Receiver {
         self.counters.bound_hits += 1;
         self.events.push_back(ReceiverEvent::BoundHit { bound, index });
     }
-}
-
-/// The parts of `[start, end)` outside the sorted, disjoint `gaps`.
-fn complement(gaps: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut at = start;
-    for &(from, to) in gaps {
-        if from > at {
-            out.push((at, from));
-        }
-        at = at.max(to);
-    }
-    if end > at {
-        out.push((at, end));
-    }
-    out
 }
 
 /// The fingerprint of one data block: a 64-bit mix of its offset, its length and its first and

@@ -915,12 +915,9 @@ impl Sender {
             self.counters.bound_hits += 1;
             self.events.push_back(SenderEvent::BoundHit { bound: SenderBound::RetxBacklogBytes, receiver: Some(id) });
         }
-        // A receiver asking for repairs of a product holds it until it finishes (or the
-        // deadline), even if it connected after the BOP.
         let round = receiver.rtt.max(REPAIR_ROUND_MIN);
         if let Some(product) = self.products.get_mut(&key) {
-            product.interest.hold(id);
-            product.repairs.entry(id).or_insert(RepairRounds { count: 0, started: self.now }).request(self.now, round);
+            product.asked_by(id, self.now, round);
         }
     }
 
@@ -1140,8 +1137,7 @@ impl Sender {
             self.counters.retx_requests_empty += 1;
             return;
         }
-        product.interest.hold(id);
-        product.repairs.entry(id).or_insert(RepairRounds { count: 0, started: now }).request(now, round);
+        product.asked_by(id, now, round);
         let shards = parity.shards as usize;
         let state = product.parity.entry(group).or_insert_with(|| ParityGroup::new(shards));
         let from = usize::from(from).min(shards);
@@ -1179,8 +1175,7 @@ impl Sender {
                 self.release(key, ReleaseReason::DataUnavailable);
                 return None;
             }
-            let blocks: Vec<&[u8]> = bytes.chunks(parity.block_len).collect();
-            state.shards = parity.encode(&blocks).expect("a validated configuration codes any group");
+            state.shards = parity.encode(&bytes).expect("a validated configuration codes any group");
             self.counters.parity_groups_coded += 1;
         }
         state.sent[usize::from(shard)] = ShardState::Sent(self.now);
@@ -1376,6 +1371,13 @@ impl SentProduct {
     fn bop(&self) -> Bop<'_> {
         Bop { start_time: self.start_time, product_size: self.size, metadata: &self.metadata }
     }
+
+    /// Receiver `id` asked for repairs at `now`: it holds the product until it finishes (or the
+    /// deadline), even if it connected after the BOP, and the request counts in its rounds.
+    fn asked_by(&mut self, id: ReceiverId, now: Instant, round: Duration) {
+        self.interest.hold(id);
+        self.repairs.entry(id).or_insert(RepairRounds { count: 0, started: now }).request(now, round);
+    }
 }
 
 impl fmt::Debug for SentProduct {
@@ -1426,7 +1428,7 @@ impl InterestSet {
     /// `id` is done; what it was before.
     fn finish(&mut self, id: ReceiverId) -> Option<Interest> {
         let before = self.by_receiver.insert(id, Interest::Done);
-        if before != Some(Interest::Done) && before.is_some() {
+        if before == Some(Interest::Pending) {
             self.pending -= 1;
         }
         before

@@ -115,17 +115,18 @@ fn parity_of(
         return Err("no such group".into());
     }
     let (start, end, _) = parity.group_range(u32::from(group), u64::from(record.size));
-    let bytes = match &record.content {
+    let filled;
+    let bytes: &[u8] = match &record.content {
         // Within the product (< 4 GiB).
         Content::Pattern(seed) => {
             let mut bytes = vec![0u8; (end - start) as usize];
             crate::workload::pattern_fill(*seed, start, &mut bytes);
-            bytes
+            filled = bytes;
+            &filled
         }
-        Content::Bytes(data) => data[start as usize..end as usize].to_vec(),
+        Content::Bytes(data) => &data[start as usize..end as usize],
     };
-    let blocks: Vec<&[u8]> = bytes.chunks(block_len).collect();
-    parity.encode(&blocks).map_err(|error| error.to_string())
+    parity.encode(bytes).map_err(|error| error.to_string())
 }
 
 /// What a product's bytes are.
