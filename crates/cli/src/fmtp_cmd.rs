@@ -14,7 +14,6 @@ use ldm7_fmtp::app::{
 };
 use ldm7_fmtp::keys;
 use ldm7_fmtp::{MacLevel, ParityConfig};
-
 use ldm7_types::Rate;
 use ldm7_types::units::parse_duration;
 
