@@ -63,6 +63,15 @@ const DATAGRAM_LEN_MAX: usize = 1460;
 /// Receive buffers per `recvmmsg`.
 const RECV_BATCH: usize = 32;
 
+/// Buffers for [`MulticastReceiver::recv_batch`], each large enough for the datagrams GRO
+/// coalesces into one read: a smaller one would cut the coalesced datagrams short (the kernel
+/// truncates), failing the check of the cut one and losing those after it.
+fn recv_buffers(udp: &MulticastReceiver) -> (Vec<Vec<u8>>, Vec<quinn_udp::RecvMeta>) {
+    let gro = udp.gro_segments().max(1);
+    let len = 65535.min(DATAGRAM_LEN_MAX * gro).max(DATAGRAM_LEN_MAX);
+    (vec![vec![0u8; len]; RECV_BATCH], vec![quinn_udp::RecvMeta::default(); RECV_BATCH])
+}
+
 /// The driver's own bounds (the protocol's are in [`ReceiverConfig`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReceiverBounds {
@@ -517,8 +526,7 @@ impl ReceiverTask {
             // products): the newest datagrams are kept, up to a bound, and taken once the key is
             // known.
             let mut early = EarlyDatagrams::default();
-            let mut storage = vec![vec![0u8; DATAGRAM_LEN_MAX.max(2048)]; RECV_BATCH];
-            let mut meta = vec![quinn_udp::RecvMeta::default(); RECV_BATCH];
+            let (mut storage, mut meta) = recv_buffers(&udp);
             let (verifier, stream_buffer, offer) = loop {
                 tokio::select! {
                     answer = &mut handshake => break answer.map_err(|error| match error {
@@ -611,9 +619,7 @@ impl ReceiverTask {
         queue: &RequestQueue,
         stop: &mut watch::Receiver<bool>,
     ) -> io::Result<Stopped> {
-        let gro = udp.gro_segments().max(1);
-        let mut storage = vec![vec![0u8; 65535.min(DATAGRAM_LEN_MAX * gro).max(DATAGRAM_LEN_MAX)]; RECV_BATCH];
-        let mut meta = vec![quinn_udp::RecvMeta::default(); RECV_BATCH];
+        let (mut storage, mut meta) = recv_buffers(udp);
         let request_bytes_max = self.options.bounds.request_queue_bytes_max.max(1);
         // Frames that came with the key exchange's answer.
         self.handle_stream(stream_buffer)?;

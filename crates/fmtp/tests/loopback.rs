@@ -718,6 +718,53 @@ async fn man_in_the_middle(sender: SocketAddr) -> SocketAddr {
     address
 }
 
+/// A relay to the sender's repair port that holds the sender's answer in the key exchange for
+/// `hold`: the sender takes the receiver as joined and multicasts meanwhile, so the receiver
+/// reads the datagrams before it has the key to check them with.
+async fn answer_holding_relay(sender: SocketAddr, hold: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let (receiver, _) = listener.accept().await.expect("accept");
+        let upstream = tokio::net::TcpStream::connect(sender).await.expect("connect");
+        let (mut receiver_read, mut receiver_write) = receiver.into_split();
+        let (mut upstream_read, mut upstream_write) = upstream.into_split();
+        tokio::spawn(async move { tokio::io::copy(&mut receiver_read, &mut upstream_write).await });
+        tokio::time::sleep(hold).await;
+        let _ = tokio::io::copy(&mut upstream_read, &mut receiver_write).await;
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagrams_read_before_the_key_arrives_are_kept_whole() {
+    use ldm7_fmtp_proto::mac::MacLevel;
+    let multicast = loopback_group(28);
+    let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(400_000_000));
+    options.mac_level = MacLevel::Hmac;
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let relay = answer_holding_relay(sender.retx_addr(), Duration::from_secs(1)).await;
+    let mut receiver_options = ReceiverOptions::new(multicast, relay);
+    receiver_options.mac_level = MacLevel::Hmac;
+    // Eight products of 250 kB (1,416 datagrams at once, under the 4 MiB kept): read in GRO
+    // batches of many datagrams each while the answer is held.
+    let products: Vec<(Vec<u8>, [u8; 16])> = (0..8)
+        .map(|index| {
+            let data: Vec<u8> = (0..250_000).map(|offset: usize| (offset * 13 + index * 5) as u8).collect();
+            let digest: [u8; 16] = Md5::digest(&data).into();
+            (data, digest)
+        })
+        .collect();
+    let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), products.len()));
+    joined(&mut sender, 1).await;
+    send_all(&mut sender, &products).await;
+    let outcome = receiving.await.expect("receiver");
+    assert_each_once(&outcome, &products);
+    let driver = &outcome.report.driver;
+    assert_eq!(driver.bad_mac, 0, "every datagram read before the key passes its check: {driver:?}");
+    assert_eq!(outcome.retransmitted_blocks, 0, "none was lost: {outcome:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_receiver_refuses_a_key_swapped_in_the_middle_and_takes_its_publishers() {
     use ldm7_fmtp::ReceiveError;
