@@ -45,7 +45,7 @@ use tokio::sync::mpsc::error::TrySendError as ChannelFull;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::stream::{self, CurrentKey, KeyAnswer, accept_handshake, read_more, tcp_rtt};
+use crate::stream::{self, CurrentKey, ExchangeTicket, KeyAnswer, KeyDesk, accept_handshake, read_more, tcp_rtt};
 use crate::udp::{MulticastConfig, MulticastSender};
 use ed25519_dalek::SigningKey;
 use ldm7_fmtp_proto::mac::{MacLevel, OfferKey, SenderKey};
@@ -151,6 +151,9 @@ pub const MAC_ROTATION_MIN: Duration = Duration::from_secs(1);
 /// Longest a new MAC key waits for receivers' acknowledgements before the sender signs with it
 /// anyway (a receiver that has not taken it yet asks for repairs meanwhile).
 pub const KEY_SWITCH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How soon the sender looks again at a key switch an exchange held back.
+const EXCHANGE_HOLD_RECHECK: Duration = Duration::from_millis(50);
 
 impl SenderOptions {
     /// Options that authorize every peer, with the default bounds, no MAC and no identity.
@@ -367,8 +370,8 @@ impl FmtpSender {
             // A shard is as long as a block.
             parity.block_len = proto.block_len;
         }
-        let (current_key, current) = watch::channel(CurrentKey { epoch: 0, material: Arc::new(mac.material()) });
-        let keys = KeyAnswer { current, identity: options.identity.clone() };
+        let current_key = KeyDesk::new(CurrentKey { epoch: 0, material: Arc::new(mac.material()) });
+        let keys = KeyAnswer { current: current_key.clone(), identity: options.identity.clone() };
         let rotation = options.mac_rotation.filter(|_| options.mac_level != MacLevel::None).map(|every| Rotation {
             every,
             due: Clock::now() + every,
@@ -603,6 +606,8 @@ struct Link {
     offer: OfferKey,
     /// The epoch of the key the exchange handed it.
     epoch: u32,
+    /// The exchange's hold on that key, until the task has taken the receiver.
+    exchange: Option<ExchangeTicket>,
 }
 
 impl Link {
@@ -656,7 +661,7 @@ struct SenderTask {
     /// Its epoch (0 for the first key, one more at each rotation).
     mac_epoch: u32,
     /// What connection tasks hand out in the exchange.
-    current_key: watch::Sender<CurrentKey>,
+    current_key: KeyDesk,
     /// Signs key updates.
     identity: Option<Arc<SigningKey>>,
     /// Key rotation, when on.
@@ -784,6 +789,9 @@ impl SenderTask {
                         pending.waiting.insert(id);
                     }
                 }
+                // Known now: its exchange no longer holds a switch back.
+                link.exchange = None;
+                self.switch_when_acknowledged(now);
                 self.links.insert(id, *link);
                 self.sender.receiver_connected(now, id);
                 self.notify(SenderNotice::ReceiverJoined(id, peer));
@@ -872,7 +880,13 @@ impl SenderTask {
     /// making.
     fn rotation_timeout(&self) -> Option<Instant> {
         let rotation = self.rotation.as_ref()?;
-        Some(rotation.pending.as_ref().map_or(rotation.due, |pending| pending.deadline))
+        Some(match &rotation.pending {
+            // Every receiver has it, and an exchange held the switch back (one that failed
+            // tells the task nothing): look again soon.
+            Some(pending) if pending.waiting.is_empty() => Clock::now() + EXCHANGE_HOLD_RECHECK,
+            Some(pending) => pending.deadline,
+            None => rotation.due,
+        })
     }
 
     /// Makes the next key when due and hands it to every receiver; switches to a pending key
@@ -880,8 +894,8 @@ impl SenderTask {
     fn rotate_when_due(&mut self, now: Instant) {
         let Some(rotation) = &mut self.rotation else { return };
         match &rotation.pending {
-            Some(pending) if now >= pending.deadline => self.switch_key(now),
-            Some(_) => {}
+            Some(pending) if now >= pending.deadline => self.switch_key(now, true),
+            Some(_) => self.switch_when_acknowledged(now),
             None if now >= rotation.due => {
                 let epoch = self.mac_epoch.wrapping_add(1);
                 let key = SenderKey::generate(self.mac.level(), &mut rand_core::OsRng);
@@ -895,7 +909,7 @@ impl SenderTask {
                 let nobody = waiting.is_empty();
                 rotation.pending = Some(PendingKey { epoch, key, waiting, deadline: now + KEY_SWITCH_DEADLINE });
                 if nobody {
-                    self.switch_key(now);
+                    self.switch_key(now, false);
                 }
             }
             None => {}
@@ -909,17 +923,30 @@ impl SenderTask {
         if epoch.is_none_or(|epoch| epoch == pending.epoch) {
             pending.waiting.remove(&id);
         }
-        if pending.waiting.is_empty() {
-            self.switch_key(now);
+        self.switch_when_acknowledged(now);
+    }
+
+    /// Switches to the pending key once no receiver is waited for (and no exchange holds it).
+    fn switch_when_acknowledged(&mut self, now: Instant) {
+        let pending = self.rotation.as_ref().and_then(|rotation| rotation.pending.as_ref());
+        if pending.is_some_and(|pending| pending.waiting.is_empty()) {
+            self.switch_key(now, false);
         }
     }
 
-    /// Signs with the pending key from now on.
-    fn switch_key(&mut self, now: Instant) {
+    /// Signs with the pending key from now on, unless an exchange that handed out the current
+    /// key holds the switch back and it is not the deadline (`forced`).
+    fn switch_key(&mut self, now: Instant, forced: bool) {
         let Some(rotation) = &mut self.rotation else { return };
-        let Some(pending) = rotation.pending.take() else { return };
+        let Some(pending) = &rotation.pending else { return };
+        let next = CurrentKey { epoch: pending.epoch, material: Arc::new(pending.key.material()) };
+        let (replaced, held) = self.current_key.replace(next, forced);
+        if !replaced {
+            return;
+        }
+        let pending = rotation.pending.take().expect("checked above");
         rotation.due = now + rotation.every;
-        if !pending.waiting.is_empty() {
+        if !pending.waiting.is_empty() || held {
             self.shared.key_switches_late.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 epoch = pending.epoch,
@@ -934,7 +961,6 @@ impl SenderTask {
         );
         self.mac = pending.key;
         self.mac_epoch = pending.epoch;
-        self.current_key.send_replace(CurrentKey { epoch: pending.epoch, material: Arc::new(self.mac.material()) });
         self.shared.key_rotations.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -1145,7 +1171,7 @@ async fn serve_connection(
         socket2::SockRef::from(&stream).set_send_buffer_size(bytes)?;
     }
     let (mut read, mut write) = stream.into_split();
-    let (first, offer, epoch) = accept_handshake(&mut read, &mut write, keys).await?;
+    let (first, offer, epoch, exchange) = accept_handshake(&mut read, &mut write, keys).await?;
     let queue = Arc::new(RepairQueue::default());
     let credit = Arc::new(Semaphore::new(0));
     let (writer, repairs) = mpsc::unbounded_channel();
@@ -1170,6 +1196,7 @@ async fn serve_connection(
         pauses: BoundHits::new(),
         offer,
         epoch,
+        exchange: Some(exchange),
     };
     if inputs.send(Input::Connected { id, peer, link: Box::new(link) }).await.is_err() {
         return Ok(());

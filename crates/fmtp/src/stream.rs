@@ -19,7 +19,6 @@ use ldm7_fmtp_proto::wire::{Split, handshake};
 use ldm7_io::{Backoff, Clock};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use zeroize::Zeroizing;
 
 /// Longest the key exchange may take before the connection is dropped (a peer that connects
@@ -40,34 +39,98 @@ pub(crate) struct CurrentKey {
     pub material: Arc<Zeroizing<Vec<u8>>>,
 }
 
+/// The key connection tasks hand out in the exchange, shared with the sender task, which
+/// replaces it at each rotation — but not while an exchange that handed out the old one has not
+/// reached the task yet: that receiver would take the old key, learn of the new one only after
+/// the switch, and fail the check of every datagram between (the task then waits for it as for
+/// any receiver given the new key; the tickets of such exchanges hold the switch back).
+#[derive(Clone)]
+pub(crate) struct KeyDesk(Arc<std::sync::Mutex<Desk>>);
+
+struct Desk {
+    current: CurrentKey,
+    /// Exchanges that handed out `current` and whose receivers the sender task does not know yet.
+    exchanges: usize,
+}
+
+impl KeyDesk {
+    pub fn new(current: CurrentKey) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Desk { current, exchanges: 0 })))
+    }
+
+    fn desk(&self) -> std::sync::MutexGuard<'_, Desk> {
+        // A panic while holding the lock leaves a key and a count: nothing half-done to fear.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The key to hand out, with the ticket that holds a switch back until the sender task has
+    /// taken the receiver (or the exchange failed): drop it then.
+    pub fn take(&self) -> (CurrentKey, ExchangeTicket) {
+        let mut desk = self.desk();
+        desk.exchanges += 1;
+        (desk.current.clone(), ExchangeTicket(self.clone()))
+    }
+
+    /// Makes `key` the one handed out, unless an exchange holds the current one and `force` is
+    /// not given. Returns whether it replaced the key and whether an exchange held it.
+    pub fn replace(&self, key: CurrentKey, force: bool) -> (bool, bool) {
+        let mut desk = self.desk();
+        let held = desk.exchanges > 0;
+        if held && !force {
+            return (false, true);
+        }
+        desk.current = key;
+        (true, held)
+    }
+}
+
+/// An exchange's hold on the key it handed out (see [`KeyDesk`]).
+pub(crate) struct ExchangeTicket(KeyDesk);
+
+impl Drop for ExchangeTicket {
+    fn drop(&mut self) {
+        self.0.desk().exchanges -= 1;
+    }
+}
+
+impl std::fmt::Debug for ExchangeTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExchangeTicket")
+    }
+}
+
 /// What the sender hands every receiver in the exchange.
 #[derive(Clone)]
 pub(crate) struct KeyAnswer {
     /// The MAC key material (§3.7) signing now; the sender task replaces it at each rotation.
-    pub current: watch::Receiver<CurrentKey>,
+    pub current: KeyDesk,
     /// The publisher's identity, signing each answer (the extension).
     pub identity: Option<Arc<ed25519_dalek::SigningKey>>,
 }
 
+/// What the sender side of the exchange returns: the bytes that followed the offer (the first
+/// frames), the offer (later keys are sealed to it), the epoch of the key handed out and the
+/// exchange's hold on that key.
+pub(crate) type Accepted = (Vec<u8>, OfferKey, u32, ExchangeTicket);
+
 /// Sender side of §3.7: reads the receiver's key offer, answers with the key material encrypted
-/// to it. Returns the bytes that followed the offer (the first frames), the offer (later keys
-/// are sealed to it) and the epoch of the key handed out.
+/// to it.
 pub(crate) async fn accept_handshake(
     read: &mut (impl AsyncRead + Unpin),
     write: &mut (impl AsyncWrite + Unpin),
     keys: &KeyAnswer,
-) -> io::Result<(Vec<u8>, OfferKey, u32)> {
+) -> io::Result<Accepted> {
     let exchange = async {
         let (offer, rest) = read_blob(read).await?;
         let invalid = |error: MacError| io::Error::new(io::ErrorKind::InvalidData, error);
         let offer = OfferKey::parse(&offer).map_err(invalid)?;
-        let current = keys.current.borrow().clone();
+        let (current, ticket) = keys.current.take();
         let encrypted =
             offer.answer(&current.material, keys.identity.as_deref(), &mut rand_core::OsRng).map_err(invalid)?;
         let mut answer = Vec::new();
         handshake::emit_blob(&encrypted, &mut answer).map_err(io::Error::other)?;
         write.write_all(&answer).await?;
-        Ok((rest, offer, current.epoch))
+        Ok((rest, offer, current.epoch, ticket))
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, exchange)
         .await
@@ -261,7 +324,7 @@ mod tests {
         let (mut server_read, mut server_write) = server.into_split();
         client_write.write_all(b"").await.expect("write");
         let key = ldm7_fmtp_proto::mac::SenderKey::generate(MacLevel::Hmac, &mut rand_core::OsRng);
-        let (_current, current) = watch::channel(CurrentKey { epoch: 0, material: Arc::new(key.material()) });
+        let current = KeyDesk::new(CurrentKey { epoch: 0, material: Arc::new(key.material()) });
         let keys = KeyAnswer { current, identity: None };
         let (offered, accepted) = tokio::join!(
             offer_handshake(&mut client_read, &mut client_write, MacLevel::Hmac, None),
@@ -269,7 +332,7 @@ mod tests {
         );
         let (verifier, rest, _offer) = offered.expect("offer");
         assert!(rest.is_empty());
-        let (rest, _offer, epoch) = accepted.expect("accept");
+        let (rest, _offer, epoch, _ticket) = accepted.expect("accept");
         assert!(rest.is_empty() && epoch == 0);
         let mut datagram = b"twelve bytes".to_vec();
         key.sign_in_place(&mut datagram);
@@ -290,5 +353,24 @@ mod tests {
         let error = connect_with_backoff(addr, None, backoff, || {}, |_| {}).await.expect_err("nobody listens");
         assert!(error.attempts >= 3, "{error}");
         assert_eq!(error.last.kind(), io::ErrorKind::ConnectionRefused, "{error}");
+    }
+
+    #[test]
+    fn an_exchange_holds_the_key_it_handed_out_until_its_ticket_drops() {
+        let key = |epoch| CurrentKey { epoch, material: Arc::new(Zeroizing::new(vec![epoch as u8; 32])) };
+        let desk = KeyDesk::new(key(0));
+        let (handed, first) = desk.take();
+        let (_, second) = desk.take();
+        assert_eq!(handed.epoch, 0);
+        assert_eq!(desk.replace(key(1), false), (false, true), "held by two exchanges");
+        drop(first);
+        assert_eq!(desk.replace(key(1), false), (false, true), "held by one");
+        drop(second);
+        assert_eq!(desk.replace(key(1), false), (true, false));
+        let (handed, ticket) = desk.take();
+        assert_eq!(handed.epoch, 1);
+        assert_eq!(desk.replace(key(2), true), (true, true), "the deadline forces it");
+        drop(ticket);
+        assert_eq!(desk.take().0.epoch, 2);
     }
 }
