@@ -5,10 +5,42 @@
 //! Rows are per link and minute and hold sums: a row reported again (a late delivery published
 //! in a later product) is added to what is there, so longer windows are always sums of minutes.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use ldm7_metrics::{Link, Minute, MinuteRow, MinuteSums, RtStats};
 use sqlx::AnyPool;
 use sqlx::Row;
 use sqlx::any::AnyPoolOptions;
+use sqlx::error::BoxDynError;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+
+/// The migrations, embedded in the binary: version, description and SQL, in the order of
+/// their files in `crates/monitor/migrations` (`VERSION_DESCRIPTION.sql`). Their checksums
+/// (SHA-384 of the SQL) are what a database already migrated holds, so a file must not change
+/// once released: a change is a new file.
+const MIGRATIONS: Embedded = Embedded(&[
+    (20261123000001, "initial", include_str!("../migrations/20261123000001_initial.sql")),
+    (20261123000002, "ingested", include_str!("../migrations/20261123000002_ingested.sql")),
+]);
+
+/// Migrations compiled in (sqlx's `migrate!` macro does the same at the cost of a second
+/// build of sqlx and its drivers for the macro).
+#[derive(Debug)]
+struct Embedded(&'static [(i64, &'static str, &'static str)]);
+
+impl MigrationSource<'static> for Embedded {
+    fn resolve(self) -> Pin<Box<dyn Future<Output = Result<Vec<Migration>, BoxDynError>> + Send>> {
+        let migrations = self
+            .0
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(version, description.into(), MigrationType::Simple, sql.into(), false)
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(migrations)))
+    }
+}
 
 /// The database failed or cannot be opened.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +137,7 @@ impl Store {
             return Err(StoreError::Url(url.to_owned()));
         };
         let pool = AnyPoolOptions::new().max_connections(4).connect(&url).await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
+        Migrator::new(MIGRATIONS).await?.run(&pool).await?;
         Ok(Self { pool })
     }
 
@@ -383,5 +415,29 @@ impl Store {
     /// Closes the pool.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// The embedded list is the migrations directory: every file, in order, named by its entry.
+    #[test]
+    fn the_embedded_migrations_are_the_files_of_the_migrations_directory() {
+        let directory = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(&directory)
+            .expect("the migrations directory")
+            .map(|entry| entry.expect("an entry").file_name().into_string().expect("a UTF-8 name"))
+            .collect();
+        files.sort();
+        let named: Vec<String> =
+            MIGRATIONS.0.iter().map(|(version, description, _)| format!("{version}_{description}.sql")).collect();
+        assert_eq!(named, files);
+        for (file, (_, _, sql)) in files.iter().zip(MIGRATIONS.0) {
+            let text = std::fs::read_to_string(directory.join(file)).expect("a migration");
+            assert_eq!(&text, sql, "{file}");
+            assert!(!sql.starts_with("-- no-transaction"), "{file}: every migration runs in a transaction");
+        }
     }
 }
