@@ -528,8 +528,9 @@ impl Shared {
 
 /// What the connection tasks tell the sender task.
 enum Input {
-    /// A receiver finished the key exchange.
-    Connected { id: ReceiverId, peer: SocketAddr, link: Box<Link> },
+    /// A receiver finished the key exchange; `exchange` holds a key switch back until the
+    /// task has taken it.
+    Connected { id: ReceiverId, peer: SocketAddr, link: Box<Link>, exchange: ExchangeTicket },
     /// Whole frames read from a receiver's connection; its reader waits for a read credit.
     Frames { id: ReceiverId, frames: Vec<u8> },
     /// A receiver's repair queue drained below half its bound.
@@ -606,8 +607,6 @@ struct Link {
     offer: OfferKey,
     /// The epoch of the key the exchange handed it.
     epoch: u32,
-    /// The exchange's hold on that key, until the task has taken the receiver.
-    exchange: Option<ExchangeTicket>,
 }
 
 impl Link {
@@ -777,7 +776,7 @@ impl SenderTask {
     fn handle_input(&mut self, input: Input) {
         let now = Clock::now();
         match input {
-            Input::Connected { id, peer, mut link } => {
+            Input::Connected { id, peer, mut link, exchange } => {
                 // Keys it missed: a rotation between its exchange and now, one being handed out.
                 if link.epoch != self.mac_epoch {
                     send_key_update(&mut link, self.mac_epoch, &self.mac, self.identity.as_deref());
@@ -790,7 +789,7 @@ impl SenderTask {
                     }
                 }
                 // Known now: its exchange no longer holds a switch back.
-                link.exchange = None;
+                drop(exchange);
                 self.switch_when_acknowledged(now);
                 self.links.insert(id, *link);
                 self.sender.receiver_connected(now, id);
@@ -1196,9 +1195,8 @@ async fn serve_connection(
         pauses: BoundHits::new(),
         offer,
         epoch,
-        exchange: Some(exchange),
     };
-    if inputs.send(Input::Connected { id, peer, link: Box::new(link) }).await.is_err() {
+    if inputs.send(Input::Connected { id, peer, link: Box::new(link), exchange }).await.is_err() {
         return Ok(());
     }
     tracing::info!(%peer, receiver = id.0, "FMTP receiver joined");

@@ -93,12 +93,6 @@ impl Drop for ExchangeTicket {
     }
 }
 
-impl std::fmt::Debug for ExchangeTicket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ExchangeTicket")
-    }
-}
-
 /// What the sender hands every receiver in the exchange.
 #[derive(Clone)]
 pub(crate) struct KeyAnswer {
