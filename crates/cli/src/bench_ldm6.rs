@@ -182,14 +182,32 @@ fn fan_out(
             read_into_cache(&dir.join("q.pq"))?;
         }
     }
+    // Every downstream's port is chosen before any starts: a port probed and closed can be
+    // handed out again by the next probe while the server it was meant for has not bound it yet
+    // (two downstreams on one port: one exits, and the run waited out its timeout).
+    let probes = (0..dirs.len()).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
+    let ports = probes.iter().map(|probe| probe.local_addr().map(|a| a.port())).collect::<Result<Vec<_>, _>>()?;
+    drop(probes);
     let started = Instant::now();
     let mut servers = Vec::new();
-    for dir in &dirs {
-        servers.push(system.spawn_server(dir, free_port()?)?);
+    for (dir, &port) in dirs.iter().zip(&ports) {
+        servers.push(system.spawn_server(dir, port)?);
     }
     let mut outcome = Ok(());
     'downstreams: for dir in &dirs {
         loop {
+            if let Some((k, status)) = servers
+                .iter_mut()
+                .enumerate()
+                .find_map(|(k, server)| server.try_wait().ok().flatten().map(|status| (k, status)))
+            {
+                outcome = Err(anyhow::anyhow!(
+                    "{}: a downstream server exited ({status}) before it held every product: see its log in {}",
+                    system.name(),
+                    dirs[k].display()
+                ));
+                break 'downstreams;
+            }
             match system.product_count(&dir.join("q.pq")) {
                 Ok(held) if held >= products as u64 => break,
                 Ok(_) => {}
