@@ -184,7 +184,13 @@ fn info_text(path: &std::path::Path, stats: &QueueStats) -> String {
     );
     line("inserted / evicted", format!("{} / {}", stats.inserted_count, stats.evicted_count));
     line("created", stats.created.to_string());
-    line("file", format!("{} bytes (map {} bytes)", stats.file_bytes, stats.map_bytes));
+    line(
+        "file",
+        format!(
+            "{} bytes (map {} bytes, {} written so far)",
+            stats.file_bytes, stats.map_bytes, stats.map_written_bytes
+        ),
+    );
     line("readers", stats.readers.to_string());
     text
 }
@@ -198,7 +204,7 @@ fn info_json(path: &std::path::Path, stats: &QueueStats) -> String {
             "{{\"queue\":\"{}\",\"capacity_bytes\":{},\"capacity_slots\":{},\"used_bytes\":{},\"used_slots\":{},",
             "\"product_count\":{},\"oldest_insertion\":{},\"newest_insertion\":{},\"oldest_age_s\":{},",
             "\"mvrt_s\":{},\"inserted_count\":{},\"evicted_count\":{},\"created\":\"{}\",\"file_bytes\":{},",
-            "\"map_bytes\":{},\"readers\":{}}}"
+            "\"map_bytes\":{},\"map_written_bytes\":{},\"readers\":{}}}"
         ),
         path_text,
         stats.capacity.bytes,
@@ -215,6 +221,7 @@ fn info_json(path: &std::path::Path, stats: &QueueStats) -> String {
         stats.created,
         stats.file_bytes,
         stats.map_bytes,
+        stats.map_written_bytes,
         stats.readers,
     )
 }

@@ -29,7 +29,7 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, PutFlags, RoTxn, WithoutTls}
 use ldm7_types::{ProdInfo, Signature, Timestamp};
 
 use crate::notify::{NOTIFY_FILE_LEN, NOTIFY_FILE_MODE, Notifier};
-use crate::record::{self, CorruptRecord, InvalidProduct, RecordView};
+use crate::record::{self, CorruptRecord, InvalidProduct, RecordView, Reference};
 use crate::reserve::{self, allocated_bytes, is_no_space};
 
 /// Name of the LMDB data file inside the queue directory.
@@ -44,6 +44,13 @@ const META_FORMAT_VERSION: u32 = 1;
 /// Records at or below this size are copied into place with `MDB_APPEND`, which packs leaf
 /// pages full; larger ones (LMDB overflow pages) are written straight into the map.
 const APPEND_COPY_LEN_MAX: usize = 2048;
+/// Records of products inserted together that are larger than [`APPEND_COPY_LEN_MAX`] and at
+/// most this long are packed into extents (the `record` module): LMDB rounds each value up to
+/// whole pages, once per extent rather than once per record. Above it the rounding is under 1%.
+const PACKED_RECORD_LEN_MAX: usize = 256 << 10;
+/// Most bytes of one extent. An extent is removed with its last product, so this bounds the
+/// bytes of evicted products an extent can still hold (room the map size leaves).
+const EXTENT_LEN_MAX: usize = 1 << 20;
 /// How many times an insert retries after LMDB reports the map full.
 const MAP_FULL_RETRIES_MAX: usize = 3;
 /// LMDB's page size on this platform.
@@ -59,6 +66,7 @@ const LOCK_FILE_MODE: u32 = 0o600;
 type ProductsTable = Database<U64<BigEndian>, Bytes>;
 type SignaturesTable = Database<Bytes, U64<BigEndian>>;
 type MetaTable = Database<Str, Bytes>;
+type ExtentsTable = Database<U64<BigEndian>, Bytes>;
 
 /// The two fixed capacities of a queue, set when it is created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,6 +276,7 @@ pub struct Queue {
     products: ProductsTable,
     signatures: SignaturesTable,
     meta: MetaTable,
+    extents: ExtentsTable,
     capacity: Capacity,
     notifier: Notifier,
     path: PathBuf,
@@ -363,6 +372,7 @@ impl Queue {
         let created = (|| -> Result<_, heed::Error> {
             env.create_database::<U64<BigEndian>, Bytes>(&mut txn, Some("products"))?;
             env.create_database::<Bytes, U64<BigEndian>>(&mut txn, Some("signatures"))?;
+            env.create_database::<U64<BigEndian>, Bytes>(&mut txn, Some("extents"))?;
             let meta: MetaTable = env.create_database(&mut txn, Some("meta"))?;
             let created_micros = Timestamp::from_system_time(SystemTime::now()).as_unix_micros();
             meta.put(&mut txn, "config", &ConfigRecord { capacity, created_micros }.encode())?;
@@ -418,6 +428,8 @@ impl Queue {
         let signatures: Option<SignaturesTable> =
             env.open_database(&txn, Some("signatures")).map_err(|error| storage(error.into()))?;
         let meta: Option<MetaTable> = env.open_database(&txn, Some("meta")).map_err(|error| storage(error.into()))?;
+        let extents: Option<ExtentsTable> =
+            env.open_database(&txn, Some("extents")).map_err(|error| storage(error.into()))?;
         let (Some(products), Some(signatures), Some(meta)) = (products, signatures, meta) else {
             return Err(not_a_queue("a table is missing".into()));
         };
@@ -431,21 +443,32 @@ impl Queue {
         let capacity = config.capacity;
         // Committing (not dropping) the read transaction keeps the table handles it opened.
         txn.commit().map_err(|error| storage(error.into()))?;
+        // A queue made before records were packed has no extents table: it gets an empty one.
+        let extents = match extents {
+            Some(extents) => extents,
+            None => (|| -> Result<ExtentsTable, heed::Error> {
+                let mut txn = env.write_txn()?;
+                let extents = env.create_database(&mut txn, Some("extents"))?;
+                txn.commit()?;
+                Ok(extents)
+            })()
+            .map_err(|error| storage(error.into()))?,
+        };
         // Readers killed while reading leave stale LMDB reader slots; clear them.
         env.clear_stale_readers().map_err(|error| storage(error.into()))?;
         let notifier = Notifier::open(&path.join(NOTIFY_FILE)).map_err(reserve_failed(NOTIFY_FILE))?;
-        Ok(Self::assemble(env, (products, signatures, meta), capacity, notifier, path))
+        Ok(Self::assemble(env, (products, signatures, meta, extents), capacity, notifier, path))
     }
 
     fn assemble(
         env: Env<WithoutTls>,
-        (products, signatures, meta): (ProductsTable, SignaturesTable, MetaTable),
+        (products, signatures, meta, extents): (ProductsTable, SignaturesTable, MetaTable, ExtentsTable),
         capacity: Capacity,
         notifier: Notifier,
         path: &Path,
     ) -> Self {
         let release_pages = AtomicBool::new(false);
-        Self { env, products, signatures, meta, capacity, notifier, path: path.to_owned(), release_pages }
+        Self { env, products, signatures, meta, extents, capacity, notifier, path: path.to_owned(), release_pages }
     }
 
     /// The queue's directory.
@@ -512,6 +535,10 @@ impl Queue {
     /// product of the batch may evict an earlier one, and a repeated signature is a
     /// [`InsertOutcome::Duplicate`]). Every product is checked first: if one is invalid or too
     /// big, nothing is inserted. Returns one outcome per product, in order.
+    ///
+    /// When the batch fits the queue as a whole, the records of its products between 2 KiB and
+    /// 256 KiB are packed into extents of up to 1 MiB (see the `record` module): fewer bytes to
+    /// write and to keep in memory than one run of whole pages per record.
     pub fn insert_batch(&self, products: &[(&ProdInfo, &[u8])]) -> Result<Vec<InsertOutcome>, InsertError> {
         let mut record_lens = Vec::with_capacity(products.len());
         for (info, data) in products {
@@ -524,11 +551,18 @@ impl Queue {
         let outcomes = self.with_map_full_retries(|queue, scratch| {
             let mut txn = queue.env.write_txn()?;
             let mut state = queue.state(&txn)?;
-            let mut outcomes = Vec::with_capacity(products.len());
-            for ((info, data), &record_len) in products.iter().zip(&record_lens) {
-                let mut data = Data::Slice(data);
-                outcomes.push(queue.put_product(&mut txn, &mut state, now, info, &mut data, record_len, scratch)?);
-            }
+            let outcomes = match queue.put_packed(&mut txn, &mut state, now, products, &record_lens, scratch)? {
+                Some(outcomes) => outcomes,
+                None => {
+                    let mut outcomes = Vec::with_capacity(products.len());
+                    for ((info, data), &record_len) in products.iter().zip(&record_lens) {
+                        let mut data = Data::Slice(data);
+                        outcomes
+                            .push(queue.put_product(&mut txn, &mut state, now, info, &mut data, record_len, scratch)?);
+                    }
+                    outcomes
+                }
+            };
             queue.meta.put(&mut txn, "state", &state.encode())?;
             txn.commit()?;
             queue.release_written(&scratch.written);
@@ -634,17 +668,7 @@ impl Queue {
         let mut header = Vec::with_capacity(record_len.min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
         record::write_header(&mut header, info, queue_seq);
         match data {
-            Data::Slice(data) if record_len <= APPEND_COPY_LEN_MAX => {
-                header.extend_from_slice(data);
-                self.products.put_with_flags(txn, PutFlags::APPEND, &key, &header)?;
-            }
-            Data::Slice(data) => {
-                self.products.put_reserved(txn, &key, record_len, |space| {
-                    written.push((space.as_uninit_mut().as_ptr() as usize, record_len));
-                    space.write_all(&header)?;
-                    space.write_all(data)
-                })?;
-            }
+            Data::Slice(data) => self.put_record(txn, key, header, data, written)?,
             Data::Streamed(fill) => {
                 let result = self.products.put_reserved(txn, &key, record_len, |space| {
                     written.push((space.as_uninit_mut().as_ptr() as usize, record_len));
@@ -709,6 +733,158 @@ impl Queue {
         Ok(InsertOutcome::Inserted { insertion: Timestamp::from_unix_micros(key as i64), queue_seq, evicted })
     }
 
+    /// Stores one record (`header` then `data`) as the value of `key`: copied into a leaf page
+    /// up to [`APPEND_COPY_LEN_MAX`], else written straight into its own overflow pages.
+    fn put_record(
+        &self,
+        txn: &mut heed::RwTxn<'_>,
+        key: u64,
+        mut header: Vec<u8>,
+        data: &[u8],
+        written: &mut Vec<(usize, usize)>,
+    ) -> Result<(), StorageError> {
+        let record_len = header.len() + data.len();
+        if record_len <= APPEND_COPY_LEN_MAX {
+            header.extend_from_slice(data);
+            self.products.put_with_flags(txn, PutFlags::APPEND, &key, &header)?;
+        } else {
+            self.products.put_reserved(txn, &key, record_len, |space| {
+                written.push((space.as_uninit_mut().as_ptr() as usize, record_len));
+                space.write_all(&header)?;
+                space.write_all(data)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`Queue::insert_batch`]'s transaction with the records packed into extents: `None`
+    /// (nothing done) unless the batch's distinct products fit the queue together, since only
+    /// then does no product of the batch evict another (the products then go one by one).
+    /// Outcomes, evictions and totals are those of [`Queue::put_product`] one by one.
+    fn put_packed(
+        &self,
+        txn: &mut heed::RwTxn<'_>,
+        state: &mut State,
+        now: Timestamp,
+        products: &[(&ProdInfo, &[u8])],
+        record_lens: &[usize],
+        scratch: &mut PutScratch,
+    ) -> Result<Option<Vec<InsertOutcome>>, StorageError> {
+        let bytes_limit = self.capacity.bytes.saturating_sub(scratch.reserve_bytes);
+        let mut distinct = std::collections::HashSet::new();
+        let (mut count, mut bytes) = (0u64, 0u64);
+        for ((info, _), &len) in products.iter().zip(record_lens) {
+            if distinct.insert(info.signature) {
+                count += 1;
+                bytes += len as u64;
+            }
+        }
+        if count > self.capacity.slots || bytes > bytes_limit {
+            return Ok(None);
+        }
+        // Place each product as one by one would: duplicate check, evictions, key.
+        let now_micros = u64::try_from(now.as_unix_micros()).unwrap_or(0);
+        let mut old_left = state.product_count;
+        let mut placed_keys: std::collections::HashMap<Signature, u64> = std::collections::HashMap::new();
+        let mut outcomes = Vec::with_capacity(products.len());
+        let mut new: Vec<(usize, u64, u64)> = Vec::new();
+        for (index, ((info, _), &len)) in products.iter().zip(record_lens).enumerate() {
+            let existing = match self.signatures.get(txn, info.signature.as_bytes())? {
+                Some(existing) => Some(existing),
+                None => placed_keys.get(&info.signature).copied(),
+            };
+            if let Some(existing) = existing {
+                outcomes.push(InsertOutcome::Duplicate { existing: Timestamp::from_unix_micros(existing as i64) });
+                continue;
+            }
+            let mut evicted = 0u32;
+            while old_left > 0
+                && (state.product_count + 1 > self.capacity.slots || state.used_bytes + len as u64 > bytes_limit)
+            {
+                self.evict_oldest(txn, state, now)?;
+                old_left -= 1;
+                evicted += 1;
+            }
+            let key = now_micros.max(state.last_key + 1);
+            let queue_seq = state.next_queue_seq;
+            placed_keys.insert(info.signature, key);
+            new.push((index, key, queue_seq));
+            state.used_bytes += len as u64;
+            state.product_count += 1;
+            state.next_queue_seq += 1;
+            state.last_key = key;
+            state.inserted_count += 1;
+            outcomes.push(InsertOutcome::Inserted {
+                insertion: Timestamp::from_unix_micros(key as i64),
+                queue_seq,
+                evicted,
+            });
+        }
+        // Extents: runs of packable records in batch order, up to EXTENT_LEN_MAX, two or more.
+        let packable = |len: usize| len > APPEND_COPY_LEN_MAX && len <= PACKED_RECORD_LEN_MAX;
+        let mut extents: Vec<Vec<usize>> = Vec::new();
+        let (mut run, mut run_len) = (Vec::new(), 0usize);
+        for (position, &(index, _, _)) in new.iter().enumerate() {
+            let len = record_lens[index];
+            if !packable(len) {
+                continue;
+            }
+            if run_len + len > EXTENT_LEN_MAX {
+                extents.push(std::mem::take(&mut run));
+                run_len = 0;
+            }
+            run.push(position);
+            run_len += len;
+        }
+        extents.push(run);
+        extents.retain(|run| run.len() >= 2);
+        let mut reference_of: Vec<Option<(Reference, usize)>> = vec![None; new.len()];
+        for (number, run) in extents.iter().enumerate() {
+            let extent = new[run[0]].1;
+            let mut offset = 0u32;
+            for (k, &position) in run.iter().enumerate() {
+                let len = record_lens[new[position].0] as u32;
+                let reference = Reference { extent, offset, len, last: k + 1 == run.len() };
+                reference_of[position] = Some((reference, number));
+                offset += len;
+            }
+        }
+        let written = &mut scratch.written;
+        for (position, &(index, key, queue_seq)) in new.iter().enumerate() {
+            let (info, data) = products[index];
+            match reference_of[position] {
+                Some((reference, number)) => {
+                    if reference.offset == 0 {
+                        let run = &extents[number];
+                        let extent_len: usize = run.iter().map(|&member| record_lens[new[member].0]).sum();
+                        self.extents.put_reserved(txn, &key, extent_len, |space| {
+                            written.push((space.as_uninit_mut().as_ptr() as usize, extent_len));
+                            let mut header = Vec::with_capacity(record::HEADER_LEN + 320);
+                            for &member in run {
+                                let (index, _, queue_seq) = new[member];
+                                let (info, data) = products[index];
+                                header.clear();
+                                record::write_header(&mut header, info, queue_seq);
+                                space.write_all(&header)?;
+                                space.write_all(data)?;
+                            }
+                            Ok(())
+                        })?;
+                    }
+                    self.products.put_with_flags(txn, PutFlags::APPEND, &key, &reference.encode())?;
+                }
+                None => {
+                    let mut header =
+                        Vec::with_capacity(record_lens[index].min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
+                    record::write_header(&mut header, info, queue_seq);
+                    self.put_record(txn, key, header, data, written)?;
+                }
+            }
+            self.signatures.put(txn, info.signature.as_bytes(), &key)?;
+        }
+        Ok(Some(outcomes))
+    }
+
     /// Drops this process's mapping of committed records' pages when asked to
     /// ([`Queue::set_release_pages`]). A record larger than half a page lives in its own run of
     /// LMDB overflow pages, so the whole pages around it are its own; adjacent runs are released
@@ -749,8 +925,10 @@ impl Queue {
         let Some((key, bytes)) = self.products.first(txn)? else {
             return Err(StorageError::Meta("state counts products but the table is empty".into()));
         };
-        let view = RecordView::parse(bytes)?;
-        let record_len = bytes.len() as u64;
+        let reference = Reference::parse(bytes)?;
+        let record = self.record(txn, bytes)?;
+        let view = RecordView::parse(record)?;
+        let record_len = record.len() as u64;
         let signature = view.signature;
         // Minimum virtual residence time (ldm-formats.md §4): now − min(creation, insertion).
         let since_micros = view.arrival_micros.min(key as i64);
@@ -762,10 +940,22 @@ impl Queue {
         }
         self.products.delete(txn, &key)?;
         self.signatures.delete(txn, &signature)?;
+        if let Some(reference) = reference.filter(|reference| reference.last) {
+            self.extents.delete(txn, &reference.extent)?;
+        }
         state.used_bytes -= record_len.min(state.used_bytes);
         state.product_count -= 1;
         state.evicted_count += 1;
         Ok(())
+    }
+
+    /// The record a `products` value holds or, for a packed product, points at.
+    fn record<'t>(&self, txn: &'t RoTxn<'_>, bytes: &'t [u8]) -> Result<&'t [u8], StorageError> {
+        let Some(reference) = Reference::parse(bytes)? else {
+            return Ok(bytes);
+        };
+        let extent = self.extents.get(txn, &reference.extent)?.ok_or(CorruptRecord::MissingExtent(reference.extent))?;
+        Ok(reference.record(extent)?)
     }
 
     /// A consistent read-only view of the queue. Keep it short-lived: while it is open, pages it
@@ -819,6 +1009,7 @@ impl Queue {
             }),
             created: Timestamp::from_unix_micros(config.created_micros),
             map_bytes: info.map_size as u64,
+            map_written_bytes: (info.last_page_number as u64 + 1) * PAGE_BYTES,
             file_bytes,
             readers: info.number_of_readers,
         })
@@ -853,11 +1044,36 @@ impl Queue {
         }
         let mut previous: Option<(u64, u64)> = None;
         let mut used_bytes = 0u64;
+        // Per extent: its references, those marked last, and the newest key among them.
+        let mut extent_uses: std::collections::HashMap<u64, (u64, u64, u64, u64)> = std::collections::HashMap::new();
         for entry in self.products.iter(txn)? {
             let (key, bytes) = entry?;
             report.product_count += 1;
-            used_bytes += bytes.len() as u64;
-            let view = match RecordView::parse(bytes) {
+            let reference = match Reference::parse(bytes) {
+                Ok(reference) => reference,
+                Err(error) => {
+                    problem(format!("product at insertion time {key}: {error}"));
+                    continue;
+                }
+            };
+            used_bytes += reference.map_or(bytes.len() as u64, |reference| u64::from(reference.len));
+            if let Some(reference) = reference {
+                let (references, lasts, last_key, newest) = extent_uses.entry(reference.extent).or_default();
+                *references += 1;
+                *newest = key;
+                if reference.last {
+                    *lasts += 1;
+                    *last_key = key;
+                }
+            }
+            let record = match self.record(txn, bytes) {
+                Ok(record) => record,
+                Err(error) => {
+                    problem(format!("product at insertion time {key}: {error}"));
+                    continue;
+                }
+            };
+            let view = match RecordView::parse(record) {
                 Ok(view) => view,
                 Err(error) => {
                     problem(format!("product at insertion time {key}: {error}"));
@@ -882,6 +1098,16 @@ impl Queue {
                 None => {
                     problem(format!("signature {} of the product at {key} is not indexed", Signature(view.signature)))
                 }
+            }
+        }
+        for entry in self.extents.iter(txn)? {
+            let (extent, _) = entry?;
+            match extent_uses.get(&extent) {
+                None => problem(format!("extent {extent} holds no product's record")),
+                Some(&(_, lasts, last_key, newest)) if lasts != 1 || last_key != newest => {
+                    problem(format!("extent {extent}: its newest record is not the one marked last"))
+                }
+                Some(_) => {}
             }
         }
         report.signature_count = self.signatures.len(txn)?;
@@ -968,6 +1194,9 @@ pub struct QueueStats {
     pub created: Timestamp,
     /// Size of the LMDB memory map.
     pub map_bytes: u64,
+    /// Bytes of the map written so far: up to the highest page LMDB has used (pages that
+    /// evictions free are reused below it).
+    pub map_written_bytes: u64,
     /// Size of the data file (sparse: disk use may be less).
     pub file_bytes: u64,
     /// LMDB reader slots in use.
@@ -1019,7 +1248,7 @@ impl<'q> Snapshot<'q> {
     /// The first product inserted at or after `from`.
     pub fn product_at_or_after(&self, from: Timestamp) -> Result<Option<Product<'_>>, StorageError> {
         let key = u64::try_from(from.as_unix_micros()).unwrap_or(0);
-        self.queue.products.get_greater_than_or_equal_to(&self.txn, &key)?.map(Product::from_entry).transpose()
+        self.queue.products.get_greater_than_or_equal_to(&self.txn, &key)?.map(|entry| self.product(entry)).transpose()
     }
 
     /// The product with this signature.
@@ -1027,7 +1256,7 @@ impl<'q> Snapshot<'q> {
         let Some(key) = self.queue.signatures.get(&self.txn, signature.as_bytes())? else {
             return Ok(None);
         };
-        self.queue.products.get(&self.txn, &key)?.map(|bytes| Product::from_entry((key, bytes))).transpose()
+        self.queue.products.get(&self.txn, &key)?.map(|bytes| self.product((key, bytes))).transpose()
     }
 
     /// Products inserted at or after `from`, oldest first.
@@ -1037,7 +1266,7 @@ impl<'q> Snapshot<'q> {
     ) -> Result<impl Iterator<Item = Result<Product<'_>, StorageError>> + '_, StorageError> {
         let key = u64::try_from(from.as_unix_micros()).unwrap_or(0);
         let range = self.queue.products.range(&self.txn, &(key..))?;
-        Ok(range.map(|entry| Product::from_entry(entry?)))
+        Ok(range.map(move |entry| self.product(entry?)))
     }
 
     /// Products inserted before `before`, newest first (for "the last N products").
@@ -1047,7 +1276,12 @@ impl<'q> Snapshot<'q> {
     ) -> Result<impl Iterator<Item = Result<Product<'_>, StorageError>> + '_, StorageError> {
         let key = u64::try_from(before.as_unix_micros()).unwrap_or(0);
         let range = self.queue.products.rev_range(&self.txn, &(..key))?;
-        Ok(range.map(|entry| Product::from_entry(entry?)))
+        Ok(range.map(move |entry| self.product(entry?)))
+    }
+
+    /// The product of a `products` entry, its record found if it is packed.
+    fn product<'s>(&'s self, (key, bytes): (u64, &'s [u8])) -> Result<Product<'s>, StorageError> {
+        Product::from_record(key, self.queue.record(&self.txn, bytes)?)
     }
 }
 
@@ -1066,8 +1300,8 @@ pub struct Product<'s> {
 }
 
 impl<'s> Product<'s> {
-    fn from_entry((key, bytes): (u64, &'s [u8])) -> Result<Self, StorageError> {
-        let view = RecordView::parse(bytes)?;
+    fn from_record(key: u64, record: &'s [u8]) -> Result<Self, StorageError> {
+        let view = RecordView::parse(record)?;
         Ok(Self {
             insertion: Timestamp::from_unix_micros(key as i64),
             queue_seq: view.queue_seq,

@@ -249,6 +249,59 @@ fn a_snapshot_keeps_an_evicted_product_readable() {
 }
 
 #[test]
+fn a_batch_packs_its_records_into_fewer_pages_and_reads_them_back() {
+    let directory = tempfile::tempdir().unwrap();
+    let capacity = Capacity { bytes: 8 << 20, slots: 1000 };
+    let single = Queue::create(&directory.path().join("single"), capacity, false).unwrap();
+    let batched = Queue::create(&directory.path().join("batched"), capacity, false).unwrap();
+    // 33 records of 30,100 bytes: eight 4 KiB pages each alone, 243 pages packed together.
+    let products: Vec<(ProdInfo, Vec<u8>)> = (0..33u32)
+        .map(|n| {
+            let data: Vec<u8> = (0..30_100 - stored_len("p000", 0) as u32).map(|k| (k * 7 + n) as u8).collect();
+            (product(&format!("p{n:03}"), &data), data)
+        })
+        .collect();
+    let written = |queue: &Queue| queue.stats().unwrap().map_written_bytes;
+    let (single_before, batched_before) = (written(&single), written(&batched));
+    for (info, data) in &products {
+        single.insert(info, data).unwrap();
+    }
+    let pairs: Vec<(&ProdInfo, &[u8])> = products.iter().map(|(info, data)| (info, &data[..])).collect();
+    batched.insert_batch(&pairs).unwrap();
+    let (single_pages, batched_pages) =
+        ((written(&single) - single_before) / 4096, (written(&batched) - batched_before) / 4096);
+    assert!(single_pages >= 264, "{single_pages}");
+    assert!(batched_pages <= 250, "{batched_pages} pages packed, {single_pages} one by one");
+    assert_eq!(single.stats().unwrap().used_bytes, batched.stats().unwrap().used_bytes);
+    // Read by signature, in order, and kept by a snapshot while their extent is evicted.
+    let snapshot = batched.snapshot().unwrap();
+    for (info, data) in &products {
+        let stored = snapshot.product_by_signature(&info.signature).unwrap().unwrap();
+        assert_eq!((&stored.info, stored.data), (info, &data[..]));
+    }
+    let in_order: Vec<String> =
+        snapshot.products_from(Timestamp::ZERO).unwrap().map(|product| product.unwrap().info.ident).collect();
+    assert_eq!(in_order, products.iter().map(|(info, _)| info.ident.clone()).collect::<Vec<_>>());
+    let newest_first = snapshot.products_before_reversed(Timestamp::from_unix_micros(i64::MAX)).unwrap();
+    assert_eq!(newest_first.map(|product| product.unwrap().info.ident).next().as_deref(), Some("p032"));
+    let big = vec![9u8; (8 << 20) - 1000];
+    batched.insert(&product("big", &big), &big).unwrap();
+    assert_eq!(batched.stats().unwrap().product_count, 1, "the batch evicted");
+    let first = snapshot.product_at_or_after(Timestamp::ZERO).unwrap().unwrap();
+    assert_eq!((first.info.ident.as_str(), first.data), ("p000", &products[0].1[..]));
+    drop(snapshot);
+    let report = batched.check().unwrap();
+    assert!(report.is_ok(), "{report:?}");
+    // The extent's pages are reused: the same batch again fits without growing the map.
+    let grown = written(&batched);
+    let small = vec![1u8; 100];
+    batched.insert(&product("small", &small), &small).unwrap();
+    batched.insert_batch(&pairs).unwrap();
+    assert!(written(&batched) <= grown + (8 << 20), "the map stays within its size");
+    assert!(batched.check().unwrap().is_ok());
+}
+
+#[test]
 fn reopen_keeps_products_and_capacity() {
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("q");
@@ -348,8 +401,12 @@ proptest! {
     /// Inserting in batches stores exactly what inserting one by one stores, with the same
     /// outcomes (evictions inside a batch and duplicates within it included).
     #[test]
-    fn batches_match_single_inserts(steps in steps(), cuts in prop::collection::vec(1usize..12, 1..40), slots in 1u64..40) {
-        let bytes = 60_000u64;
+    fn batches_match_single_inserts(
+        steps in steps(),
+        cuts in prop::collection::vec(1usize..12, 1..40),
+        slots in 1u64..40,
+        bytes in prop_oneof![Just(60_000u64), Just(400_000)],
+    ) {
         let directory = tempfile::tempdir().unwrap();
         let single = Queue::create(&directory.path().join("single"), Capacity { bytes, slots }, false).unwrap();
         let batched = Queue::create(&directory.path().join("batched"), Capacity { bytes, slots }, false).unwrap();
@@ -374,6 +431,9 @@ proptest! {
             let (batch, after) = rest.split_at((*cut).min(rest.len()));
             let pairs: Vec<(&ProdInfo, &[u8])> = batch.iter().map(|(info, data)| (info, &data[..])).collect();
             outcomes.extend(batched.insert_batch(&pairs).unwrap());
+            // Packed records and their extents stay consistent through every eviction.
+            let report = batched.check().unwrap();
+            prop_assert!(report.is_ok(), "{:?}", report);
             rest = after;
         }
         prop_assert_eq!(outcomes.len(), expected.len());
