@@ -183,24 +183,32 @@ fn answer_requests(
 /// `time_offset` before now; up to `before` or the newest product now.
 fn start_backlog(shared: &Shared, spec: &BacklogSpec) -> Backlog {
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
-    let fallback = now.saturating_sub(spec.time_offset());
     let (position, end) = match shared.queue.snapshot() {
-        Ok(snapshot) => {
-            let after = spec.after().and_then(|after| snapshot.product_by_signature(&after).ok().flatten());
-            let position = after
-                .map(|product| Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1))
-                .unwrap_or(fallback);
-            let newest =
-                snapshot.products_before_reversed(Timestamp::END).ok().and_then(|mut products| products.next());
-            let end = newest.and_then(Result::ok).map_or(now, |product| product.insertion);
-            (position, end)
-        }
+        Ok(snapshot) => backlog_bounds(&snapshot, spec, now),
         Err(error) => {
             tracing::error!("reading the queue for a backlog: {error}");
-            (fallback, now)
+            (now.saturating_sub(spec.time_offset()), now)
         }
     };
     Backlog { position, end, before: spec.before, sent: 0 }
+}
+
+/// The insertion times a backlog covers, both inclusive: from just after `after` (or
+/// `time_offset` before `now`) to the newest product, but never to `before` or past it when the
+/// queue has it. A `before` older than the start (a subscriber whose first product took longer
+/// than `time_offset` to resolve) makes the backlog empty: everything after it is the session's
+/// own, on its way by FMTP, and would otherwise come twice, the backlog's copy first.
+fn backlog_bounds(snapshot: &ldm7_pq::Snapshot<'_>, spec: &BacklogSpec, now: Timestamp) -> (Timestamp, Timestamp) {
+    let after = spec.after().and_then(|after| snapshot.product_by_signature(&after).ok().flatten());
+    let position = after
+        .map(|product| Timestamp::from_unix_micros(product.insertion.as_unix_micros() + 1))
+        .unwrap_or_else(|| now.saturating_sub(spec.time_offset()));
+    let newest = snapshot.products_before_reversed(Timestamp::END).ok().and_then(|mut products| products.next());
+    let mut end = newest.and_then(Result::ok).map_or(now, |product| product.insertion);
+    if let Some(before) = snapshot.product_by_signature(&spec.before).ok().flatten() {
+        end = end.min(Timestamp::from_unix_micros(before.insertion.as_unix_micros() - 1));
+    }
+    (position, end)
 }
 
 /// Sends backlog products while the session is ready; returns whether the backlog is complete.
@@ -235,4 +243,70 @@ fn send_backlog(
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use ldm7_pq::{Capacity, Queue};
+    use ldm7_types::{FeedType, ProdInfo};
+
+    use super::*;
+
+    const SECOND: i64 = 1_000_000;
+
+    /// A queue holding products 0..5 inserted one second apart from `start`; their signatures.
+    fn queue_of_five(dir: &std::path::Path, start: i64) -> (Queue, Vec<Signature>) {
+        let queue = Queue::create(&dir.join("q"), Capacity { bytes: 1 << 20, slots: 100 }, false).expect("queue");
+        let signatures = (0..5)
+            .map(|k| {
+                let data = vec![k as u8; 100];
+                let info = ProdInfo {
+                    arrival: Timestamp::from_unix_micros(start),
+                    signature: Signature::md5_of(&data),
+                    origin: "origin".into(),
+                    feedtype: FeedType::NGRID,
+                    seqno: k,
+                    ident: format!("product {k}"),
+                    size: 100,
+                };
+                let at = Timestamp::from_unix_micros(start + i64::from(k) * SECOND);
+                queue.insert_at(at, &info, &data).expect("insert");
+                info.signature
+            })
+            .collect();
+        (queue, signatures)
+    }
+
+    fn spec(after: Option<Signature>, before: Signature, time_offset_secs: u32) -> BacklogSpec {
+        BacklogSpec {
+            after: after.unwrap_or(Signature([0; 16])),
+            after_is_set: after.is_some(),
+            before,
+            time_offset_secs,
+        }
+    }
+
+    #[test]
+    fn a_backlog_ends_before_its_first_product_even_one_older_than_its_time_offset() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let start = 1_800_000_000 * SECOND;
+        let (queue, signatures) = queue_of_five(dir.path(), start);
+        let snapshot = queue.snapshot().expect("snapshot");
+        let at = |k: i64| Timestamp::from_unix_micros(start + k * SECOND);
+        let just_before = |k: i64| Timestamp::from_unix_micros(start + k * SECOND - 1);
+        let now = at(5);
+        // From 2.5 s back up to product 4 (not sent): product 3 only.
+        let (position, end) = backlog_bounds(&snapshot, &spec(None, signatures[4], 2), now);
+        assert_eq!((position, end), (at(3), just_before(4)));
+        // The session's first product (1) is older than the offset's start (3 s back = 2): the
+        // backlog is empty, not products 2..=4, which the session has by FMTP.
+        let (position, end) = backlog_bounds(&snapshot, &spec(None, signatures[1], 3), now);
+        assert!(end < position, "{position:?}..={end:?} is empty");
+        // After product 0 up to product 3: products 1 and 2.
+        let (position, end) = backlog_bounds(&snapshot, &spec(Some(signatures[0]), signatures[3], 1), now);
+        assert_eq!((position, end), (Timestamp::from_unix_micros(start + 1), just_before(3)));
+        // A `before` the queue does not have: up to the newest product.
+        let (_, end) = backlog_bounds(&snapshot, &spec(None, Signature([7; 16]), 10), now);
+        assert_eq!(end, at(4));
+    }
 }
