@@ -760,15 +760,20 @@ impl Monitor {
         Ok((reported, links))
     }
 
-    /// Waits until every node has reported to the monitor (at most until
-    /// [`FIRST_REPORTS_WITHIN`] after the latest start), and says what the dashboard shows.
+    /// Waits until every node has reported to the monitor and every subscriber's link carries
+    /// delivery statistics (at most until [`FIRST_REPORTS_WITHIN`] after the latest start), and
+    /// says what the dashboard shows.
     fn wait_and_tell(&self, interrupt: &Interrupt) -> CmdResult {
         let deadline = self.latest_start + FIRST_REPORTS_WITHIN;
         let mut told = false;
         let (reported, links) = loop {
             interrupt.check()?;
             let reports = self.reports();
-            let all = reports.as_ref().is_ok_and(|(reported, _)| self.nodes.iter().all(|node| reported.contains(node)));
+            // Every node has reported, and each subscriber's link from the publisher carries
+            // delivery statistics (a node's first report can come before its link's).
+            let all = reports.as_ref().is_ok_and(|(reported, links)| {
+                self.nodes.iter().all(|node| reported.contains(node)) && *links + 1 >= self.nodes.len()
+            });
             if all || Instant::now() >= deadline {
                 break reports.unwrap_or_default();
             }
