@@ -650,23 +650,12 @@ impl Queue {
         scratch: &mut PutScratch,
     ) -> Result<InsertOutcome, StorageError> {
         let PutScratch { reserve_bytes, source_error, written } = scratch;
-        let reserve_bytes = *reserve_bytes;
-        if let Some(existing) = self.signatures.get(txn, info.signature.as_bytes())? {
-            return Ok(InsertOutcome::Duplicate { existing: Timestamp::from_unix_micros(existing as i64) });
-        }
-        let mut evicted = 0u32;
-        let bytes_limit = self.capacity.bytes.saturating_sub(reserve_bytes).max(record_len as u64);
-        while state.product_count > 0
-            && (state.product_count + 1 > self.capacity.slots || state.used_bytes + record_len as u64 > bytes_limit)
-        {
-            self.evict_oldest(txn, state, now)?;
-            evicted += 1;
-        }
-        let now_micros = u64::try_from(now.as_unix_micros()).unwrap_or(0);
-        let key = now_micros.max(state.last_key + 1);
-        let queue_seq = state.next_queue_seq;
-        let mut header = Vec::with_capacity(record_len.min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
-        record::write_header(&mut header, info, queue_seq);
+        let outcome = self.place(txn, state, now, info, record_len, *reserve_bytes)?;
+        let InsertOutcome::Inserted { insertion, queue_seq, .. } = outcome else {
+            return Ok(outcome);
+        };
+        let key = insertion.as_unix_micros() as u64;
+        let header = record_header(info, queue_seq, record_len);
         match data {
             Data::Slice(data) => self.put_record(txn, key, header, data, written)?,
             Data::Streamed(fill) => {
@@ -725,7 +714,36 @@ impl Queue {
             }
         }
         self.signatures.put(txn, info.signature.as_bytes(), &key)?;
-        state.used_bytes += record_len as u64;
+        Ok(outcome)
+    }
+
+    /// Places one product as every insert does: a duplicate if its signature is in the queue,
+    /// else the oldest products evicted while it does not fit and its key and sequence number
+    /// taken, and `state` counts it. The caller writes its record and its signature entry.
+    fn place(
+        &self,
+        txn: &mut heed::RwTxn<'_>,
+        state: &mut State,
+        now: Timestamp,
+        info: &ProdInfo,
+        record_len: usize,
+        reserve_bytes: u64,
+    ) -> Result<InsertOutcome, StorageError> {
+        if let Some(existing) = self.signatures.get(txn, info.signature.as_bytes())? {
+            return Ok(InsertOutcome::Duplicate { existing: Timestamp::from_unix_micros(existing as i64) });
+        }
+        let len = record_len as u64;
+        let mut evicted = 0u32;
+        let bytes_limit = self.capacity.bytes.saturating_sub(reserve_bytes).max(len);
+        while state.product_count > 0
+            && (state.product_count + 1 > self.capacity.slots || state.used_bytes + len > bytes_limit)
+        {
+            self.evict_oldest(txn, state, now)?;
+            evicted += 1;
+        }
+        let key = u64::try_from(now.as_unix_micros()).unwrap_or(0).max(state.last_key + 1);
+        let queue_seq = state.next_queue_seq;
+        state.used_bytes += len;
         state.product_count += 1;
         state.next_queue_seq += 1;
         state.last_key = key;
@@ -782,43 +800,22 @@ impl Queue {
         if count > self.capacity.slots || bytes > bytes_limit {
             return Ok(None);
         }
-        // Place each product as one by one would: duplicate check, evictions, key.
-        let now_micros = u64::try_from(now.as_unix_micros()).unwrap_or(0);
-        let mut old_left = state.product_count;
-        let mut placed_keys: std::collections::HashMap<Signature, u64> = std::collections::HashMap::new();
+        // Each product placed as one by one would (the batch's records are not in the table
+        // yet, so a repeat of an earlier one is found here); since they fit together, the
+        // evictions take only products already in the queue.
+        let mut placed: std::collections::HashMap<Signature, Timestamp> = std::collections::HashMap::new();
         let mut outcomes = Vec::with_capacity(products.len());
         let mut new: Vec<(usize, u64, u64)> = Vec::new();
         for (index, ((info, _), &len)) in products.iter().zip(record_lens).enumerate() {
-            let existing = match self.signatures.get(txn, info.signature.as_bytes())? {
-                Some(existing) => Some(existing),
-                None => placed_keys.get(&info.signature).copied(),
+            let outcome = match placed.get(&info.signature) {
+                Some(&existing) => InsertOutcome::Duplicate { existing },
+                None => self.place(txn, state, now, info, len, scratch.reserve_bytes)?,
             };
-            if let Some(existing) = existing {
-                outcomes.push(InsertOutcome::Duplicate { existing: Timestamp::from_unix_micros(existing as i64) });
-                continue;
+            if let InsertOutcome::Inserted { insertion, queue_seq, .. } = outcome {
+                placed.insert(info.signature, insertion);
+                new.push((index, insertion.as_unix_micros() as u64, queue_seq));
             }
-            let mut evicted = 0u32;
-            while old_left > 0
-                && (state.product_count + 1 > self.capacity.slots || state.used_bytes + len as u64 > bytes_limit)
-            {
-                self.evict_oldest(txn, state, now)?;
-                old_left -= 1;
-                evicted += 1;
-            }
-            let key = now_micros.max(state.last_key + 1);
-            let queue_seq = state.next_queue_seq;
-            placed_keys.insert(info.signature, key);
-            new.push((index, key, queue_seq));
-            state.used_bytes += len as u64;
-            state.product_count += 1;
-            state.next_queue_seq += 1;
-            state.last_key = key;
-            state.inserted_count += 1;
-            outcomes.push(InsertOutcome::Inserted {
-                insertion: Timestamp::from_unix_micros(key as i64),
-                queue_seq,
-                evicted,
-            });
+            outcomes.push(outcome);
         }
         // Extents: runs of packable records in batch order, up to EXTENT_LEN_MAX, two or more.
         let packable = |len: usize| len > APPEND_COPY_LEN_MAX && len <= PACKED_RECORD_LEN_MAX;
@@ -874,9 +871,7 @@ impl Queue {
                     self.products.put_with_flags(txn, PutFlags::APPEND, &key, &reference.encode())?;
                 }
                 None => {
-                    let mut header =
-                        Vec::with_capacity(record_lens[index].min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
-                    record::write_header(&mut header, info, queue_seq);
+                    let header = record_header(info, queue_seq, record_lens[index]);
                     self.put_record(txn, key, header, data, written)?;
                 }
             }
@@ -926,7 +921,10 @@ impl Queue {
             return Err(StorageError::Meta("state counts products but the table is empty".into()));
         };
         let reference = Reference::parse(bytes)?;
-        let record = self.record(txn, bytes)?;
+        let record = match reference {
+            Some(reference) => self.extent_record(txn, reference)?,
+            None => bytes,
+        };
         let view = RecordView::parse(record)?;
         let record_len = record.len() as u64;
         let signature = view.signature;
@@ -951,9 +949,14 @@ impl Queue {
 
     /// The record a `products` value holds or, for a packed product, points at.
     fn record<'t>(&self, txn: &'t RoTxn<'_>, bytes: &'t [u8]) -> Result<&'t [u8], StorageError> {
-        let Some(reference) = Reference::parse(bytes)? else {
-            return Ok(bytes);
-        };
+        match Reference::parse(bytes)? {
+            Some(reference) => self.extent_record(txn, reference),
+            None => Ok(bytes),
+        }
+    }
+
+    /// The packed record a reference points at.
+    fn extent_record<'t>(&self, txn: &'t RoTxn<'_>, reference: Reference) -> Result<&'t [u8], StorageError> {
         let extent = self.extents.get(txn, &reference.extent)?.ok_or(CorruptRecord::MissingExtent(reference.extent))?;
         Ok(reference.record(extent)?)
     }
@@ -1044,8 +1047,9 @@ impl Queue {
         }
         let mut previous: Option<(u64, u64)> = None;
         let mut used_bytes = 0u64;
-        // Per extent: its references, those marked last, and the newest key among them.
-        let mut extent_uses: std::collections::HashMap<u64, (u64, u64, u64, u64)> = std::collections::HashMap::new();
+        // Per extent: how many references are marked last, the key of the last one so marked,
+        // and the newest key referring to it.
+        let mut extent_uses: std::collections::HashMap<u64, (u64, u64, u64)> = std::collections::HashMap::new();
         for entry in self.products.iter(txn)? {
             let (key, bytes) = entry?;
             report.product_count += 1;
@@ -1058,15 +1062,18 @@ impl Queue {
             };
             used_bytes += reference.map_or(bytes.len() as u64, |reference| u64::from(reference.len));
             if let Some(reference) = reference {
-                let (references, lasts, last_key, newest) = extent_uses.entry(reference.extent).or_default();
-                *references += 1;
+                let (lasts, last_key, newest) = extent_uses.entry(reference.extent).or_default();
                 *newest = key;
                 if reference.last {
                     *lasts += 1;
                     *last_key = key;
                 }
             }
-            let record = match self.record(txn, bytes) {
+            let resolved = match reference {
+                Some(reference) => self.extent_record(txn, reference),
+                None => Ok(bytes),
+            };
+            let record = match resolved {
                 Ok(record) => record,
                 Err(error) => {
                     problem(format!("product at insertion time {key}: {error}"));
@@ -1104,7 +1111,7 @@ impl Queue {
             let (extent, _) = entry?;
             match extent_uses.get(&extent) {
                 None => problem(format!("extent {extent} holds no product's record")),
-                Some(&(_, lasts, last_key, newest)) if lasts != 1 || last_key != newest => {
+                Some(&(lasts, last_key, newest)) if lasts != 1 || last_key != newest => {
                     problem(format!("extent {extent}: its newest record is not the one marked last"))
                 }
                 Some(_) => {}
@@ -1391,6 +1398,13 @@ impl Follower<'_> {
     pub fn position(&self) -> Timestamp {
         Timestamp::from_unix_micros(self.next_key as i64)
     }
+}
+
+/// A record's header (with room for its data when [`Queue::put_record`] copies it in).
+fn record_header(info: &ProdInfo, queue_seq: u64, record_len: usize) -> Vec<u8> {
+    let mut header = Vec::with_capacity(record_len.min(record::HEADER_LEN + 320 + APPEND_COPY_LEN_MAX));
+    record::write_header(&mut header, info, queue_seq);
+    header
 }
 
 /// Opens the LMDB environment with the map size `capacity` needs.
