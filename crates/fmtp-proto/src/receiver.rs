@@ -652,6 +652,63 @@ impl Receiver {
         self.decode_passed_groups(key, start, end);
     }
 
+    /// For simulators: whether this receiver could take the next product whole from the
+    /// multicast (its BOP, every block in order, its EOP) without being handed it, and if so
+    /// the newest index it has seen and the largest product that would fit. That holds when
+    /// bytes are discarded ([`Assembly::Discard`]), the newest index is believed and nothing
+    /// is still multicasting here (a new BOP would then change nothing but the newest index),
+    /// and one more product fits the bounds: handing it the product would only move the
+    /// newest index, count, deliver and send RETX_END — what [`Receiver::took_whole_products`]
+    /// does at once for a run of such products.
+    pub fn whole_product_room(&self) -> Option<(ProductIndex, u32)> {
+        let (newest, _) = self.newest?;
+        let quiet = self.config.assembly == Assembly::Discard
+            && self.multicasting.is_empty()
+            && self.anchor == Anchor::Confirmed
+            && self.confirming.is_none()
+            && self.products.len() < self.config.in_flight_products_max;
+        if !quiet {
+            return None;
+        }
+        let room = self.config.in_flight_bytes_max.saturating_sub(self.in_flight_bytes);
+        // ≤ product_size_max ≤ u32::MAX.
+        Some((newest, room.min(u64::from(self.config.product_size_max)) as u32))
+    }
+
+    /// For simulators: the receiver took `count` products whole from the multicast, the
+    /// newest `newest` and the others the ones just before it, in `datagrams` datagrams of
+    /// `datagram_bytes` bytes — each of them, when it began, a product that
+    /// [`Receiver::whole_product_room`] allowed. Equivalent to handing it each product's BOP,
+    /// blocks and EOP (the deliveries, which carry nothing the caller does not know, are not
+    /// reported again; the RETX_ENDs are the caller's to send). Refused, changing nothing, when
+    /// the receiver is not in such a state or `newest` is not `count` products ahead.
+    pub fn took_whole_products(
+        &mut self,
+        newest: ProductIndex,
+        count: u32,
+        datagrams: u64,
+        datagram_bytes: u64,
+    ) -> Result<(), ConfigError> {
+        let Some((seen, _)) = self.whole_product_room() else {
+            return Err(ConfigError("the receiver cannot take whole products now".into()));
+        };
+        let Some((_, key)) = self.newest else { unreachable!("whole_product_room needs a newest index") };
+        if count == 0 || newest.serial_difference(seen) != i32::try_from(count).ok() {
+            return Err(ConfigError(format!("{count} whole products up to {newest} do not follow {seen}")));
+        }
+        self.newest = Some((newest, key + i64::from(count)));
+        self.eop_seen_last = true;
+        let counters = &mut self.counters;
+        counters.datagrams += datagrams;
+        counters.datagram_bytes += datagram_bytes;
+        counters.started += u64::from(count);
+        counters.delivered += u64::from(count);
+        counters.retx_ends += u64::from(count);
+        // Each EOP came after its product was complete.
+        counters.duplicates += u64::from(count);
+        Ok(())
+    }
+
     /// Handles one message from the sender's TCP connection (RETX_DATA, RETX_BOP, RETX_EOP,
     /// RETX_REJ; anything else is counted as unexpected).
     pub fn handle_stream(&mut self, now: Instant, message: &Message<'_>) {

@@ -29,6 +29,8 @@
 //!   what a delivery monitor at the publisher sees of each subscriber.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use foldhash::fast::FixedState;
 use std::fmt;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc;
@@ -454,7 +456,11 @@ pub struct Sender {
     stage: Stage,
     retained_count: usize,
     deadlines: BTreeSet<(Instant, u64)>,
-    receivers: BTreeMap<ReceiverId, ReceiverState>,
+    /// Hashed (with a fixed seed: runs stay reproducible), since every stream message looks its
+    /// receiver up; where order matters, `ids` gives it.
+    receivers: HashMap<ReceiverId, ReceiverState, FixedState>,
+    /// The ids of `receivers`, in order.
+    ids: Vec<ReceiverId>,
     /// The receivers that are writable and have repair work queued (kept with `receivers`: a
     /// scan of every receiver for each repair was most of a 570-receiver simulation's time).
     ready: BTreeSet<ReceiverId>,
@@ -513,7 +519,8 @@ impl Sender {
             stage: Stage::Bop,
             retained_count: 0,
             deadlines: BTreeSet::new(),
-            receivers: BTreeMap::new(),
+            receivers: HashMap::default(),
+            ids: Vec::new(),
             ready: BTreeSet::new(),
             last_served: None,
             events: VecDeque::new(),
@@ -601,7 +608,12 @@ impl Sender {
     /// authorization). It joins the interest set of every product multicast from now on.
     pub fn receiver_connected(&mut self, now: Instant, id: ReceiverId) {
         self.advance(now);
-        self.receivers.entry(id).or_insert_with(ReceiverState::new);
+        if let std::collections::hash_map::Entry::Vacant(entry) = self.receivers.entry(id) {
+            entry.insert(ReceiverState::new());
+            if let Err(at) = self.ids.binary_search(&id) {
+                self.ids.insert(at, id);
+            }
+        }
     }
 
     /// A receiver's connection is gone: its queued repairs are dropped and it no longer holds
@@ -611,6 +623,9 @@ impl Sender {
         self.ready.remove(&id);
         if self.receivers.remove(&id).is_none() {
             return;
+        }
+        if let Ok(at) = self.ids.binary_search(&id) {
+            self.ids.remove(at);
         }
         let keys: Vec<u64> =
             self.products.iter_mut().filter_map(|(key, product)| product.interest.remove(id).map(|_| *key)).collect();
@@ -1081,7 +1096,7 @@ impl Sender {
         let message_type = match self.stage {
             Stage::Bop => {
                 // §3.8: the product's receiver set is the receivers connected now.
-                product.interest = InterestSet::all_pending(self.receivers.keys().copied());
+                product.interest = InterestSet::all_pending(self.ids.iter().copied());
                 emit_control(buf, product.index, Body::Bop(product.bop()));
                 self.stage = if product.size == 0 { Stage::Eop } else { Stage::Data(0) };
                 MessageType::Bop
@@ -1264,17 +1279,33 @@ impl Sender {
             }
         }
         let unfinished: Vec<ReceiverId> = product.interest.pending().collect();
-        for (id, receiver) in &mut self.receivers {
+        // Only the receivers still pending and those that asked for repairs can have work queued
+        // for it (work for a product is queued on a request, or as a tail probe to a pending
+        // receiver, and purged at the RETX_END that ends the request's entry): the others are
+        // left as they are, not visited.
+        let mut concerned: Vec<ReceiverId> =
+            unfinished.iter().copied().chain(product.repairs.keys().copied()).collect();
+        concerned.sort_unstable();
+        concerned.dedup();
+        for id in concerned {
+            let Some(receiver) = self.receivers.get_mut(&id) else { continue };
             let purged = receiver.purge(key);
-            if product.interest.get(*id) == Some(Interest::Pending) {
+            if product.interest.get(id) == Some(Interest::Pending) {
                 receiver.push(Work { key, index: product.index, kind: WorkKind::Eop, lost: false });
             }
             if purged {
                 self.counters.rejects += 1;
                 receiver.push(Work { key, index: product.index, kind: WorkKind::Reject, lost: false });
             }
-            sync_ready(&mut self.ready, *id, receiver);
+            sync_ready(&mut self.ready, id, receiver);
         }
+        debug_assert!(self.receivers.values().all(|receiver| {
+            !receiver.work_per_key.contains_key(&key)
+                || receiver
+                    .work
+                    .iter()
+                    .any(|work| work.key == key && matches!(work.kind, WorkKind::Eop | WorkKind::Reject))
+        }));
         match reason {
             ReleaseReason::AllDone => self.counters.released_all_done += 1,
             ReleaseReason::DeadlinePassed => self.counters.released_deadline += 1,
@@ -1402,53 +1433,68 @@ enum Interest {
 /// done is asked at every RETX_END, and a scan would cost N² per product for N receivers.
 #[derive(Debug, Default)]
 struct InterestSet {
-    by_receiver: BTreeMap<ReceiverId, Interest>,
+    /// Sorted by id (a product's set is made from the receivers in order, and late holders are
+    /// few: a vector, not a tree, for hundreds of receivers per product).
+    by_receiver: Vec<(ReceiverId, Interest)>,
     pending: usize,
 }
 
 impl InterestSet {
-    /// Every one of `ids` pending.
+    /// Every one of `ids` (in increasing order) pending.
     fn all_pending(ids: impl Iterator<Item = ReceiverId>) -> Self {
-        let by_receiver: BTreeMap<ReceiverId, Interest> = ids.map(|id| (id, Interest::Pending)).collect();
+        let by_receiver: Vec<(ReceiverId, Interest)> = ids.map(|id| (id, Interest::Pending)).collect();
+        debug_assert!(by_receiver.windows(2).all(|pair| pair[0].0 < pair[1].0));
         Self { pending: by_receiver.len(), by_receiver }
     }
 
+    fn find(&self, id: ReceiverId) -> Result<usize, usize> {
+        self.by_receiver.binary_search_by_key(&id, |(id, _)| *id)
+    }
+
     fn get(&self, id: ReceiverId) -> Option<Interest> {
-        self.by_receiver.get(&id).copied()
+        self.find(id).ok().map(|at| self.by_receiver[at].1)
     }
 
     /// `id` holds the product (pending) unless it is known already.
     fn hold(&mut self, id: ReceiverId) {
-        if let std::collections::btree_map::Entry::Vacant(entry) = self.by_receiver.entry(id) {
-            entry.insert(Interest::Pending);
+        if let Err(at) = self.find(id) {
+            self.by_receiver.insert(at, (id, Interest::Pending));
             self.pending += 1;
         }
     }
 
     /// `id` is done; what it was before.
     fn finish(&mut self, id: ReceiverId) -> Option<Interest> {
-        let before = self.by_receiver.insert(id, Interest::Done);
-        if before == Some(Interest::Pending) {
-            self.pending -= 1;
+        match self.find(id) {
+            Ok(at) => {
+                let before = std::mem::replace(&mut self.by_receiver[at].1, Interest::Done);
+                if before == Interest::Pending {
+                    self.pending -= 1;
+                }
+                Some(before)
+            }
+            Err(at) => {
+                self.by_receiver.insert(at, (id, Interest::Done));
+                None
+            }
         }
-        before
     }
 
     fn remove(&mut self, id: ReceiverId) -> Option<Interest> {
-        let before = self.by_receiver.remove(&id);
-        if before == Some(Interest::Pending) {
+        let before = self.by_receiver.remove(self.find(id).ok()?).1;
+        if before == Interest::Pending {
             self.pending -= 1;
         }
-        before
+        Some(before)
     }
 
     fn any_pending(&self) -> bool {
         self.pending > 0
     }
 
-    /// The receivers still pending.
+    /// The receivers still pending, in order.
     fn pending(&self) -> impl Iterator<Item = ReceiverId> + '_ {
-        self.by_receiver.iter().filter(|(_, interest)| **interest == Interest::Pending).map(|(id, _)| *id)
+        self.by_receiver.iter().filter(|(_, interest)| *interest == Interest::Pending).map(|(id, _)| *id)
     }
 }
 
@@ -1465,7 +1511,7 @@ struct ReceiverState {
     work: VecDeque<Work>,
     /// How many items of `work` each product has (so that a release purges only the queues
     /// that hold work for it).
-    work_per_key: HashMap<u64, u32>,
+    work_per_key: HashMap<u64, u32, FixedState>,
     /// Product bytes in queued `Data` work.
     backlog_bytes: u64,
     rtt: Duration,
@@ -1478,7 +1524,7 @@ impl ReceiverState {
     fn new() -> Self {
         Self {
             work: VecDeque::new(),
-            work_per_key: HashMap::new(),
+            work_per_key: HashMap::default(),
             backlog_bytes: 0,
             rtt: Duration::ZERO,
             writable: true,

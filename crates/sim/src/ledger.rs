@@ -482,6 +482,52 @@ impl Ledger {
         Ok(())
     }
 
+    /// Checks a product as members that took it whole got it (its BOP and the fingerprint of
+    /// its blocks as their group received them), as [`Ledger::receiver_event`] checks one
+    /// delivery; each member's delivery is then settled by [`Ledger::delivered_whole`].
+    pub(crate) fn check_whole(
+        &self,
+        index: ProductIndex,
+        size: u32,
+        metadata: [u8; 16],
+        start_time: WallTime,
+        fingerprint: u64,
+    ) -> Result<(), Violation> {
+        let position =
+            self.position(index).ok_or(Violation::UnknownProduct { receiver: usize::MAX, index: index.0 })?;
+        let record = &self.products[position];
+        let wrong = |what: String| Violation::WrongDelivery { receiver: usize::MAX, index: index.0, what };
+        if size != record.size || metadata != record.metadata {
+            return Err(wrong("taken whole with the wrong size or metadata".into()));
+        }
+        if start_time != WallTime::from_unix_nanos(u128::from(record.enqueued_at.as_nanos())) {
+            return Err(wrong(format!("taken whole with start time {start_time:?}")));
+        }
+        if fingerprint != record.fingerprint || self.check_md5 {
+            return Err(wrong(format!(
+                "taken whole with fingerprint {fingerprint:#x}, expected {:#x} (or with memory content)",
+                record.fingerprint
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receiver `receiver` took product `index` whole (checked by [`Ledger::check_whole`]).
+    pub(crate) fn delivered_whole(
+        &mut self,
+        receiver: usize,
+        index: ProductIndex,
+        latency_ns: i64,
+    ) -> Result<(), Violation> {
+        let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
+        self.settle(receiver, position, index, Outcome::Delivered)?;
+        let tally = &mut self.receivers[receiver].tally;
+        tally.delivered += 1;
+        tally.delivered_multicast_only += 1;
+        tally.latency.record(latency_ns);
+        Ok(())
+    }
+
     /// The liveness check: every product from each receiver's first contact on is accounted
     /// for. Fills in `unknown_before_first_contact`.
     pub(crate) fn check_liveness(&mut self) -> Result<(), Violation> {

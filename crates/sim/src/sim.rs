@@ -29,7 +29,7 @@ use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
     Assembly, BlockRun, Destination, EnqueueRefusal, IndexTrust, Instant, ParityConfig, Product, ProductIndex,
     Receiver, ReceiverConfig, ReceiverCounters, ReceiverId, Sender, SenderConfig, SenderCounters, SenderEvent,
-    block_fingerprint,
+    WallClock, WallTime, block_fingerprint,
 };
 use ldm7_types::Signature;
 
@@ -198,6 +198,9 @@ pub struct SimConfig {
     pub liveness: Liveness,
     /// Virtual time by which the run must be at rest.
     pub time_limit: Duration,
+    /// Whether members that get a product without loss may take it whole, without being
+    /// handed its BOP and EOP one by one (docs/simulator.md; on by default, off to compare).
+    pub whole_products: bool,
 }
 
 impl SimConfig {
@@ -214,6 +217,7 @@ impl SimConfig {
             receivers,
             liveness: Liveness::default(),
             time_limit: Duration::from_secs(7 * 24 * 3600),
+            whole_products: true,
         }
     }
 
@@ -297,6 +301,8 @@ pub struct Report {
     pub repair_uplink: (u64, Duration),
     /// Receiver deliveries of multicast datagrams (after per-receiver loss).
     pub datagram_deliveries: u64,
+    /// Deliveries of products taken whole ([`SimConfig::whole_products`]).
+    pub whole_products: u64,
     /// The sender's counters.
     pub sender: SenderCounters,
     /// Per receiver, in configuration order.
@@ -391,13 +397,15 @@ impl fmt::Display for Report {
         )?;
         write!(
             f,
-            "latency mean {:?} p99 {:?} max {:?}; {} multicast datagrams ({} lost before fan-out); {} events",
+            "latency mean {:?} p99 {:?} max {:?}; {} multicast datagrams ({} lost before fan-out); {} events; {} \
+             deliveries taken whole",
             latency.mean(),
             latency.quantile(0.99),
             latency.max(),
             self.multicast_datagrams,
             self.multicast_lost_shared,
-            self.events
+            self.events,
+            self.whole_products
         )?;
         let (bytes, wait_max) = self.repair_uplink;
         if bytes > 0 {
@@ -420,6 +428,9 @@ pub struct Simulation {
     retained_products_max: usize,
     sender_wake: Option<Instant>,
     nodes: Vec<Node>,
+    /// Per receiver, what the multicast fan-out looks at for every member (kept apart from the
+    /// nodes, densely: a product's BOP and EOP visit every member).
+    lanes: Vec<Lane>,
     groups: Vec<Group>,
     shared_loss: LossProcess,
     bottleneck: Option<BottleneckState>,
@@ -474,6 +485,11 @@ impl Simulation {
         let sender = Sender::new(config.sender.clone(), now)?;
         let mut queue = EventQueue::new();
         let mut nodes = Vec::with_capacity(config.receivers.len());
+        let mut lanes = Vec::with_capacity(config.receivers.len());
+        // Per receiver: its TCP delay to the sender if that path is a plain delay, its parity
+        // settings and its receive timer's slack (whether a group's members take products
+        // whole alike).
+        let mut alike = Vec::with_capacity(config.receivers.len());
         let mut groups: Vec<Group> = Vec::new();
         for (position, spec) in config.receivers.iter().enumerate() {
             let mut receiver_config = spec.config.clone().unwrap_or_else(|| config.receiver.clone());
@@ -515,13 +531,30 @@ impl Simulation {
                 in_flight_bytes_max: receiver_config.in_flight_bytes_max,
                 datagrams_lost: 0,
                 group,
-                ride: Ride::Attention,
                 next_loss: u64::MAX,
             });
+            lanes.push(Lane { group: group as u32, ..Lane::default() });
+            let plain = spec.to_sender.rate_bits_per_s.is_none() && spec.stalls.is_empty() && spec.resets.is_empty();
+            alike.push((
+                plain.then_some(spec.to_sender.delay),
+                receiver_config.parity,
+                receiver_config.receive_timer.slack,
+            ));
             queue.push(spec.join_at, Event::Join { receiver: position });
             for reset in &spec.resets {
                 queue.push(reset.at, Event::Reset { receiver: position, reconnect_after: reset.reconnect_after });
             }
+        }
+        for group in &mut groups {
+            let (to_sender, parity, _) = alike[group.members[0]];
+            group.parity = parity;
+            let same =
+                group.members.iter().all(|&m| alike[m].0.is_some() && alike[m].0 == to_sender && alike[m].1 == parity);
+            let gap_max = group.members.iter().map(|&m| alike[m].2).min().unwrap_or_default();
+            group.whole = match to_sender {
+                Some(to_sender) if same && config.whole_products => Some(WholeSpec { to_sender, gap_max }),
+                _ => None,
+            };
         }
         queue.push(now, Event::Arrival);
         Ok(Self {
@@ -537,6 +570,7 @@ impl Simulation {
             sender,
             sender_wake: None,
             nodes,
+            lanes,
             groups,
             shared_loss: LossProcess::new(&config.shared_loss, SimRng::new(seed, u64::MAX)),
             bottleneck: config.bottleneck.map(BottleneckState::new),
@@ -636,12 +670,14 @@ impl Simulation {
     /// accounted for.
     pub fn finish(&mut self) -> Result<Report, Failure> {
         self.run_until(Instant::MAX)?;
+        self.catch_up_all().map_err(|violation| self.failure(violation))?;
         self.check_at_rest().map_err(|violation| self.failure(violation))?;
         self.ledger.check_liveness().map_err(|violation| self.failure(violation))?;
         Ok(self.report())
     }
 
-    /// The report so far.
+    /// The report so far (products members took whole since their last visit count once
+    /// [`Simulation::finish`] has brought them up to date).
     pub fn report(&self) -> Report {
         Report {
             seed: self.seed,
@@ -657,6 +693,7 @@ impl Simulation {
                 .as_ref()
                 .map_or((0, Duration::ZERO), |uplink| (uplink.bytes, uplink.wait_max)),
             datagram_deliveries: self.counters.datagram_deliveries,
+            whole_products: self.counters.whole_products,
             sender: self.sender.counters().clone(),
             receivers: (0..self.nodes.len())
                 .map(|n| ReceiverReport {
@@ -712,13 +749,17 @@ impl Simulation {
             Event::ToReceiver { receiver, .. }
             | Event::ReceiverWake { receiver }
             | Event::Reset { receiver, .. }
-            | Event::Reconnect { receiver } => self.flush_run(*receiver)?,
+            | Event::Reconnect { receiver } => {
+                self.catch_up(*receiver)?;
+                self.flush_run(*receiver)?;
+            }
             Event::Liveness => {
                 self.flush_runs()?;
             }
             Event::Arrival
             | Event::SenderWake
             | Event::Multicast { .. }
+            | Event::WholeEnds { .. }
             | Event::ToSender { .. }
             | Event::Writable { .. }
             | Event::Join { .. } => {}
@@ -747,7 +788,8 @@ impl Simulation {
                 self.sender.handle_timeout(self.now);
                 self.drain_sender()
             }
-            Event::Multicast { group, datagram } => self.on_multicast(group, &datagram),
+            Event::Multicast { group, datagram } => self.on_multicast(group, datagram),
+            Event::WholeEnds { index, receivers } => self.on_whole_ends(index, &receivers),
             Event::ToReceiver { receiver, generation, frame } => {
                 let node = &mut self.nodes[receiver];
                 if generation != node.to_receiver.generation {
@@ -807,7 +849,7 @@ impl Simulation {
                 if self.sampled() {
                     let node = &mut self.nodes[receiver];
                     let group = &mut self.groups[node.group];
-                    node.ride = Ride::Attention;
+                    self.lanes[receiver].ride = Ride::Attention;
                     group.attention.push(receiver);
                     node.next_loss = group.seq.saturating_add(node.loss.until_loss());
                     if node.next_loss != u64::MAX {
@@ -816,6 +858,7 @@ impl Simulation {
                 }
                 let node = &mut self.nodes[receiver];
                 node.joined = true;
+                self.lanes[receiver].joined = true;
                 node.connected = true;
                 self.sender.receiver_connected(self.now, node.id);
                 self.sender.set_rtt(node.id, node.rtt);
@@ -952,7 +995,7 @@ impl Simulation {
         *self.sampled.get_or_insert(matches!(self.content, ContentMode::Pattern) && self.drop_filter.is_none())
     }
 
-    fn on_multicast(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
+    fn on_multicast(&mut self, group: usize, datagram: Rc<[u8]>) -> Result<(), Violation> {
         if self.sampled() {
             return self.on_multicast_sampled(group, datagram);
         }
@@ -960,7 +1003,7 @@ impl Simulation {
         // datagram. The sender's datagrams were checked when emitted: the header is there.
         let index = ProductIndex(u32::from_be_bytes([datagram[0], datagram[1], datagram[2], datagram[3]]));
         let message = match self.drop_filter {
-            Some(_) => Some(Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?),
+            Some(_) => Some(Message::parse(&datagram).map_err(|e| Violation::Sender(e.to_string()))?),
             None => None,
         };
         for member in 0..self.groups[group].members.len() {
@@ -978,7 +1021,7 @@ impl Simulation {
                 continue;
             }
             self.counters.datagram_deliveries += 1;
-            self.hand_over(receiver, index, datagram)?;
+            self.hand_over(receiver, index, &datagram)?;
         }
         Ok(())
     }
@@ -988,12 +1031,13 @@ impl Simulation {
     /// group's run of data blocks take a block without anything done for them, and only the
     /// members that lose it, that lost the one before, or that must see it at once (BOP, EOP,
     /// a break in the group's run) are visited — a datagram's cost grows with the losses, not
-    /// with the members.
-    fn on_multicast_sampled(&mut self, group: usize, datagram: &[u8]) -> Result<(), Violation> {
-        let message = Message::parse(datagram).map_err(|e| Violation::Sender(e.to_string()))?;
+    /// with the members. Members that take a product whole are not visited for its BOP and
+    /// EOP either ([`Ride::Whole`]).
+    fn on_multicast_sampled(&mut self, group: usize, datagram: Rc<[u8]>) -> Result<(), Violation> {
+        let message = Message::parse(&datagram).map_err(|e| Violation::Sender(e.to_string()))?;
         let index = message.index;
         if let Body::Parity { group: of_group, .. } = message.body {
-            return self.on_parity_sampled(group, index, of_group, datagram);
+            return self.on_parity_sampled(group, index, of_group, &datagram);
         }
         let seq = self.groups[group].seq;
         self.groups[group].seq += 1;
@@ -1028,14 +1072,23 @@ impl Simulation {
                     offset,
                     end,
                     block_fingerprint(offset, data),
-                    datagram,
+                    &datagram,
                     &losers,
                 )
             }
-            ref body => {
-                let bop = matches!(body, Body::Bop(_));
-                self.on_control_sampled(group, seq, index, bop, datagram, &losers)
+            Body::Bop(ref bop) => {
+                let held = HeldBop {
+                    at: self.now,
+                    seq,
+                    index,
+                    size: bop.product_size,
+                    start_time: bop.start_time,
+                    metadata: bop.metadata.try_into().ok(),
+                    datagram: datagram.clone(),
+                };
+                self.on_bop_sampled(group, held, &losers)
             }
+            _ => self.on_eop_sampled(group, seq, index, &datagram, &losers),
         };
         self.losers = losers;
         result
@@ -1045,6 +1098,11 @@ impl Simulation {
     /// that block group take it, each deciding its loss on its own (a draw of its loss model,
     /// apart from the sampled losses of the data stream), after their share of the run so far.
     /// It takes no place in the group's run: the next block continues it.
+    ///
+    /// Whether a member wants it is asked of its state machine as of the member's last visit,
+    /// before its share of the run is handed over: a member riding the product's run since its
+    /// BOP wants every shard of it. A member taking the product whole ([`Ride::Whole`]) is such
+    /// a member; it is visited like one (its BOP, then its share).
     fn on_parity_sampled(
         &mut self,
         group: usize,
@@ -1053,12 +1111,24 @@ impl Simulation {
         datagram: &[u8],
     ) -> Result<(), Violation> {
         let seq = self.groups[group].seq;
+        let current = self.groups[group].bop.as_ref().filter(|bop| bop.index == index).map(|bop| bop.size);
+        let parity = self.groups[group].parity;
+        let current_wants =
+            current.zip(parity).is_some_and(|(size, parity)| u64::from(of_group) < parity.groups(u64::from(size)));
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
-            let node = &mut self.nodes[receiver];
-            if !node.joined || !node.receiver.wants_parity(index, of_group) {
+            let lane = &self.lanes[receiver];
+            if !lane.joined {
                 continue;
             }
+            let wants = match lane.ride {
+                Ride::Whole(_) if current.is_some() => current_wants,
+                _ => lane.busy && self.nodes[receiver].receiver.wants_parity(index, of_group),
+            };
+            if !wants {
+                continue;
+            }
+            let node = &mut self.nodes[receiver];
             if node.loss.lose() {
                 node.datagrams_lost += 1;
                 continue;
@@ -1087,7 +1157,7 @@ impl Simulation {
             // never came): nobody rides across it.
             for member in 0..self.groups[group].members.len() {
                 let receiver = self.groups[group].members[member];
-                if matches!(self.nodes[receiver].ride, Ride::From(_)) {
+                if self.lanes[receiver].ride.rides() {
                     self.flush_member_to(receiver, seq)?;
                     self.attend(receiver);
                 }
@@ -1097,7 +1167,7 @@ impl Simulation {
         self.groups[group].run.push(end, self.now, fingerprint, datagram.len() as u64);
         // Riders that lose it: their share ends before it.
         for &receiver in losers {
-            if matches!(self.nodes[receiver].ride, Ride::From(_)) {
+            if self.lanes[receiver].ride.rides() {
                 self.flush_member_to(receiver, seq)?;
                 self.attend(receiver);
             }
@@ -1106,50 +1176,223 @@ impl Simulation {
         // unless they lose it too.
         let attention = std::mem::take(&mut self.groups[group].attention);
         for receiver in attention {
-            if losers.contains(&receiver) || self.nodes[receiver].ride != Ride::Attention {
-                if self.nodes[receiver].ride == Ride::Attention {
+            if losers.contains(&receiver) || self.lanes[receiver].ride != Ride::Attention {
+                if self.lanes[receiver].ride == Ride::Attention {
                     self.groups[group].attention.push(receiver);
                 }
                 continue;
             }
             self.hand_over(receiver, index, datagram)?;
-            self.nodes[receiver].ride = Ride::From(seq + 1);
+            self.lanes[receiver].ride = Ride::From(seq + 1);
         }
         Ok(())
     }
 
-    fn on_control_sampled(
-        &mut self,
-        group: usize,
-        seq: u64,
-        index: ProductIndex,
-        bop: bool,
-        datagram: &[u8],
-        losers: &[usize],
-    ) -> Result<(), Violation> {
-        // Everyone's share of the run ends here; everyone takes it at once.
+    /// A BOP reaches a group: every member's share of the run ends here. A member that may
+    /// take the product whole ([`Simulation::takes_whole`]) is not visited: it rides from here
+    /// with the BOP held for it; the others take the BOP at once (unless they lose it).
+    fn on_bop_sampled(&mut self, group: usize, bop: HeldBop, losers: &[usize]) -> Result<(), Violation> {
         self.groups[group].attention.clear();
+        let whole = self.groups[group].whole.is_some() && bop.size > 0;
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
-            if !self.nodes[receiver].joined {
+            if !self.lanes[receiver].joined {
                 continue;
             }
-            self.flush_member_to(receiver, seq)?;
+            // The previous product's run (with its held BOP, when its EOP never came).
+            self.flush_member_to(receiver, bop.seq)?;
             let ride = if losers.contains(&receiver) {
                 Ride::Attention
+            } else if whole && self.takes_whole(receiver, bop.index, bop.size) {
+                Ride::Whole(bop.seq + 1)
             } else {
-                self.hand_over(receiver, index, datagram)?;
-                if bop { Ride::From(seq + 1) } else { Ride::Attention }
+                self.hand_over(receiver, bop.index, &bop.datagram)?;
+                Ride::From(bop.seq + 1)
             };
-            self.nodes[receiver].ride = ride;
+            self.lanes[receiver].ride = ride;
             if ride == Ride::Attention {
                 self.groups[group].attention.push(receiver);
             }
         }
-        if bop {
-            self.groups[group].run.reset(index, seq + 1, 0);
-        } else {
-            self.groups[group].run.clear();
+        self.groups[group].run.reset(bop.index, bop.seq + 1, 0);
+        self.groups[group].bop = Some(bop);
+        Ok(())
+    }
+
+    /// An EOP reaches a group: members that took the product whole complete it together (one
+    /// entry in the group's log, their RETX_ENDs as one event); everyone else's share of the
+    /// run ends here and they take the EOP at once (unless they lose it).
+    fn on_eop_sampled(
+        &mut self,
+        group: usize,
+        seq: u64,
+        index: ProductIndex,
+        datagram: &[u8],
+        losers: &[usize],
+    ) -> Result<(), Violation> {
+        self.groups[group].attention.clear();
+        let entry = self.whole_product(group, seq, index, datagram.len())?;
+        let number = self.groups[group].products.len() as u32;
+        let mut completers = Vec::new();
+        for member in 0..self.groups[group].members.len() {
+            let receiver = self.groups[group].members[member];
+            if !self.lanes[receiver].joined {
+                continue;
+            }
+            let lost = losers.contains(&receiver);
+            let lane = &mut self.lanes[receiver];
+            if entry.is_some() && !lost && matches!(lane.ride, Ride::Whole(_)) {
+                lane.whole = match lane.whole {
+                    (from, to) if from == to => (number, number + 1),
+                    (from, to) if to == number => (from, to + 1),
+                    _ => return Err(Violation::Sender(format!("receiver {receiver}: whole products out of turn"))),
+                };
+                completers.push(receiver as u32);
+            } else {
+                self.flush_member_to(receiver, seq)?;
+                if !lost {
+                    self.hand_over(receiver, index, datagram)?;
+                }
+            }
+            self.lanes[receiver].ride = Ride::Attention;
+            self.groups[group].attention.push(receiver);
+        }
+        self.groups[group].run.clear();
+        let Some(entry) = entry else { return Ok(()) };
+        if completers.is_empty() {
+            return Ok(());
+        }
+        if let Some(log) = &mut self.delivery_log {
+            for &receiver in &completers {
+                log.push(DeliveryRecord {
+                    receiver: receiver as usize,
+                    at: entry.completed_at,
+                    latency: Duration::from_nanos(entry.latency_ns.max(0) as u64),
+                    bytes: entry.size,
+                    retransmitted_blocks: 0,
+                });
+            }
+        }
+        let delay = self.groups[group].whole.map_or(Duration::ZERO, |whole| whole.to_sender);
+        let arrival = (entry.completed_at + delay).max(self.now);
+        self.counters.whole_products += completers.len() as u64;
+        self.groups[group].products.push(entry);
+        self.queue.push(arrival, Event::WholeEnds { index, receivers: completers });
+        Ok(())
+    }
+
+    /// The group's current product as a member that took it whole got it, checked as the ledger
+    /// checks a delivery — or `None` when nobody can have (the run since its BOP is not the
+    /// whole product, or its blocks came so far apart that a receive timer could have fired
+    /// between them).
+    fn whole_product(
+        &self,
+        group: usize,
+        seq: u64,
+        index: ProductIndex,
+        eop_len: usize,
+    ) -> Result<Option<WholeProduct>, Violation> {
+        let group = &self.groups[group];
+        let (Some(bop), Some(whole)) = (&group.bop, group.whole) else { return Ok(None) };
+        if bop.index != index || group.run.first_seq != bop.seq + 1 || group.run.start != 0 {
+            return Ok(None);
+        }
+        let Some((run, completed_at)) = group.run.share(bop.seq + 1, seq) else { return Ok(None) };
+        if run.end != bop.size || u64::from(run.datagrams) != seq - bop.seq - 1 {
+            return Ok(None);
+        }
+        let mut last = bop.at;
+        for &at in &group.run.times {
+            if at - last >= whole.gap_max {
+                return Ok(None);
+            }
+            last = at;
+        }
+        let (Some(metadata), size) = (bop.metadata, bop.size) else { return Ok(None) };
+        self.ledger.check_whole(index, size, metadata, bop.start_time, run.fingerprint)?;
+        Ok(Some(WholeProduct {
+            index,
+            size,
+            completed_at,
+            // As the receiver reckons it (the simulator leaves its wall clock at the default).
+            latency_ns: WallClock::default().wall_at(completed_at).signed_nanos_since(bop.start_time),
+            datagrams: u64::from(run.datagrams) + 2,
+            wire_bytes: run.wire_bytes + bop.datagram.len() as u64 + eop_len as u64,
+        }))
+    }
+
+    /// Whether member `receiver` may take product `index` of `size` bytes whole: its state
+    /// machine (as of its last visit, with the whole products since) allows it
+    /// ([`Receiver::whole_product_room`]) and has seen the product just before.
+    fn takes_whole(&self, receiver: usize, index: ProductIndex, size: u32) -> bool {
+        let lane = &self.lanes[receiver];
+        let Some((seen, room)) = lane.room else { return false };
+        let newest = match lane.whole {
+            (from, to) if from < to => self.groups[lane.group as usize].products[to as usize - 1].index,
+            _ => seen,
+        };
+        newest.next() == index && size <= room
+    }
+
+    /// The RETX_ENDs of members that took a product whole reach the sender (each as if on its
+    /// own connection: held back behind what backpressure holds).
+    fn on_whole_ends(&mut self, index: ProductIndex, receivers: &[u32]) -> Result<(), Violation> {
+        let message = Message { index, body: Body::RetxEnd };
+        for &receiver in receivers {
+            let receiver = receiver as usize;
+            let node = &mut self.nodes[receiver];
+            if !node.connected {
+                self.counters.stream_lost_in_reset += 1;
+                continue;
+            }
+            if !node.held.is_empty() || !self.sender.accepts_stream(node.id) {
+                if node.held.is_empty() {
+                    self.held_nodes.push(receiver);
+                }
+                let mut frame = Vec::with_capacity(message.buffer_len());
+                message
+                    .emit_to_vec(&mut frame)
+                    .map_err(|e| Violation::Receiver { receiver, what: format!("cannot emit {message:?}: {e}") })?;
+                node.held.push_back(frame);
+                continue;
+            }
+            self.sender.handle_stream(self.now, node.id, &message);
+            self.drain_sender()?;
+        }
+        Ok(())
+    }
+
+    /// Brings member `receiver`'s state machine up to date before it is visited: the whole
+    /// products it took since its last visit ([`Receiver::took_whole_products`], and the ledger
+    /// settles them), then — if it is taking the current product whole — the held BOP, as of
+    /// when it came (its ride goes on from there).
+    fn catch_up(&mut self, receiver: usize) -> Result<(), Violation> {
+        let lane = &mut self.lanes[receiver];
+        let (from, to) = lane.whole;
+        let group = lane.group as usize;
+        if from < to {
+            lane.whole = (to, to);
+            let entries = &self.groups[group].products[from as usize..to as usize];
+            let newest = entries[entries.len() - 1].index;
+            let (datagrams, bytes) = entries
+                .iter()
+                .fold((0, 0), |(datagrams, bytes), entry| (datagrams + entry.datagrams, bytes + entry.wire_bytes));
+            self.nodes[receiver]
+                .receiver
+                .took_whole_products(newest, to - from, datagrams, bytes)
+                .map_err(|e| Violation::Receiver { receiver, what: e.0 })?;
+            for entry in entries {
+                self.ledger.delivered_whole(receiver, entry.index, entry.latency_ns)?;
+            }
+        }
+        if let Ride::Whole(from) = self.lanes[receiver].ride {
+            self.lanes[receiver].ride = Ride::From(from);
+            let Some(bop) = &self.groups[group].bop else {
+                return Err(Violation::Receiver { receiver, what: "takes a product whole without its BOP".into() });
+            };
+            let (at, datagram) = (bop.at, bop.datagram.clone());
+            self.nodes[receiver].receiver.handle_datagram(at, &datagram);
+            self.drain_receiver_at(receiver, at)?;
         }
         Ok(())
     }
@@ -1157,24 +1400,30 @@ impl Simulation {
     /// Receiver `receiver` takes the next datagram at once. (A joined receiver is in its
     /// group's attention list exactly when its ride is [`Ride::Attention`].)
     fn attend(&mut self, receiver: usize) {
-        let node = &mut self.nodes[receiver];
-        if node.ride != Ride::Attention {
-            node.ride = Ride::Attention;
-            self.groups[node.group].attention.push(receiver);
+        let lane = &mut self.lanes[receiver];
+        if lane.ride != Ride::Attention {
+            lane.ride = Ride::Attention;
+            self.groups[lane.group as usize].attention.push(receiver);
         }
     }
 
     /// Hands receiver `receiver` a datagram now.
     fn hand_over(&mut self, receiver: usize, index: ProductIndex, datagram: &[u8]) -> Result<(), Violation> {
+        self.catch_up(receiver)?;
         self.ledger.contact(receiver, index);
         self.nodes[receiver].receiver.handle_datagram(self.now, datagram);
         self.drain_receiver(receiver)
     }
 
-    /// Hands a riding receiver its share of its group's run before group datagram `to`.
+    /// Hands a riding receiver its share of its group's run before group datagram `to` (and
+    /// first brings it up to date: [`Simulation::catch_up`]).
     fn flush_member_to(&mut self, receiver: usize, to: u64) -> Result<(), Violation> {
-        let Ride::From(from) = self.nodes[receiver].ride else { return Ok(()) };
-        self.nodes[receiver].ride = Ride::From(to.max(from));
+        if !self.lanes[receiver].ride.rides() {
+            return Ok(());
+        }
+        self.catch_up(receiver)?;
+        let Ride::From(from) = self.lanes[receiver].ride else { return Ok(()) };
+        self.lanes[receiver].ride = Ride::From(to.max(from));
         let group = self.nodes[receiver].group;
         let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(()) };
         let index = run.index;
@@ -1193,20 +1442,33 @@ impl Simulation {
         self.flush_member_to(receiver, to)
     }
 
-    /// [`Simulation::flush_run`] for every receiver; whether any had blocks to hand over.
+    /// [`Simulation::flush_run`] for every receiver; whether any had blocks to hand over (or a
+    /// held BOP).
     fn flush_runs(&mut self) -> Result<bool, Violation> {
         let mut any = false;
         for receiver in 0..self.nodes.len() {
-            let node = &self.nodes[receiver];
-            let group = &self.groups[node.group];
-            if let Ride::From(from) = node.ride {
-                if group.run.share(from, group.seq).is_some() {
-                    any = true;
-                    self.flush_run(receiver)?;
-                }
+            let lane = &self.lanes[receiver];
+            let group = &self.groups[lane.group as usize];
+            let pending = match lane.ride {
+                Ride::From(from) => group.run.share(from, group.seq).is_some(),
+                Ride::Whole(_) => true,
+                Ride::Attention => false,
+            };
+            if pending {
+                any = true;
+                self.flush_run(receiver)?;
             }
         }
         Ok(any)
+    }
+
+    /// Brings every member's state machine and ledger up to date (the whole products they took
+    /// since their last visit), before the checks at rest and the report.
+    fn catch_up_all(&mut self) -> Result<(), Violation> {
+        for receiver in 0..self.nodes.len() {
+            self.catch_up(receiver)?;
+        }
+        Ok(())
     }
 
     // ---------------------------------------------------------------------------------------
@@ -1379,6 +1641,9 @@ impl Simulation {
             }
             self.ledger.receiver_event(receiver, event)?;
         }
+        let lane = &mut self.lanes[receiver];
+        lane.busy = node.receiver.in_flight_products() > 0;
+        lane.room = node.receiver.whole_product_room();
         if node.receiver.in_flight_products() > node.in_flight_products_max
             || node.receiver.in_flight_bytes() > node.in_flight_bytes_max
         {
@@ -1432,6 +1697,11 @@ enum Event {
     Multicast {
         group: usize,
         datagram: Rc<[u8]>,
+    },
+    /// The RETX_ENDs of the members that took a product whole reach the sender.
+    WholeEnds {
+        index: ProductIndex,
+        receivers: Vec<u32>,
     },
     /// A repair message reaches a receiver.
     ToReceiver {
@@ -1487,21 +1757,78 @@ struct Node {
     datagrams_lost: u64,
     /// Its delay group.
     group: usize,
-    /// Sampled losses: how it takes its group's next datagram.
-    ride: Ride,
     /// Sampled losses: the group sequence number of the next datagram it loses.
     next_loss: u64,
 }
 
 /// How a receiver takes its group's next datagram when losses are sampled
 /// ([`Simulation::on_multicast_sampled`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Ride {
     /// Data blocks of the group's current run, from this sequence number on, are its own
     /// without anything done per block; they are handed over when something concerns it.
     From(u64),
+    /// As `From`, and the product's BOP (held by the group) was not handed over either: the
+    /// receiver takes the product whole unless something concerns it before its EOP
+    /// ([`Simulation::catch_up`] then hands it the BOP as of when it came).
+    Whole(u64),
     /// The next datagram is handed over as it comes (after a loss, an EOP, a join).
+    #[default]
     Attention,
+}
+
+impl Ride {
+    /// Whether it rides the group's run.
+    fn rides(self) -> bool {
+        !matches!(self, Self::Attention)
+    }
+}
+
+/// What the fan-out looks at for each member.
+#[derive(Debug, Default)]
+struct Lane {
+    group: u32,
+    joined: bool,
+    ride: Ride,
+    /// Its state machine holds products (it may want parity shards).
+    busy: bool,
+    /// [`Receiver::whole_product_room`] as of its last visit.
+    room: Option<(ProductIndex, u32)>,
+    /// The entries of its group's log of whole products it took since its last visit.
+    whole: (u32, u32),
+}
+
+/// A BOP a group received, held for the members taking the product whole.
+struct HeldBop {
+    at: Instant,
+    seq: u64,
+    index: ProductIndex,
+    size: u32,
+    start_time: WallTime,
+    metadata: Option<[u8; 16]>,
+    datagram: Rc<[u8]>,
+}
+
+/// A product members of a group took whole.
+struct WholeProduct {
+    index: ProductIndex,
+    size: u32,
+    completed_at: Instant,
+    latency_ns: i64,
+    datagrams: u64,
+    wire_bytes: u64,
+}
+
+/// Whether a group's members may take products whole: every member's TCP path to the sender
+/// is a plain delay (no rate, stalls or resets), the same for all (their RETX_ENDs go as one
+/// event), and they repair alike.
+#[derive(Clone, Copy, Debug)]
+struct WholeSpec {
+    /// That delay.
+    to_sender: Duration,
+    /// Blocks of a product taken whole came less than this apart (the members' smallest
+    /// receive-timer slack: no receive timer can have fired between them).
+    gap_max: Duration,
 }
 
 /// Receivers sharing one multicast delay and jitter: one heap event per datagram.
@@ -1519,6 +1846,14 @@ struct Group {
     attention: Vec<usize>,
     /// Sampled losses: the data blocks the group has had back to back since the last BOP.
     run: GroupRun,
+    /// Sampled losses: whether members may take products whole, and how.
+    whole: Option<WholeSpec>,
+    /// The parity settings its members repair with.
+    parity: Option<ParityConfig>,
+    /// The current product's BOP, held for the members taking it whole.
+    bop: Option<HeldBop>,
+    /// The products members took whole, in order.
+    products: Vec<WholeProduct>,
 }
 
 impl Group {
@@ -1533,6 +1868,10 @@ impl Group {
             losses: BinaryHeap::new(),
             attention: Vec::new(),
             run: GroupRun::default(),
+            whole: None,
+            parity: None,
+            bop: None,
+            products: Vec::new(),
         }
     }
 }
@@ -1624,4 +1963,5 @@ struct Counters {
     stream_lost_in_reset: u64,
     resets: u64,
     sender_bound_hits: u64,
+    whole_products: u64,
 }

@@ -464,3 +464,51 @@ fn parity_keeps_egress_near_the_ingest_at_570_subscribers_and_one_percent_loss()
     assert!(egress <= 1.1, "egress {egress:.3} per product byte: {report}");
     assert!(report.sender.parity_datagrams > 0, "{report}");
 }
+
+/// Members that get a product without loss take it whole (not visited for its BOP and EOP):
+/// the same receivers deliver the same products, with the same counters and latencies, as when
+/// every member is handed every BOP and EOP — with unicast repairs and with parity, and with
+/// receivers joining late (the ledger checks every delivery either way).
+#[test]
+fn taking_products_whole_changes_nothing_a_receiver_reports() {
+    let seed = seed_from_env(29);
+    for parity in [false, true] {
+        let late = Instant::ZERO + Duration::from_millis(700);
+        let specs: Vec<ReceiverSpec> = (0..60)
+            .map(|n| {
+                let spec = rtt30().loss(LossModel::Bernoulli(0.01));
+                if n % 10 == 9 { spec.join_at(late) } else { spec }
+            })
+            .collect();
+        let report = |whole: bool| {
+            let mut config = SimConfig::new(seed, specs.clone());
+            config.content = ContentMode::Pattern;
+            config.whole_products = whole;
+            let config = if parity { config.with_parity(64, 16) } else { config };
+            run(config, Workload::generated(seed, 400, 100, 300_000, 10 * MS))
+        };
+        let (whole, visited) = (report(true), report(false));
+        assert_eq!(visited.whole_products, 0);
+        assert!(
+            whole.whole_products * 10 > whole.delivered() * 3,
+            "parity {parity}: {} of {} deliveries taken whole",
+            whole.whole_products,
+            whole.delivered()
+        );
+        assert_eq!(whole.missed() + visited.missed(), 0, "{whole}\n{visited}");
+        for (n, (a, b)) in whole.receivers.iter().zip(&visited.receivers).enumerate() {
+            let what = format!("parity {parity}, receiver {n}");
+            assert_eq!(a.first_contact, b.first_contact, "{what}");
+            assert_eq!(a.tally.delivered, b.tally.delivered, "{what}");
+            assert_eq!(a.counters.started, b.counters.started, "{what}");
+            assert_eq!(a.counters.delivered, b.counters.delivered, "{what}");
+            assert_eq!(a.counters.retx_ends, b.counters.retx_ends, "{what}");
+            assert_eq!(a.datagrams_lost, b.datagrams_lost, "{what}");
+            assert_eq!(a.counters.datagrams, b.counters.datagrams, "{what}");
+            assert_eq!(a.counters.datagram_bytes, b.counters.datagram_bytes, "{what}");
+            assert_eq!(a.counters.duplicates, b.counters.duplicates, "{what}");
+            let (mean_a, mean_b) = (a.tally.latency.mean().as_secs_f64(), b.tally.latency.mean().as_secs_f64());
+            assert!((mean_a - mean_b).abs() <= 0.01 * mean_b, "{what}: mean latency {mean_a} vs {mean_b}");
+        }
+    }
+}
