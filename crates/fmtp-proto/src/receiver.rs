@@ -1551,7 +1551,7 @@ impl Receiver {
         let parity = parity.filter(|parity| parity.groups(size) <= 1 << 16);
         let mut ranges = Vec::new();
         let mut groups: Vec<u16> = Vec::new();
-        for (gap_start, gap_end) in product.received.gaps(start, end) {
+        for (gap_start, gap_end) in product.received.gaps_iter(start, end) {
             for (from, to) in product.requested.gaps(gap_start, gap_end) {
                 product.requested.insert(from, to);
                 let Some(parity) = &parity else {
@@ -1610,8 +1610,12 @@ impl Receiver {
 
     /// Blocks of `[start, end)` neither received nor still to come by multicast (asked for).
     fn lost_blocks(product: &Incoming, start: u64, end: u64, block_len: u64) -> u32 {
-        let lost: u64 =
-            Self::lost_ranges(product, start, end).iter().map(|(from, to)| (to - from).div_ceil(block_len)).sum();
+        let lost: u64 = product
+            .received
+            .gaps_iter(start, end)
+            .flat_map(|(from, to)| product.requested.within(from, to))
+            .map(|(from, to)| (to - from).div_ceil(block_len))
+            .sum();
         // ≤ the blocks of a group ≤ 32768.
         lost as u32
     }

@@ -19,7 +19,9 @@
 //! runs until nothing is pending. Then every product must be accounted for.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
+
+use dary_heap::QuaternaryHeap;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -447,6 +449,10 @@ pub struct Simulation {
     sampled: Option<bool>,
     /// Scratch: the members losing the datagram in hand.
     losers: Vec<usize>,
+    /// Stream messages to the sender that arrive at `requests_at`, not yet scheduled
+    /// ([`Simulation::flush_requests`]).
+    requests: Vec<(u32, u32, Request)>,
+    requests_at: Instant,
     /// Nodes with stream messages held back by the sender's backpressure.
     held_nodes: Vec<usize>,
     buf: Vec<u8>,
@@ -583,6 +589,8 @@ impl Simulation {
             delivery_log: None,
             sampled: None,
             losers: Vec::new(),
+            requests: Vec::new(),
+            requests_at: Instant::ZERO,
             held_nodes: Vec::new(),
             buf: Vec::with_capacity(2048),
             healed: false,
@@ -638,7 +646,9 @@ impl Simulation {
             let Some(at) = self.queue.peek_time().filter(|&at| at <= limit) else {
                 // Blocks still pending go to their receivers before the stretch ends (which
                 // may schedule more).
-                if self.flush_runs().map_err(|violation| self.failure(violation))? {
+                let flushed = self.flush_runs().map_err(|violation| self.failure(violation))?;
+                self.flush_requests();
+                if flushed {
                     continue;
                 }
                 if self.queue.peek_time().is_none() {
@@ -663,14 +673,22 @@ impl Simulation {
                 return Err(self.failure(Violation::NotQuiescent(what)));
             }
             self.handle(event).map_err(|violation| self.failure(violation))?;
+            self.flush_requests();
         }
     }
 
     /// Runs until nothing is pending, then checks that everything is at rest and every product
     /// accounted for.
     pub fn finish(&mut self) -> Result<Report, Failure> {
-        self.run_until(Instant::MAX)?;
-        self.catch_up_all().map_err(|violation| self.failure(violation))?;
+        loop {
+            self.run_until(Instant::MAX)?;
+            // Held BOPs handed over can make a receiver send (not at rest yet then).
+            self.catch_up_all().map_err(|violation| self.failure(violation))?;
+            self.flush_requests();
+            if self.queue.peek_time().is_none() {
+                break;
+            }
+        }
         self.check_at_rest().map_err(|violation| self.failure(violation))?;
         self.ledger.check_liveness().map_err(|violation| self.failure(violation))?;
         Ok(self.report())
@@ -801,24 +819,11 @@ impl Simulation {
                     .map_err(|e| Violation::Receiver { receiver, what: format!("refused a repair frame: {e}") })?;
                 self.drain_receiver(receiver)
             }
-            Event::ToSender { receiver, generation, frame } => {
-                let node = &mut self.nodes[receiver];
-                if generation != node.to_sender.generation || !node.connected {
-                    self.counters.stream_lost_in_reset += 1;
-                    return Ok(());
+            Event::ToSender { requests } => {
+                for (receiver, generation, request) in requests {
+                    self.on_request(receiver as usize, generation, request)?;
                 }
-                if !node.held.is_empty() || !self.sender.accepts_stream(node.id) {
-                    // TCP backpressure: the sender stops reading this connection.
-                    if node.held.is_empty() {
-                        self.held_nodes.push(receiver);
-                    }
-                    node.held.push_back(frame);
-                    return Ok(());
-                }
-                self.sender
-                    .handle_stream_frame(self.now, node.id, &frame)
-                    .map_err(|e| Violation::Receiver { receiver, what: format!("sent a malformed frame: {e}") })?;
-                self.drain_sender()
+                Ok(())
             }
             Event::ReceiverWake { receiver } => {
                 let node = &mut self.nodes[receiver];
@@ -1334,6 +1339,36 @@ impl Simulation {
         newest.next() == index && size <= room
     }
 
+    /// A stream message from receiver `receiver` reaches the sender (on its connection of
+    /// generation `generation`).
+    fn on_request(&mut self, receiver: usize, generation: u32, request: Request) -> Result<(), Violation> {
+        let node = &mut self.nodes[receiver];
+        if generation != node.to_sender.generation || !node.connected {
+            self.counters.stream_lost_in_reset += 1;
+            return Ok(());
+        }
+        if !node.held.is_empty() || !self.sender.accepts_stream(node.id) {
+            // TCP backpressure: the sender stops reading this connection.
+            if node.held.is_empty() {
+                self.held_nodes.push(receiver);
+            }
+            node.held.push_back(request);
+            return Ok(());
+        }
+        self.sender
+            .handle_stream_frame(self.now, node.id, request.frame())
+            .map_err(|e| Violation::Receiver { receiver, what: format!("sent a malformed frame: {e}") })?;
+        self.drain_sender()
+    }
+
+    /// Schedules the stream messages to the sender that arrive at one instant as one event.
+    fn flush_requests(&mut self) {
+        if !self.requests.is_empty() {
+            let requests = std::mem::take(&mut self.requests);
+            self.queue.push(self.requests_at, Event::ToSender { requests });
+        }
+    }
+
     /// The RETX_ENDs of members that took a product whole reach the sender (each as if on its
     /// own connection: held back behind what backpressure holds).
     fn on_whole_ends(&mut self, index: ProductIndex, receivers: &[u32]) -> Result<(), Violation> {
@@ -1349,11 +1384,7 @@ impl Simulation {
                 if node.held.is_empty() {
                     self.held_nodes.push(receiver);
                 }
-                let mut frame = Vec::with_capacity(message.buffer_len());
-                message
-                    .emit_to_vec(&mut frame)
-                    .map_err(|e| Violation::Receiver { receiver, what: format!("cannot emit {message:?}: {e}") })?;
-                node.held.push_back(frame);
+                node.held.push_back(Request::encode(receiver, &message)?);
                 continue;
             }
             self.sender.handle_stream(self.now, node.id, &message);
@@ -1594,9 +1625,9 @@ impl Simulation {
             let receiver = self.held_nodes[k];
             let node = &mut self.nodes[receiver];
             while self.sender.accepts_stream(node.id) {
-                let Some(frame) = node.held.pop_front() else { break };
+                let Some(request) = node.held.pop_front() else { break };
                 self.sender
-                    .handle_stream_frame(self.now, node.id, &frame)
+                    .handle_stream_frame(self.now, node.id, request.frame())
                     .map_err(|e| Violation::Receiver { receiver, what: format!("sent a malformed frame: {e}") })?;
                 fed = true;
             }
@@ -1620,13 +1651,18 @@ impl Simulation {
         let node = &mut self.nodes[receiver];
         if node.connected {
             while let Some(message) = node.receiver.poll_transmit() {
-                let mut frame = Vec::with_capacity(message.buffer_len());
-                message
-                    .emit_to_vec(&mut frame)
-                    .map_err(|e| Violation::Receiver { receiver, what: format!("cannot emit {message:?}: {e}") })?;
-                let arrival = node.to_sender.send(at, frame.len()).max(self.now);
+                let request = Request::encode(receiver, &message)?;
+                let arrival = node.to_sender.send(at, request.frame().len()).max(self.now);
                 let generation = node.to_sender.generation;
-                self.queue.push(arrival, Event::ToSender { receiver, generation, frame });
+                // Messages that arrive at the same instant go as one event (members that lost
+                // the same datagram, or finished a product together, ask or end at once).
+                if arrival != self.requests_at && !self.requests.is_empty() {
+                    let requests = std::mem::take(&mut self.requests);
+                    self.queue.push(self.requests_at, Event::ToSender { requests });
+                }
+                self.requests_at = arrival;
+                // Receiver positions are < 2³² (checked at construction).
+                self.requests.push((receiver as u32, generation, request));
             }
         }
         while let Some(event) = node.receiver.poll_event() {
@@ -1709,11 +1745,10 @@ enum Event {
         generation: u32,
         frame: Vec<u8>,
     },
-    /// A request reaches the sender.
+    /// Requests reach the sender: (receiver, its connection's generation, the message), in the
+    /// order they were sent.
     ToSender {
-        receiver: usize,
-        generation: u32,
-        frame: Vec<u8>,
+        requests: Vec<(u32, u32, Request)>,
     },
     /// A receiver's `poll_timeout` (valid only if it still equals the node's `wake`).
     ReceiverWake {
@@ -1750,7 +1785,7 @@ struct Node {
     to_receiver: Channel,
     rtt: Duration,
     /// Stream messages the sender is not reading yet (backpressure), in order.
-    held: VecDeque<Vec<u8>>,
+    held: VecDeque<Request>,
     wake: Option<Instant>,
     in_flight_products_max: usize,
     in_flight_bytes_max: u64,
@@ -1781,6 +1816,40 @@ impl Ride {
     /// Whether it rides the group's run.
     fn rides(self) -> bool {
         !matches!(self, Self::Attention)
+    }
+}
+
+/// A stream message from a receiver, encoded, kept inline (a receiver's messages are requests
+/// and RETX_ENDs: a header and a few bytes; millions of them would otherwise be as many
+/// allocations).
+#[derive(Clone, Copy)]
+struct Request {
+    len: u8,
+    bytes: [u8; Request::LEN_MAX],
+}
+
+impl Request {
+    const LEN_MAX: usize = 24;
+
+    fn encode(receiver: usize, message: &Message<'_>) -> Result<Self, Violation> {
+        let mut request = Self { len: 0, bytes: [0; Self::LEN_MAX] };
+        let len = message.buffer_len();
+        if len > Self::LEN_MAX {
+            return Err(Violation::Receiver {
+                receiver,
+                what: format!("sent a {len}-byte stream message: {message:?}"),
+            });
+        }
+        message
+            .emit(&mut request.bytes[..len])
+            .map_err(|e| Violation::Receiver { receiver, what: format!("cannot emit {message:?}: {e}") })?;
+        // ≤ LEN_MAX.
+        request.len = len as u8;
+        Ok(request)
+    }
+
+    fn frame(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
@@ -1841,7 +1910,7 @@ struct Group {
     /// Sampled losses: datagrams that have reached the group.
     seq: u64,
     /// Sampled losses: each joined member's next lost datagram, earliest first.
-    losses: BinaryHeap<Reverse<(u64, usize)>>,
+    losses: QuaternaryHeap<Reverse<(u64, usize)>>,
     /// Sampled losses: members with [`Ride::Attention`].
     attention: Vec<usize>,
     /// Sampled losses: the data blocks the group has had back to back since the last BOP.
@@ -1865,7 +1934,7 @@ impl Group {
             joined: 0,
             last_arrival: Instant::ZERO,
             seq: 0,
-            losses: BinaryHeap::new(),
+            losses: QuaternaryHeap::new(),
             attention: Vec::new(),
             run: GroupRun::default(),
             whole: None,

@@ -152,10 +152,35 @@ impl ProductData for PatternData {
     }
 }
 
-/// The 8 pattern bytes of word `word` (bytes `8 × word ..`).
+/// The 8 pattern bytes of word `word` (bytes `8 × word ..`): a mix of the product's seed and
+/// the word's line of 8 words, plus an odd multiple of the word's place in its line — every
+/// byte depends on the product and its position, at a mix per 64 bytes.
 #[inline]
 fn pattern_word(seed: u64, word: u64) -> [u8; 8] {
-    mix64(seed ^ word.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes()
+    pattern_in_line(pattern_line(seed, word), word).to_le_bytes()
+}
+
+/// The mix of the line (8 words) that word `word` is in.
+#[inline]
+fn pattern_line(seed: u64, word: u64) -> u64 {
+    mix64(seed ^ (word >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// Word `word` of its line, given the line's mix.
+#[inline]
+fn pattern_in_line(line: u64, word: u64) -> u64 {
+    line.wrapping_add((word & 7).wrapping_mul(0xd6e8_feb8_6659_fd93))
+}
+
+/// The pattern words from word `first` on, one per call (a mix per line, not per word).
+fn pattern_words(seed: u64, first: u64) -> impl Iterator<Item = u64> {
+    let mut line = pattern_line(seed, first);
+    (first..).map(move |word| {
+        if word & 7 == 0 {
+            line = pattern_line(seed, word);
+        }
+        pattern_in_line(line, word)
+    })
 }
 
 /// Fills `out` with the pattern bytes `[offset, offset + out.len())` of the product `seed`.
@@ -166,15 +191,15 @@ pub fn pattern_fill(seed: u64, offset: u64, out: &mut [u8]) {
         let position = offset + k as u64;
         *byte = pattern_word(seed, position / 8)[(position % 8) as usize];
     }
-    let mut word = (offset + head as u64) / 8;
+    let first = (offset + head as u64) / 8;
+    let last = first + (rest.len() / 8) as u64;
     let mut chunks = rest.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        chunk.copy_from_slice(&pattern_word(seed, word));
-        word += 1;
+    let mut words = pattern_words(seed, first);
+    for (chunk, word) in (&mut chunks).zip(&mut words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
     }
     let tail = chunks.into_remainder();
-    let bytes = pattern_word(seed, word);
-    tail.copy_from_slice(&bytes[..tail.len()]);
+    tail.copy_from_slice(&pattern_word(seed, last)[..tail.len()]);
 }
 
 /// Whether `bytes` are the pattern bytes at `offset` of the product `seed` (one pass, no
@@ -188,17 +213,16 @@ pub fn pattern_matches(seed: u64, offset: u64, bytes: &[u8]) -> bool {
             return false;
         }
     }
-    let mut word = (offset + head as u64) / 8;
+    let first = (offset + head as u64) / 8;
     let mut chunks = rest.chunks_exact(8);
     let mut differ = 0u64;
-    for chunk in &mut chunks {
-        let expected = u64::from_le_bytes(pattern_word(seed, word));
+    for (chunk, expected) in (&mut chunks).zip(pattern_words(seed, first)) {
         // chunks_exact yields 8-byte chunks.
         differ |= u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ expected;
-        word += 1;
     }
     let tail = chunks.remainder();
-    differ == 0 && tail == &pattern_word(seed, word)[..tail.len()]
+    let last = first + (rest.len() / 8) as u64;
+    differ == 0 && tail == &pattern_word(seed, last)[..tail.len()]
 }
 
 /// The pattern bytes of a whole product (small scenarios).
@@ -282,6 +306,9 @@ mod tests {
         assert!(!pattern_matches(42, 100, &wrong));
         assert!(!pattern_matches(43, 100, &whole[100..200]));
         assert!(!pattern_matches(42, 101, &whole[100..200]));
+        // A word, or a line of 8 words, away.
+        assert!(!pattern_matches(42, 108, &whole[100..200]));
+        assert!(!pattern_matches(42, 164, &whole[100..200]));
     }
 
     #[test]
