@@ -762,8 +762,21 @@ impl Simulation {
     }
 
     fn handle(&mut self, event: Event) -> Result<(), Violation> {
-        // Whatever concerns a receiver comes after the blocks it has been sent.
+        let stale = match &event {
+            // A wake is stale if another replaced it or its timer was cancelled meanwhile.
+            Event::SenderWake => {
+                self.sender_wake != Some(self.now) || self.sender.poll_timeout().is_none_or(|at| at > self.now)
+            }
+            Event::ReceiverWake { receiver } => {
+                let node = &self.nodes[*receiver];
+                node.wake != Some(self.now) || node.receiver.poll_timeout().is_none_or(|at| at > self.now)
+            }
+            _ => false,
+        };
+        // Whatever concerns a receiver comes after the blocks it has been sent (a stale wake
+        // concerns nobody).
         match &event {
+            Event::ReceiverWake { .. } if stale => {}
             Event::ToReceiver { receiver, .. }
             | Event::ReceiverWake { receiver }
             | Event::Reset { receiver, .. }
@@ -782,17 +795,6 @@ impl Simulation {
             | Event::Writable { .. }
             | Event::Join { .. } => {}
         }
-        let stale = match &event {
-            // A wake is stale if another replaced it or its timer was cancelled meanwhile.
-            Event::SenderWake => {
-                self.sender_wake != Some(self.now) || self.sender.poll_timeout().is_none_or(|at| at > self.now)
-            }
-            Event::ReceiverWake { receiver } => {
-                let node = &self.nodes[*receiver];
-                node.wake != Some(self.now) || node.receiver.poll_timeout().is_none_or(|at| at > self.now)
-            }
-            _ => false,
-        };
         if !stale {
             self.last_active = self.now;
         }
@@ -831,6 +833,14 @@ impl Simulation {
                     return Ok(());
                 }
                 node.wake = None;
+                if stale {
+                    // Its timer moved later (or went): only the wake follows it.
+                    if let Some(at) = node.receiver.poll_timeout() {
+                        node.wake = Some(at);
+                        self.queue.push(at, Event::ReceiverWake { receiver });
+                    }
+                    return Ok(());
+                }
                 node.receiver.handle_timeout(self.now);
                 self.drain_receiver(receiver)
             }
