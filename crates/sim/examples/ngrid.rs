@@ -53,6 +53,10 @@ struct Args {
     /// Materialize products and check full MD5s (slow at scale).
     #[arg(long)]
     memory: bool,
+    /// Hand every receiver every BOP and EOP: no product taken whole (to compare; the
+    /// deliveries are the same).
+    #[arg(long)]
+    visit_all: bool,
     #[command(flatten)]
     parity: parity_args::ParityArgs,
 }
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
     }
     config = args.parity.apply(config);
     config.content = if args.memory { ContentMode::Memory } else { ContentMode::Pattern };
+    config.whole_products = !args.visit_all;
     println!(
         "{}: {} products, {:.2} GB over {:?}, to {} receivers at {}% loss, RTT {:?}, {} bit/s, seed {seed}",
         trace.display(),
