@@ -29,12 +29,12 @@
 //!   what a delivery monitor at the publisher sees of each subscriber.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-
-use foldhash::fast::FixedState;
 use std::fmt;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc;
 use std::time::Duration;
+
+use foldhash::fast::FixedState;
 
 use crate::ConfigError;
 use crate::index::ProductIndex;

@@ -493,19 +493,18 @@ impl Ledger {
         start_time: WallTime,
         fingerprint: u64,
     ) -> Result<(), Violation> {
-        let position =
-            self.position(index).ok_or(Violation::UnknownProduct { receiver: usize::MAX, index: index.0 })?;
+        let wrong = |what: String| Violation::Sender(format!("product {index} as a group took it whole: {what}"));
+        let position = self.position(index).ok_or_else(|| wrong("never enqueued".into()))?;
         let record = &self.products[position];
-        let wrong = |what: String| Violation::WrongDelivery { receiver: usize::MAX, index: index.0, what };
         if size != record.size || metadata != record.metadata {
-            return Err(wrong("taken whole with the wrong size or metadata".into()));
+            return Err(wrong("wrong size or metadata".into()));
         }
         if start_time != WallTime::from_unix_nanos(u128::from(record.enqueued_at.as_nanos())) {
-            return Err(wrong(format!("taken whole with start time {start_time:?}")));
+            return Err(wrong(format!("start time {start_time:?}")));
         }
         if fingerprint != record.fingerprint || self.check_md5 {
             return Err(wrong(format!(
-                "taken whole with fingerprint {fingerprint:#x}, expected {:#x} (or with memory content)",
+                "fingerprint {fingerprint:#x}, expected {:#x} (or with memory content, whose bytes are checked)",
                 record.fingerprint
             )));
         }

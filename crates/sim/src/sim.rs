@@ -1260,7 +1260,10 @@ impl Simulation {
                 lane.whole = match lane.whole {
                     (from, to) if from == to => (number, number + 1),
                     (from, to) if to == number => (from, to + 1),
-                    _ => return Err(Violation::Sender(format!("receiver {receiver}: whole products out of turn"))),
+                    (from, to) => {
+                        let what = format!("took product {index} whole out of turn (after entries {from}..{to})");
+                        return Err(Violation::Receiver { receiver, what });
+                    }
                 };
                 completers.push(receiver as u32);
             } else {
