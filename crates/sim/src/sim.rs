@@ -1401,9 +1401,10 @@ impl Simulation {
                 continue;
             }
             self.sender.handle_stream(self.now, node.id, &message);
-            self.drain_sender()?;
         }
-        Ok(())
+        // What the sender has to send after them (a RETX_END changes no transmission the
+        // others could come before, but a release).
+        self.drain_sender()
     }
 
     /// Brings member `receiver`'s state machine up to date before it is visited: the whole
