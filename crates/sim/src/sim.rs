@@ -20,12 +20,12 @@
 
 use std::cmp::Reverse;
 use std::collections::VecDeque;
-
-use dary_heap::QuaternaryHeap;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
+
+use dary_heap::QuaternaryHeap;
 
 use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
