@@ -162,6 +162,30 @@ pub(crate) struct ProductRecord {
     pub(crate) released: Option<ReleaseReason>,
 }
 
+/// What a delivery says of its product against the record: metadata, start time (the enqueue
+/// time, as the sender stamps it) and the fingerprint of its blocks.
+fn check_product(
+    record: &ProductRecord,
+    metadata: &[u8],
+    start_time: WallTime,
+    fingerprint: u64,
+) -> Result<(), String> {
+    if metadata != record.metadata {
+        return Err("metadata differs".into());
+    }
+    let expected = WallTime::from_unix_nanos(u128::from(record.enqueued_at.as_nanos()));
+    if start_time != expected {
+        return Err(format!("start time {start_time:?}, expected {expected:?}"));
+    }
+    if fingerprint != record.fingerprint {
+        return Err(format!(
+            "fingerprint {fingerprint:#x}, expected {:#x} (a block missing, doubled, misplaced or wrong)",
+            record.fingerprint
+        ));
+    }
+    Ok(())
+}
+
 /// How a product ended at one receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -426,19 +450,7 @@ impl Ledger {
         let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
         let record = &self.products[position];
         let wrong = |what: String| Violation::WrongDelivery { receiver, index: index.0, what };
-        if delivery.metadata != record.metadata {
-            return Err(wrong("metadata differs".into()));
-        }
-        let start_time = WallTime::from_unix_nanos(u128::from(record.enqueued_at.as_nanos()));
-        if delivery.start_time != start_time {
-            return Err(wrong(format!("start time {:?}, expected {start_time:?}", delivery.start_time)));
-        }
-        if delivery.fingerprint != record.fingerprint {
-            return Err(wrong(format!(
-                "fingerprint {:#x}, expected {:#x} (a block missing, doubled, misplaced or wrong)",
-                delivery.fingerprint, record.fingerprint
-            )));
-        }
+        check_product(record, &delivery.metadata, delivery.start_time, delivery.fingerprint).map_err(wrong)?;
         if self.check_md5 {
             if delivery.data.len() != record.size as usize {
                 return Err(wrong(format!("{} bytes, expected {}", delivery.data.len(), record.size)));
@@ -449,12 +461,24 @@ impl Ledger {
         } else if !delivery.data.is_empty() {
             return Err(wrong("bytes assembled although the receiver discards them".into()));
         }
+        self.settle_delivery(receiver, position, index, delivery.retransmitted_blocks, delivery.latency_ns)
+    }
+
+    /// Settles a checked delivery and tallies it.
+    fn settle_delivery(
+        &mut self,
+        receiver: usize,
+        position: usize,
+        index: ProductIndex,
+        retransmitted_blocks: u32,
+        latency_ns: i64,
+    ) -> Result<(), Violation> {
         self.settle(receiver, position, index, Outcome::Delivered)?;
         let tally = &mut self.receivers[receiver].tally;
         tally.delivered += 1;
-        tally.delivered_multicast_only += u64::from(delivery.retransmitted_blocks == 0);
-        tally.retransmitted_blocks += u64::from(delivery.retransmitted_blocks);
-        tally.latency.record(delivery.latency_ns);
+        tally.delivered_multicast_only += u64::from(retransmitted_blocks == 0);
+        tally.retransmitted_blocks += u64::from(retransmitted_blocks);
+        tally.latency.record(latency_ns);
         Ok(())
     }
 
@@ -496,19 +520,13 @@ impl Ledger {
         let wrong = |what: String| Violation::Sender(format!("product {index} as a group took it whole: {what}"));
         let position = self.position(index).ok_or_else(|| wrong("never enqueued".into()))?;
         let record = &self.products[position];
-        if size != record.size || metadata != record.metadata {
-            return Err(wrong("wrong size or metadata".into()));
+        if size != record.size {
+            return Err(wrong(format!("{size} bytes, expected {}", record.size)));
         }
-        if start_time != WallTime::from_unix_nanos(u128::from(record.enqueued_at.as_nanos())) {
-            return Err(wrong(format!("start time {start_time:?}")));
+        if self.check_md5 {
+            return Err(wrong("with memory content, whose bytes are checked one delivery at a time".into()));
         }
-        if fingerprint != record.fingerprint || self.check_md5 {
-            return Err(wrong(format!(
-                "fingerprint {fingerprint:#x}, expected {:#x} (or with memory content, whose bytes are checked)",
-                record.fingerprint
-            )));
-        }
-        Ok(())
+        check_product(record, &metadata, start_time, fingerprint).map_err(wrong)
     }
 
     /// Receiver `receiver` took product `index` whole (checked by [`Ledger::check_whole`]).
@@ -519,12 +537,7 @@ impl Ledger {
         latency_ns: i64,
     ) -> Result<(), Violation> {
         let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
-        self.settle(receiver, position, index, Outcome::Delivered)?;
-        let tally = &mut self.receivers[receiver].tally;
-        tally.delivered += 1;
-        tally.delivered_multicast_only += 1;
-        tally.latency.record(latency_ns);
-        Ok(())
+        self.settle_delivery(receiver, position, index, 0, latency_ns)
     }
 
     /// The liveness check: every product from each receiver's first contact on is accounted

@@ -1326,11 +1326,11 @@ impl Simulation {
             }
             last = at;
         }
-        let (Some(metadata), size) = (bop.metadata, bop.size) else { return Ok(None) };
-        self.ledger.check_whole(index, size, metadata, bop.start_time, run.fingerprint)?;
+        let Some(metadata) = bop.metadata else { return Ok(None) };
+        self.ledger.check_whole(index, bop.size, metadata, bop.start_time, run.fingerprint)?;
         Ok(Some(WholeProduct {
             index,
-            size,
+            size: bop.size,
             completed_at,
             // As the receiver reckons it (the simulator leaves its wall clock at the default).
             latency_ns: WallClock::default().wall_at(completed_at).signed_nanos_since(bop.start_time),
@@ -1355,10 +1355,24 @@ impl Simulation {
     /// A stream message from receiver `receiver` reaches the sender (on its connection of
     /// generation `generation`).
     fn on_request(&mut self, receiver: usize, generation: u32, request: Request) -> Result<(), Violation> {
-        let node = &mut self.nodes[receiver];
-        if generation != node.to_sender.generation || !node.connected {
+        if generation != self.nodes[receiver].to_sender.generation {
             self.counters.stream_lost_in_reset += 1;
             return Ok(());
+        }
+        if self.pass_request(receiver, request)? {
+            self.drain_sender()?;
+        }
+        Ok(())
+    }
+
+    /// Hands the sender a stream message that reached it from receiver `receiver`, unless the
+    /// connection is down or backpressure holds it back (behind what it holds already); whether
+    /// the sender took it.
+    fn pass_request(&mut self, receiver: usize, request: Request) -> Result<bool, Violation> {
+        let node = &mut self.nodes[receiver];
+        if !node.connected {
+            self.counters.stream_lost_in_reset += 1;
+            return Ok(false);
         }
         if !node.held.is_empty() || !self.sender.accepts_stream(node.id) {
             // TCP backpressure: the sender stops reading this connection.
@@ -1366,44 +1380,28 @@ impl Simulation {
                 self.held_nodes.push(receiver);
             }
             node.held.push_back(request);
-            return Ok(());
+            return Ok(false);
         }
         self.sender
             .handle_stream_frame(self.now, node.id, request.frame())
             .map_err(|e| Violation::Receiver { receiver, what: format!("sent a malformed frame: {e}") })?;
-        self.drain_sender()
+        Ok(true)
     }
 
     /// Schedules the stream messages to the sender that arrive at one instant as one event.
     fn flush_requests(&mut self) {
-        if !self.requests.is_empty() {
-            let requests = std::mem::take(&mut self.requests);
-            self.queue.push(self.requests_at, Event::ToSender { requests });
-        }
+        schedule_requests(&mut self.queue, &mut self.requests, self.requests_at);
     }
 
     /// The RETX_ENDs of members that took a product whole reach the sender (each as if on its
-    /// own connection: held back behind what backpressure holds).
+    /// own connection), then the sender sends what it has to (a RETX_END changes no
+    /// transmission that the others could come before, but a release).
     fn on_whole_ends(&mut self, index: ProductIndex, receivers: &[u32]) -> Result<(), Violation> {
-        let message = Message { index, body: Body::RetxEnd };
+        let Some(&first) = receivers.first() else { return Ok(()) };
+        let request = Request::encode(first as usize, &Message { index, body: Body::RetxEnd })?;
         for &receiver in receivers {
-            let receiver = receiver as usize;
-            let node = &mut self.nodes[receiver];
-            if !node.connected {
-                self.counters.stream_lost_in_reset += 1;
-                continue;
-            }
-            if !node.held.is_empty() || !self.sender.accepts_stream(node.id) {
-                if node.held.is_empty() {
-                    self.held_nodes.push(receiver);
-                }
-                node.held.push_back(Request::encode(receiver, &message)?);
-                continue;
-            }
-            self.sender.handle_stream(self.now, node.id, &message);
+            self.pass_request(receiver as usize, request)?;
         }
-        // What the sender has to send after them (a RETX_END changes no transmission the
-        // others could come before, but a release).
         self.drain_sender()
     }
 
@@ -1670,11 +1668,10 @@ impl Simulation {
                 let generation = node.to_sender.generation;
                 // Messages that arrive at the same instant go as one event (members that lost
                 // the same datagram, or finished a product together, ask or end at once).
-                if arrival != self.requests_at && !self.requests.is_empty() {
-                    let requests = std::mem::take(&mut self.requests);
-                    self.queue.push(self.requests_at, Event::ToSender { requests });
+                if arrival != self.requests_at {
+                    schedule_requests(&mut self.queue, &mut self.requests, self.requests_at);
+                    self.requests_at = arrival;
                 }
-                self.requests_at = arrival;
                 // Receiver positions are < 2³² (checked at construction).
                 self.requests.push((receiver as u32, generation, request));
             }
@@ -1735,6 +1732,14 @@ impl Simulation {
             }
         }
         Ok(())
+    }
+}
+
+/// Schedules `requests` (stream messages to the sender that arrive at `at`, in the order they
+/// were sent), if any, as one event.
+fn schedule_requests(queue: &mut EventQueue<Event>, requests: &mut Vec<(u32, u32, Request)>, at: Instant) {
+    if !requests.is_empty() {
+        queue.push(at, Event::ToSender { requests: std::mem::take(requests) });
     }
 }
 
