@@ -525,7 +525,6 @@ impl Simulation {
                 receiver,
                 id: ReceiverId(position as u64),
                 connection: 0,
-                joined: false,
                 connected: false,
                 loss: LossProcess::new(&spec.loss, SimRng::new(seed, position as u64)),
                 to_sender: Channel::new(spec.to_sender.clone(), &spec.stalls),
@@ -536,7 +535,6 @@ impl Simulation {
                 in_flight_products_max: receiver_config.in_flight_products_max,
                 in_flight_bytes_max: receiver_config.in_flight_bytes_max,
                 datagrams_lost: 0,
-                group,
                 next_loss: u64::MAX,
             });
             lanes.push(Lane { group: group as u32, ..Lane::default() });
@@ -863,7 +861,7 @@ impl Simulation {
             Event::Join { receiver } => {
                 if self.sampled() {
                     let node = &mut self.nodes[receiver];
-                    let group = &mut self.groups[node.group];
+                    let group = &mut self.groups[self.lanes[receiver].group as usize];
                     self.lanes[receiver].ride = Ride::Attention;
                     group.attention.push(receiver);
                     node.next_loss = group.seq.saturating_add(node.loss.until_loss());
@@ -872,16 +870,11 @@ impl Simulation {
                     }
                 }
                 let node = &mut self.nodes[receiver];
-                node.joined = true;
                 self.lanes[receiver].joined = true;
                 node.connected = true;
                 self.sender.receiver_connected(self.now, node.id);
                 self.sender.set_rtt(node.id, node.rtt);
-                for group in &mut self.groups {
-                    if group.members.contains(&receiver) {
-                        group.joined += 1;
-                    }
-                }
+                self.groups[self.lanes[receiver].group as usize].joined += 1;
                 self.ledger.joined(receiver, self.now);
                 self.feed_backlog()?;
                 self.drain_sender()
@@ -1023,10 +1016,10 @@ impl Simulation {
         };
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
-            let node = &mut self.nodes[receiver];
-            if !node.joined {
+            if !self.lanes[receiver].joined {
                 continue;
             }
+            let node = &mut self.nodes[receiver];
             let mut lost = node.loss.lose();
             if let (Some(filter), Some(message)) = (&mut self.drop_filter, &message) {
                 lost |= filter(receiver, message);
@@ -1065,7 +1058,7 @@ impl Simulation {
             }
             self.groups[group].losses.pop();
             let node = &mut self.nodes[member];
-            if at < seq || node.next_loss != at || !node.joined {
+            if at < seq || node.next_loss != at || !self.lanes[member].joined {
                 continue;
             }
             node.datagrams_lost += 1;
@@ -1467,7 +1460,7 @@ impl Simulation {
         self.catch_up(receiver)?;
         let Ride::From(from) = self.lanes[receiver].ride else { return Ok(()) };
         self.lanes[receiver].ride = Ride::From(to.max(from));
-        let group = self.nodes[receiver].group;
+        let group = self.lanes[receiver].group as usize;
         let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(()) };
         let index = run.index;
         self.ledger.contact(receiver, index);
@@ -1481,7 +1474,7 @@ impl Simulation {
     /// Hands a riding receiver the blocks it was not handed yet, as of when the last arrived
     /// (before anything else concerns it).
     fn flush_run(&mut self, receiver: usize) -> Result<(), Violation> {
-        let to = self.groups[self.nodes[receiver].group].seq;
+        let to = self.groups[self.lanes[receiver].group as usize].seq;
         self.flush_member_to(receiver, to)
     }
 
@@ -1797,7 +1790,6 @@ struct Node {
     /// The current connection's id: connection number in the high 32 bits, position low.
     id: ReceiverId,
     connection: u32,
-    joined: bool,
     connected: bool,
     loss: LossProcess,
     to_sender: Channel,
@@ -1809,8 +1801,6 @@ struct Node {
     in_flight_products_max: usize,
     in_flight_bytes_max: u64,
     datagrams_lost: u64,
-    /// Its delay group.
-    group: usize,
     /// Sampled losses: the group sequence number of the next datagram it loses.
     next_loss: u64,
 }
