@@ -689,10 +689,9 @@ impl Receiver {
         datagrams: u64,
         datagram_bytes: u64,
     ) -> Result<(), ConfigError> {
-        let Some((seen, _)) = self.whole_product_room() else {
+        let (Some((seen, _)), Some((_, key))) = (self.whole_product_room(), self.newest) else {
             return Err(ConfigError("the receiver cannot take whole products now".into()));
         };
-        let Some((_, key)) = self.newest else { unreachable!("whole_product_room needs a newest index") };
         if count == 0 || newest.serial_difference(seen) != i32::try_from(count).ok() {
             return Err(ConfigError(format!("{count} whole products up to {newest} do not follow {seen}")));
         }
@@ -1610,19 +1609,14 @@ impl Receiver {
 
     /// Blocks of `[start, end)` neither received nor still to come by multicast (asked for).
     fn lost_blocks(product: &Incoming, start: u64, end: u64, block_len: u64) -> u32 {
-        let lost: u64 = product
-            .received
-            .gaps_iter(start, end)
-            .flat_map(|(from, to)| product.requested.within(from, to))
-            .map(|(from, to)| (to - from).div_ceil(block_len))
-            .sum();
+        let lost: u64 = Self::lost_ranges(product, start, end).map(|(from, to)| (to - from).div_ceil(block_len)).sum();
         // ≤ the blocks of a group ≤ 32768.
         lost as u32
     }
 
     /// The ranges of `[start, end)` neither received nor still to come by multicast (asked for).
-    fn lost_ranges(product: &Incoming, start: u64, end: u64) -> Vec<(u64, u64)> {
-        product.received.gaps_iter(start, end).flat_map(|(from, to)| product.requested.within(from, to)).collect()
+    fn lost_ranges(product: &Incoming, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        product.received.gaps_iter(start, end).flat_map(|(from, to)| product.requested.within(from, to))
     }
 
     /// Asks for the parity shards a group still needs (on a new loss, or again when
@@ -1650,7 +1644,8 @@ impl Receiver {
             repair.fallback = true;
             self.counters.parity_fallbacks += 1;
             // Only what is lost (asked for), not what the multicast has yet to bring.
-            for (from, to) in Self::lost_ranges(product, start, end) {
+            let lost: Vec<(u64, u64)> = Self::lost_ranges(product, start, end).collect();
+            for (from, to) in lost {
                 self.retx_request(key, from, to);
             }
             return;
