@@ -67,6 +67,10 @@ fn default_trace() -> PathBuf {
     ldm7_testkit::shared_data("traces/unidata_ldm_NGRID_1hr_20150615T00Z.txt")
 }
 
+/// mimalloc, as in the `idd` example.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let rate = args.rate.bits_per_s();

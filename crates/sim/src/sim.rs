@@ -820,10 +820,11 @@ impl Simulation {
                 self.drain_receiver(receiver)
             }
             Event::ToSender { requests } => {
+                let mut taken = false;
                 for (receiver, generation, request) in requests {
-                    self.on_request(receiver as usize, generation, request)?;
+                    taken |= self.on_request(receiver as usize, generation, request)?;
                 }
-                Ok(())
+                if taken { self.drain_sender() } else { Ok(()) }
             }
             Event::ReceiverWake { receiver } => {
                 let node = &mut self.nodes[receiver];
@@ -1346,16 +1347,13 @@ impl Simulation {
     }
 
     /// A stream message from receiver `receiver` reaches the sender (on its connection of
-    /// generation `generation`).
-    fn on_request(&mut self, receiver: usize, generation: u32, request: Request) -> Result<(), Violation> {
+    /// generation `generation`); whether the sender took it (the caller then lets it send).
+    fn on_request(&mut self, receiver: usize, generation: u32, request: Request) -> Result<bool, Violation> {
         if generation != self.nodes[receiver].to_sender.generation {
             self.counters.stream_lost_in_reset += 1;
-            return Ok(());
+            return Ok(false);
         }
-        if self.pass_request(receiver, request)? {
-            self.drain_sender()?;
-        }
-        Ok(())
+        self.pass_request(receiver, request)
     }
 
     /// Hands the sender a stream message that reached it from receiver `receiver`, unless the
@@ -1758,7 +1756,8 @@ enum Event {
         frame: Vec<u8>,
     },
     /// Requests reach the sender: (receiver, its connection's generation, the message), in the
-    /// order they were sent.
+    /// order they were sent; the sender takes them all, then sends what it has to (as a sender
+    /// that reads every connection ready at an instant before it polls its transmissions).
     ToSender {
         requests: Vec<(u32, u32, Request)>,
     },
