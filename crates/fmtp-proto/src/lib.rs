@@ -130,10 +130,10 @@ pub mod wire;
 
 pub use index::ProductIndex;
 pub use pacing::Pacing;
-pub use parity::ParityConfig;
+pub use parity::{ParityConfig, ParityEncoder};
 pub use receiver::{
     Assembly, BlockRun, Delivery, InFlight, IndexTrust, MissReason, ReceiveTimer, Receiver, ReceiverBound,
-    ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint,
+    ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint, sampled_block_fingerprint,
 };
 pub use sender::{
     Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product,

@@ -852,6 +852,11 @@ impl Receiver {
         self.products.len()
     }
 
+    /// The oldest product being received, if any (every other one is newer).
+    pub fn oldest_in_flight(&self) -> Option<ProductIndex> {
+        self.products.values().next().map(|product| product.index)
+    }
+
     /// Bytes held for products being received.
     pub fn in_flight_bytes(&self) -> u64 {
         self.in_flight_bytes
@@ -1998,7 +2003,14 @@ pub fn block_fingerprint(offset: u32, block: &[u8]) -> u64 {
     head[..sampled].copy_from_slice(&block[..sampled]);
     let mut tail = [0u8; 8];
     tail[8 - sampled..].copy_from_slice(&block[block.len() - sampled..]);
-    let position = (u64::from(offset) << 32) | (block.len() as u64 & 0xffff_ffff);
+    sampled_block_fingerprint(offset, block.len(), head, tail)
+}
+
+/// [`block_fingerprint`] from what it samples of a block `len` bytes long: its first
+/// `min(len, 8)` bytes at the start of `head` and its last ones at the end of `tail`, zeros
+/// elsewhere (for content that can make those bytes without the rest).
+pub fn sampled_block_fingerprint(offset: u32, len: usize, head: [u8; 8], tail: [u8; 8]) -> u64 {
+    let position = (u64::from(offset) << 32) | (len as u64 & 0xffff_ffff);
     let mut hash = mix64(position ^ 0x243f_6a88_85a3_08d3);
     hash = mix64(hash ^ u64::from_le_bytes(head));
     mix64(hash ^ u64::from_le_bytes(tail))

@@ -39,7 +39,7 @@ use foldhash::fast::FixedState;
 use crate::ConfigError;
 use crate::index::ProductIndex;
 use crate::pacing::{Pacing, TokenBucket};
-use crate::parity::ParityConfig;
+use crate::parity::{ParityConfig, ParityEncoder};
 use crate::time::{Instant, WallClock, WallTime, transmission_time};
 use crate::wire::{self, BLOCK_LEN, Body, Bop, HEADER_LEN, METADATA_LEN_MAX, Message, MessageType, Packet};
 
@@ -476,6 +476,8 @@ pub struct Sender {
     tail_probe: Option<(Instant, u64)>,
     /// Parity shards to multicast before new data: product key, group, shard.
     parity_queue: VecDeque<(u64, u16, u8)>,
+    /// Codes the groups repaired by parity (its working space kept from one to the next).
+    parity_encoder: ParityEncoder,
 }
 
 impl Sender {
@@ -528,6 +530,7 @@ impl Sender {
             retained_bound_hit: false,
             tail_probe: None,
             parity_queue: VecDeque::new(),
+            parity_encoder: ParityEncoder::default(),
         })
     }
 
@@ -1185,12 +1188,13 @@ impl Sender {
         let state = product.parity.get_mut(&group)?;
         if state.shards.is_empty() {
             let (start, end, _) = parity.group_range(u32::from(group), u64::from(product.size));
-            let mut bytes = vec![0u8; (end - start) as usize];
-            if product.data.read_at(start, &mut bytes).is_err() {
+            let bytes = self.parity_encoder.group_buffer((end - start) as usize);
+            if product.data.read_at(start, bytes).is_err() {
                 self.release(key, ReleaseReason::DataUnavailable);
                 return None;
             }
-            state.shards = parity.encode(&bytes).expect("a validated configuration codes any group");
+            state.shards =
+                self.parity_encoder.encode_filled(&parity).expect("a validated configuration codes any group");
             self.counters.parity_groups_coded += 1;
         }
         state.sent[usize::from(shard)] = ShardState::Sent(self.now);

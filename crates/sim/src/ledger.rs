@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use ldm7_fmtp_proto::wire::{BLOCK_LEN, Body, Message};
 use ldm7_fmtp_proto::{
-    Delivery, Instant, MissReason, ParityConfig, ProductIndex, ReceiverEvent, ReleaseReason, SenderEvent, WallTime,
+    Delivery, Instant, MissReason, ParityConfig, ParityEncoder, ProductIndex, ReceiverEvent, ReleaseReason,
+    SenderEvent, WallTime,
 };
 use ldm7_types::Signature;
 
@@ -98,6 +99,7 @@ pub enum Violation {
 /// Every parity shard of a group of a product, computed from the product's content as the
 /// datagram says it was coded.
 fn parity_of(
+    encoder: &mut ParityEncoder,
     record: &ProductRecord,
     group: u16,
     group_blocks_log2: u8,
@@ -115,18 +117,15 @@ fn parity_of(
         return Err("no such group".into());
     }
     let (start, end, _) = parity.group_range(u32::from(group), u64::from(record.size));
-    let filled;
-    let bytes: &[u8] = match &record.content {
+    let shards = match &record.content {
         // Within the product (< 4 GiB).
         Content::Pattern(seed) => {
-            let mut bytes = vec![0u8; (end - start) as usize];
-            crate::workload::pattern_fill(*seed, start, &mut bytes);
-            filled = bytes;
-            &filled
+            crate::workload::pattern_fill(*seed, start, encoder.group_buffer((end - start) as usize));
+            encoder.encode_filled(&parity)
         }
-        Content::Bytes(data) => &data[start as usize..end as usize],
+        Content::Bytes(data) => encoder.encode(&parity, &data[start as usize..end as usize]),
     };
-    parity.encode(bytes).map_err(|error| error.to_string())
+    shards.map_err(|error| error.to_string())
 }
 
 /// What a product's bytes are.
@@ -246,6 +245,8 @@ pub(crate) struct Ledger {
     check_md5: bool,
     /// The parity shards of the group checked last, and which group they are.
     parity_checked: Option<(ParityGroupKey, Vec<Vec<u8>>)>,
+    /// Codes the groups checked (its working space kept from one to the next).
+    parity_encoder: ParityEncoder,
 }
 
 /// A product's group of blocks as a parity datagram codes it: index, group, log₂ of the group
@@ -261,6 +262,7 @@ impl Ledger {
             cursor: MulticastCursor::default(),
             check_md5,
             parity_checked: None,
+            parity_encoder: ParityEncoder::default(),
         }
     }
 
@@ -354,8 +356,9 @@ impl Ledger {
             Body::Parity { group, group_blocks_log2, shards_log2, shard, data } => {
                 let key = (index, group, group_blocks_log2, shards_log2);
                 if self.parity_checked.as_ref().is_none_or(|(checked, _)| *checked != key) {
-                    let shards = parity_of(record, group, group_blocks_log2, shards_log2, data.len())
-                        .map_err(|what| Violation::Sender(format!("parity of {index} group {group}: {what}")))?;
+                    let shards =
+                        parity_of(&mut self.parity_encoder, record, group, group_blocks_log2, shards_log2, data.len())
+                            .map_err(|what| Violation::Sender(format!("parity of {index} group {group}: {what}")))?;
                     self.parity_checked = Some((key, shards));
                 }
                 let shards = self.parity_checked.as_ref().map(|(_, shards)| shards);

@@ -1132,7 +1132,12 @@ impl Simulation {
             }
             let wants = match lane.ride {
                 Ride::Whole(_) if current.is_some() => current_wants,
-                _ => lane.busy && self.nodes[receiver].receiver.wants_parity(index, of_group),
+                // Nothing older than what it held at its last visit can be in flight there
+                // (products are created newer than the newest).
+                _ => {
+                    lane.oldest.is_some_and(|oldest| index.serial_difference(oldest).is_some_and(|d| d >= 0))
+                        && self.nodes[receiver].receiver.wants_parity(index, of_group)
+                }
             };
             if !wants {
                 continue;
@@ -1680,7 +1685,7 @@ impl Simulation {
             self.ledger.receiver_event(receiver, event)?;
         }
         let lane = &mut self.lanes[receiver];
-        lane.busy = node.receiver.in_flight_products() > 0;
+        lane.oldest = node.receiver.oldest_in_flight();
         lane.room = node.receiver.whole_product_room();
         if node.receiver.in_flight_products() > node.in_flight_products_max
             || node.receiver.in_flight_bytes() > node.in_flight_bytes_max
@@ -1867,8 +1872,9 @@ struct Lane {
     group: u32,
     joined: bool,
     ride: Ride,
-    /// Its state machine holds products (it may want parity shards).
-    busy: bool,
+    /// The oldest product its state machine held as of its last visit (it may want parity
+    /// shards of that one and newer ones).
+    oldest: Option<ProductIndex>,
     /// [`Receiver::whole_product_room`] as of its last visit.
     room: Option<(ProductIndex, u32)>,
     /// The entries of its group's log of whole products it took since its last visit.

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::BLOCK_LEN;
-use ldm7_fmtp_proto::{DataUnavailable, ProductData, block_fingerprint};
+use ldm7_fmtp_proto::{DataUnavailable, ProductData, block_fingerprint, sampled_block_fingerprint};
 
 use crate::rng::{SimRng, mix64};
 
@@ -243,16 +243,15 @@ pub fn pattern_fingerprint(seed: u64, size: u32) -> u64 {
 /// The part of [`pattern_fingerprint`] from the blocks of `[start, end)` (`start` on a block
 /// boundary; `end` a block boundary or the product's end).
 pub fn pattern_range_fingerprint(seed: u64, start: u32, end: u32) -> u64 {
-    let mut scratch = [0u8; BLOCK_LEN];
     let mut sum = 0u64;
     let mut offset = start;
     while offset < end {
         let len = (end - offset).min(BLOCK_LEN as u32) as usize;
-        let block = &mut scratch[..len];
         let sampled = len.min(8);
-        pattern_fill(seed, u64::from(offset), &mut block[..sampled]);
-        pattern_fill(seed, u64::from(offset) + (len - sampled) as u64, &mut block[len - sampled..]);
-        sum = sum.wrapping_add(block_fingerprint(offset, block));
+        let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
+        pattern_fill(seed, u64::from(offset), &mut head[..sampled]);
+        pattern_fill(seed, u64::from(offset) + (len - sampled) as u64, &mut tail[8 - sampled..]);
+        sum = sum.wrapping_add(sampled_block_fingerprint(offset, len, head, tail));
         offset += len as u32;
     }
     sum
