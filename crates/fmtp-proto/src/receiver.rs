@@ -1780,15 +1780,23 @@ impl Receiver {
         }
         let missing: Vec<(u64, u64)> = product.received.gaps(start, end);
         let index = product.index;
-        // Each recovered block: its range, fingerprint and bytes (none when discarding).
-        let recovered: Vec<(u64, u64, u64, Vec<u8>)> = if self.config.assembly == Assembly::Discard {
+        if self.config.assembly == Assembly::Discard {
+            // Nothing to store: the ranges and their fingerprints (most of a large simulation's
+            // repairs, so without the vectors the other assemblies need).
             let Some(source) = self.fingerprint_source.as_mut() else { return };
-            // Within the product (< 4 GiB).
-            missing
-                .iter()
-                .map(|&(from, to)| (from, to, (source.0)(index, from as u32, to as u32), Vec::new()))
-                .collect()
-        } else {
+            let mut count = 0;
+            for &(from, to) in &missing {
+                // Within the product (< 4 GiB).
+                let fingerprint = (source.0)(index, from as u32, to as u32);
+                product.received.insert(from, to);
+                product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
+                count += (to - from).div_ceil(block_len);
+            }
+            self.decoded(key, group, count);
+            return;
+        }
+        // Each recovered block: its range, fingerprint and bytes.
+        let recovered: Vec<(u64, u64, u64, Vec<u8>)> = {
             // The group's bytes as held: in the product's buffer, or read back from the sink.
             let read_back;
             let group_bytes: &[u8] = if self.config.assembly == Assembly::Memory {
@@ -1846,6 +1854,11 @@ impl Receiver {
             product.fingerprint = product.fingerprint.wrapping_add(fingerprint);
             count += (to - from).div_ceil(block_len);
         }
+        self.decoded(key, group, count);
+    }
+
+    /// A group was decoded: `count` blocks recovered.
+    fn decoded(&mut self, key: i64, group: u16, count: u64) {
         if let Some(product) = self.products.get_mut(&key) {
             product.parity.remove(&group);
             // Lost on the multicast and repaired: they count as the product's repaired blocks.
@@ -1998,11 +2011,16 @@ impl Receiver {
 /// a product; a wrong offset, a missing or doubled block, or a block of another product changes
 /// the sum (with overwhelming probability when the sampled bytes differ).
 pub fn block_fingerprint(offset: u32, block: &[u8]) -> u64 {
-    let sampled = block.len().min(8);
-    let mut head = [0u8; 8];
-    head[..sampled].copy_from_slice(&block[..sampled]);
-    let mut tail = [0u8; 8];
-    tail[8 - sampled..].copy_from_slice(&block[block.len() - sampled..]);
+    let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
+    match (block.first_chunk::<8>(), block.last_chunk::<8>()) {
+        // Every block but a product's short last one.
+        (Some(first), Some(last)) => (head, tail) = (*first, *last),
+        _ => {
+            let sampled = block.len();
+            head[..sampled].copy_from_slice(block);
+            tail[8 - sampled..].copy_from_slice(block);
+        }
+    }
     sampled_block_fingerprint(offset, block.len(), head, tail)
 }
 
