@@ -1796,51 +1796,49 @@ impl Receiver {
             return;
         }
         // Each recovered block: its range, fingerprint and bytes.
-        let recovered: Vec<(u64, u64, u64, Vec<u8>)> = {
-            // The group's bytes as held: in the product's buffer, or read back from the sink.
-            let read_back;
-            let group_bytes: &[u8] = if self.config.assembly == Assembly::Memory {
-                &product.data[start as usize..end as usize]
-            } else {
-                let mut bytes = vec![0u8; (end - start) as usize];
-                let Some(sink) = self.sink.as_mut() else { return };
-                let read = product.received.within(start, end).try_for_each(|(from, to)| {
-                    // Within the product (< 4 GiB).
-                    sink.0.read_at(index, from as u32, &mut bytes[(from - start) as usize..(to - start) as usize])
-                });
-                if read.is_err() {
-                    self.counters.sink_failures += 1;
-                    self.abandon(key, MissReason::SinkFailed);
-                    return;
+        // The group's bytes as held: in the product's buffer, or read back from the sink.
+        let read_back;
+        let group_bytes: &[u8] = if self.config.assembly == Assembly::Memory {
+            &product.data[start as usize..end as usize]
+        } else {
+            let mut bytes = vec![0u8; (end - start) as usize];
+            let Some(sink) = self.sink.as_mut() else { return };
+            let read = product.received.within(start, end).try_for_each(|(from, to)| {
+                // Within the product (< 4 GiB).
+                sink.0.read_at(index, from as u32, &mut bytes[(from - start) as usize..(to - start) as usize])
+            });
+            if read.is_err() {
+                self.counters.sink_failures += 1;
+                self.abandon(key, MissReason::SinkFailed);
+                return;
+            }
+            read_back = bytes;
+            &read_back
+        };
+        // A block with any byte missing.
+        let lost = |position: u32| {
+            let at = start + u64::from(position) * block_len;
+            missing.iter().any(|&(from, to)| from < at + block_len && at < to)
+        };
+        let shards =
+            repair.shards.iter().take(missing_blocks as usize).map(|(j, bytes)| (u32::from(*j), bytes.as_slice()));
+        let recovered: Vec<(u64, u64, u64, Vec<u8>)> = match parity.decode(group_bytes, lost, shards) {
+            Ok(restored) => restored
+                .into_iter()
+                .map(|(position, bytes)| {
+                    let from = start + u64::from(position) * block_len;
+                    // from < size ≤ u32::MAX.
+                    (from, from + bytes.len() as u64, block_fingerprint(from as u32, &bytes), bytes)
+                })
+                .collect(),
+            Err(_) => {
+                self.counters.parity_decode_failures += 1;
+                if let Some(repair) = product.parity.get_mut(&group) {
+                    repair.shards.clear();
+                    repair.rounds = parity.rounds_max;
                 }
-                read_back = bytes;
-                &read_back
-            };
-            // A block with any byte missing.
-            let lost = |position: u32| {
-                let at = start + u64::from(position) * block_len;
-                missing.iter().any(|&(from, to)| from < at + block_len && at < to)
-            };
-            let shards =
-                repair.shards.iter().take(missing_blocks as usize).map(|(j, bytes)| (u32::from(*j), bytes.as_slice()));
-            match parity.decode(group_bytes, lost, shards) {
-                Ok(restored) => restored
-                    .into_iter()
-                    .map(|(position, bytes)| {
-                        let from = start + u64::from(position) * block_len;
-                        // from < size ≤ u32::MAX.
-                        (from, from + bytes.len() as u64, block_fingerprint(from as u32, &bytes), bytes)
-                    })
-                    .collect(),
-                Err(_) => {
-                    self.counters.parity_decode_failures += 1;
-                    if let Some(repair) = product.parity.get_mut(&group) {
-                        repair.shards.clear();
-                        repair.rounds = parity.rounds_max;
-                    }
-                    self.ask_parity(key, group, true);
-                    return;
-                }
+                self.ask_parity(key, group, true);
+                return;
             }
         };
         let mut count = 0;
