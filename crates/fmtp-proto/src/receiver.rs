@@ -649,6 +649,7 @@ impl Receiver {
         if start > previous_end {
             self.request_missing(key, previous_end, start);
         }
+        self.ask_waiting_parity(key);
         self.decode_passed_groups(key, start, end);
     }
 
@@ -1487,6 +1488,7 @@ impl Receiver {
             // In-order path: what lies between the previous block and this one is lost.
             self.request_missing(key, previous_end, start);
         }
+        self.ask_waiting_parity(key);
         self.decode_passed_groups(key, start, end);
     }
 
@@ -1506,6 +1508,7 @@ impl Receiver {
         if let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) {
             self.request_missing(key, 0, size);
         }
+        self.ask_waiting_parity(key);
     }
 
     fn receive_timer_fired(&mut self, key: i64) {
@@ -1581,6 +1584,38 @@ impl Receiver {
             self.retx_request(key, from, to);
         }
         for group in groups {
+            self.ask_parity_when_passed(key, group);
+        }
+    }
+
+    /// Asks for the parity of `group` (which lost blocks) once the multicast has passed it: a
+    /// group still being multicast may lose more, and one PARITY_REQ then asks for all of them
+    /// (the shards of a group can be decoded only after it passed anyway). Only the group being
+    /// multicast can wait, so a product has at most one waiting.
+    fn ask_parity_when_passed(&mut self, key: i64, group: u16) {
+        let Some(parity) = self.parity_in_use() else { return };
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
+        let (_, group_end, _) = parity.group_range(u32::from(group), size);
+        if !product.ended && product.multicast_end < group_end {
+            let waiting = product.parity_waiting.replace(group);
+            if let Some(earlier) = waiting.filter(|&earlier| earlier != group) {
+                self.ask_parity(key, earlier, false);
+            }
+            return;
+        }
+        self.ask_parity(key, group, false);
+    }
+
+    /// Sends the PARITY_REQ of the product's waiting group if the multicast has passed it.
+    fn ask_waiting_parity(&mut self, key: i64) {
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let Some(group) = product.parity_waiting else { return };
+        let Some(parity) = self.config.parity else { return };
+        let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
+        let (_, group_end, _) = parity.group_range(u32::from(group), size);
+        if product.ended || product.multicast_end >= group_end {
+            product.parity_waiting = None;
             self.ask_parity(key, group, false);
         }
     }
@@ -2092,6 +2127,9 @@ struct Incoming {
     parity: BTreeMap<u16, GroupRepair>,
     /// When the parity timer is due (the earliest retry of `parity`).
     parity_timer: Option<Instant>,
+    /// A group that lost blocks while being multicast: its PARITY_REQ goes out once the
+    /// multicast has passed it ([`Receiver::ask_parity_when_passed`]).
+    parity_waiting: Option<u16>,
 }
 
 /// A group of a product's blocks being repaired by parity.
@@ -2184,6 +2222,7 @@ impl Incoming {
             abandon_at,
             parity: BTreeMap::new(),
             parity_timer: None,
+            parity_waiting: None,
         }
     }
 }

@@ -63,6 +63,30 @@ fn one_shard_repairs_a_different_block_at_each_receiver() {
 }
 
 #[test]
+fn a_group_s_losses_are_asked_for_at_once_when_its_multicast_has_passed() {
+    let mut net = net(1, true);
+    // Three blocks of the first group (64 blocks) lost, and one of the second.
+    net.drop = Box::new(
+        |_, message| matches!(message.body, Body::MemData { offset, .. } if [3, 10, 40, 70].contains(&(offset / 1448))),
+    );
+    net.enqueue(150 * 1448, 6);
+    net.settle(Duration::from_secs(5));
+    assert_eq!(net.check_accounted(), (1, 0));
+    // One request per group, each for all it lost: not one per gap.
+    let asked: Vec<(u16, u16, u16)> = net
+        .requests_of(0, MessageType::ParityReq)
+        .iter()
+        .filter_map(|message| match message.body {
+            Body::ParityReq { group, need, from } => Some((group, need, from)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, [(0, 3, 0), (1, 1, 0)]);
+    assert_eq!(net.nodes[0].receiver.counters().parity_blocks, 4);
+    assert!(net.requests_of(0, MessageType::RetxReq).is_empty());
+}
+
+#[test]
 fn lost_parity_is_asked_for_again() {
     let mut net = net(1, true);
     let mut parity_seen = 0;

@@ -211,11 +211,14 @@ fn feed_line(run: &FeedRun) -> String {
             let (delivered, missed) = (report.delivered(), report.missed());
             let latency = report.latency_of(0..report.receivers.len());
             format!(
-                "{head}delivered {delivered} ({:.0}% taken whole), missed {missed}, latency mean {:?} p99 {:?}, {:.1} M \
-                 events, wall {:.1} s",
+                "{head}delivered {delivered} ({:.0}% taken whole), missed {missed}, latency mean {:?} p99 {:?}, egress \
+                 {:.3} per product byte ({} PARITY_REQ, {} RETX_REQ), {:.1} M events, wall {:.1} s",
                 100.0 * report.whole_products as f64 / delivered.max(1) as f64,
                 latency.mean(),
                 latency.quantile(0.99),
+                report.egress_per_product_byte(),
+                report.sender.parity_requests,
+                report.sender.retx_requests,
                 report.events as f64 / 1e6,
                 run.wall.as_secs_f64()
             )

@@ -1110,8 +1110,9 @@ impl Simulation {
     ///
     /// Whether a member wants it is asked of its state machine as of the member's last visit,
     /// before its share of the run is handed over: a member riding the product's run since its
-    /// BOP wants every shard of it. A member taking the product whole ([`Ride::Whole`]) is such
-    /// a member; it is visited like one (its BOP, then its share).
+    /// BOP wants every shard of it that the run has not passed. A member taking the product
+    /// whole ([`Ride::Whole`]) is such a member; when it wants the shard it is visited like one
+    /// (its BOP, then its share).
     fn on_parity_sampled(
         &mut self,
         group: usize,
@@ -1122,8 +1123,13 @@ impl Simulation {
         let seq = self.groups[group].seq;
         let current = self.groups[group].bop.as_ref().filter(|bop| bop.index == index).map(|bop| bop.size);
         let parity = self.groups[group].parity;
-        let current_wants =
-            current.zip(parity).is_some_and(|(size, parity)| u64::from(of_group) < parity.groups(u64::from(size)));
+        // What a member taking the product whole would say: the block group is incomplete there
+        // while the run has not passed it (once it has, the shard is for the others).
+        let current_wants = current.zip(parity).is_some_and(|(size, parity)| {
+            let size = u64::from(size);
+            u64::from(of_group) < parity.groups(size)
+                && parity.group_range(u32::from(of_group), size).1 > u64::from(self.groups[group].run.end_of(index))
+        });
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
             let lane = &self.lanes[receiver];
@@ -1456,22 +1462,53 @@ impl Simulation {
 
     /// Hands a riding receiver its share of its group's run before group datagram `to` (and
     /// first brings it up to date: [`Simulation::catch_up`]).
+    ///
+    /// A timer of the receiver that was due before the last of these blocks came (one set as of
+    /// the held BOP that [`Simulation::catch_up`] just handed it, say) fires between the blocks
+    /// that came before it and the others, as it would have: handed the run at once, the
+    /// receiver would take its blocks as come after the timer.
     fn flush_member_to(&mut self, receiver: usize, to: u64) -> Result<(), Violation> {
         if !self.lanes[receiver].ride.rides() {
             return Ok(());
         }
         self.catch_up(receiver)?;
-        let Ride::From(from) = self.lanes[receiver].ride else { return Ok(()) };
+        let Ride::From(mut from) = self.lanes[receiver].ride else { return Ok(()) };
         self.lanes[receiver].ride = Ride::From(to.max(from));
         let group = self.lanes[receiver].group as usize;
-        let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(()) };
-        let index = run.index;
-        self.ledger.contact(receiver, index);
-        let (nodes, ledger) = (&mut self.nodes, &self.ledger);
-        nodes[receiver]
-            .receiver
-            .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
-        self.drain_receiver_at(receiver, at)
+        while from < to {
+            let due = self.nodes[receiver].receiver.poll_timeout();
+            let until = due.map_or(to, |due| self.groups[group].run.arrived_by(from, to, due));
+            if until > from {
+                let Some((run, at)) = self.groups[group].run.share(from, until) else { return Ok(()) };
+                let index = run.index;
+                self.ledger.contact(receiver, index);
+                let (nodes, ledger) = (&mut self.nodes, &self.ledger);
+                nodes[receiver]
+                    .receiver
+                    .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
+                self.drain_receiver_at(receiver, at)?;
+                from = until;
+                continue;
+            }
+            // Due before block `from` came (and after the blocks handed).
+            let Some(due) = due else { break };
+            let node = &mut self.nodes[receiver];
+            node.receiver.handle_timeout(due);
+            let moved = node.receiver.poll_timeout().is_none_or(|next| next > due);
+            self.drain_receiver_at(receiver, due)?;
+            if !moved {
+                // A timer due again at once: the rest goes as one run.
+                let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(()) };
+                let index = run.index;
+                self.ledger.contact(receiver, index);
+                let (nodes, ledger) = (&mut self.nodes, &self.ledger);
+                nodes[receiver]
+                    .receiver
+                    .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
+                return self.drain_receiver_at(receiver, at);
+            }
+        }
+        Ok(())
     }
 
     /// Hands a riding receiver the blocks it was not handed yet, as of when the last arrived
@@ -2012,6 +2049,31 @@ impl GroupRun {
         self.times.push(at);
         self.fingerprints.push(sum.wrapping_add(fingerprint));
         self.wire_bytes.push(bytes + wire_bytes);
+    }
+
+    /// Where the run of `index` has come to: a member riding it since the product's BOP holds
+    /// every byte before this offset (0 when the run is of another product, or none).
+    fn end_of(&self, index: ProductIndex) -> u32 {
+        if self.fingerprints.is_empty() || index != self.index {
+            return 0;
+        }
+        self.ends.last().copied().unwrap_or(self.start)
+    }
+
+    /// The group sequence number in `[from, to]` before which every block of `[from, to)`
+    /// came at or before `at` (their times only grow).
+    fn arrived_by(&self, from: u64, to: u64, at: Instant) -> u64 {
+        // Outside the run: nothing to split ([`GroupRun::share`] has nothing either).
+        let (Some(first), Some(end)) = (from.checked_sub(self.first_seq), to.checked_sub(self.first_seq)) else {
+            return to;
+        };
+        let (Ok(first), Ok(end)) = (usize::try_from(first), usize::try_from(end)) else { return to };
+        let end = end.min(self.times.len());
+        if first >= end {
+            return to;
+        }
+        let came = self.times[first..end].partition_point(|&time| time <= at);
+        if first + came == end { to } else { from + came as u64 }
     }
 
     /// The blocks with group sequence numbers in `[from, to)`, if any, and when the last

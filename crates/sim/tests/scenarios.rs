@@ -512,3 +512,25 @@ fn taking_products_whole_changes_nothing_a_receiver_reports() {
         }
     }
 }
+
+/// A member taking a product whole is handed its BOP and its share of the run only when
+/// something concerns it (a loss): its receive timer, set as of the BOP, must then fire between
+/// the blocks that came before it and the others, not before all of them. On a slow path
+/// (products of ~50 blocks at 2 Mbit/s, the receive timer due before the last blocks come
+/// when none pushed it), a member would otherwise end the product's multicast early and ask
+/// for every block again: at 1% independent loss no group loses more than its shards.
+#[test]
+fn a_member_visited_late_takes_its_blocks_before_its_timers() {
+    let seed = seed_from_env(43);
+    let specs = (0..40).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
+    let mut config = SimConfig::new(seed, specs).with_parity(256, 32);
+    config.sender = SenderConfig { parity: config.sender.parity, ..SenderConfig::with_rate(2_000_000) };
+    config.content = ContentMode::Pattern;
+    let workload = Workload::generated(seed, 150, 50_000, 80_000, 300 * MS);
+    let report = run(config, workload);
+    assert_all_delivered(&report, 150);
+    assert!(report.whole_products > 0, "{report}");
+    let fallbacks: u64 = report.receivers.iter().map(|r| r.counters.parity_fallbacks).sum();
+    assert_eq!(fallbacks, 0, "{report}");
+    assert_eq!(report.sender.retx_requests, 0, "{report}");
+}
