@@ -858,6 +858,22 @@ impl Receiver {
         self.products.values().next().map(|product| product.index)
     }
 
+    /// For simulators: a product being multicast with a block group that lost blocks and waits
+    /// for the multicast to pass it before its PARITY_REQ goes out
+    /// ([`ReceiverConfig::parity`]), and the offset the multicast must reach for that: a
+    /// receiver handed blocks in runs must be handed the block that reaches it when it comes.
+    pub fn parity_waiting(&self) -> Option<(ProductIndex, u32)> {
+        let parity = self.config.parity?;
+        self.multicasting.iter().find_map(|key| {
+            let product = self.products.get(key)?;
+            let group = product.parity_waiting?;
+            let size = product.bop.as_ref()?.size;
+            let (_, end, _) = parity.group_range(u32::from(group), u64::from(size));
+            // Within the product (< 4 GiB).
+            Some((product.index, end as u32))
+        })
+    }
+
     /// Bytes held for products being received.
     pub fn in_flight_bytes(&self) -> u64 {
         self.in_flight_bytes

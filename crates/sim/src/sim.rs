@@ -1205,6 +1205,18 @@ impl Simulation {
             self.hand_over(receiver, index, datagram)?;
             self.lanes[receiver].ride = Ride::From(seq + 1);
         }
+        // Riders waiting for the multicast to pass a block group (to ask for its parity) take
+        // their share up to this block, which passes it, as it comes.
+        while let Some(&Reverse((offset, receiver))) = self.groups[group].waiting.peek() {
+            if offset > end {
+                break;
+            }
+            self.groups[group].waiting.pop();
+            self.lanes[receiver].waiting = None;
+            if matches!(self.lanes[receiver].ride, Ride::From(_)) {
+                self.flush_member_to(receiver, seq + 1)?;
+            }
+        }
         Ok(())
     }
 
@@ -1213,6 +1225,7 @@ impl Simulation {
     /// with the BOP held for it; the others take the BOP at once (unless they lose it).
     fn on_bop_sampled(&mut self, group: usize, bop: HeldBop, losers: &[usize]) -> Result<(), Violation> {
         self.groups[group].attention.clear();
+        self.groups[group].waiting.clear();
         let whole = self.groups[group].whole.is_some() && bop.size > 0;
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
@@ -1724,6 +1737,13 @@ impl Simulation {
         let lane = &mut self.lanes[receiver];
         lane.oldest = node.receiver.oldest_in_flight();
         lane.room = node.receiver.whole_product_room();
+        if let Some((index, offset)) = node.receiver.parity_waiting() {
+            let group = &mut self.groups[lane.group as usize];
+            if lane.waiting != Some((index, offset)) && group.bop.as_ref().is_some_and(|bop| bop.index == index) {
+                lane.waiting = Some((index, offset));
+                group.waiting.push(Reverse((offset, receiver)));
+            }
+        }
         if node.receiver.in_flight_products() > node.in_flight_products_max
             || node.receiver.in_flight_bytes() > node.in_flight_bytes_max
         {
@@ -1916,6 +1936,8 @@ struct Lane {
     room: Option<(ProductIndex, u32)>,
     /// The entries of its group's log of whole products it took since its last visit.
     whole: (u32, u32),
+    /// What its entry in its group's `waiting` says, if it has one.
+    waiting: Option<(ProductIndex, u32)>,
 }
 
 /// A BOP a group received, held for the members taking the product whole.
@@ -1974,6 +1996,9 @@ struct Group {
     bop: Option<HeldBop>,
     /// The products members took whole, in order.
     products: Vec<WholeProduct>,
+    /// Sampled losses: riders of the current product whose state machine waits for the
+    /// multicast to reach an offset ([`Receiver::parity_waiting`]), earliest offset first.
+    waiting: QuaternaryHeap<Reverse<(u32, usize)>>,
 }
 
 impl Group {
@@ -1992,6 +2017,7 @@ impl Group {
             parity: None,
             bop: None,
             products: Vec::new(),
+            waiting: QuaternaryHeap::new(),
         }
     }
 }
