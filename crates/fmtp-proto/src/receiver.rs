@@ -874,6 +874,31 @@ impl Receiver {
         })
     }
 
+    /// For simulators: whether a gap at `offset` of `index` (a lost block) would only be noted
+    /// when the block after it comes — the product being multicast here has a known size, its
+    /// lost blocks are asked for as parity ([`ReceiverConfig::parity`]) and that block group
+    /// has not fallen back to RETX_REQ — and if so the end of the block group: its PARITY_REQ
+    /// goes out when a block reaching that offset comes (or the EOP, a newer product, the
+    /// receive timer). The blocks after the gap can then be handed over later, in a run.
+    pub fn notes_gap(&self, index: ProductIndex, offset: u32) -> Option<u32> {
+        let parity = self.parity_in_use()?;
+        if self.anchor != Anchor::Confirmed {
+            return None;
+        }
+        let product = self.products.get(&self.known_key(index)?)?;
+        let size = u64::from(product.bop.as_ref()?.size);
+        if product.ended || parity.groups(size) > 1 << 16 || u64::from(offset) >= size {
+            return None;
+        }
+        let group = parity.group_of(u64::from(offset));
+        // < 2¹⁶ groups (checked above).
+        if product.parity.get(&(group as u16)).is_some_and(|repair| repair.fallback) {
+            return None;
+        }
+        // Within the product (< 4 GiB).
+        Some(parity.group_range(group as u32, size).1 as u32)
+    }
+
     /// Bytes held for products being received.
     pub fn in_flight_bytes(&self) -> u64 {
         self.in_flight_bytes

@@ -449,6 +449,8 @@ pub struct Simulation {
     sampled: Option<bool>,
     /// Scratch: the members losing the datagram in hand.
     losers: Vec<usize>,
+    /// Scratch: riders that lost a block and wait for a block passing its group.
+    noted: Vec<Reverse<(u32, usize)>>,
     /// Stream messages to the sender that arrive at `requests_at`, not yet scheduled
     /// ([`Simulation::flush_requests`]).
     requests: Vec<(u32, u32, Request)>,
@@ -587,6 +589,7 @@ impl Simulation {
             delivery_log: None,
             sampled: None,
             losers: Vec::new(),
+            noted: Vec::new(),
             requests: Vec::new(),
             requests_at: Instant::ZERO,
             held_nodes: Vec::new(),
@@ -1185,11 +1188,22 @@ impl Simulation {
             self.groups[group].run.reset(index, seq, offset);
         }
         self.groups[group].run.push(end, self.now, fingerprint, datagram.len() as u64);
-        // Riders that lose it: their share ends before it.
+        // Riders that lose it: their share ends before it. One whose state machine would only
+        // note the gap (parity repair: the group's request waits for the multicast to pass it)
+        // rides on from the next block and is visited when a block passes the group; the others
+        // take the next datagram at once.
+        let mut noted = std::mem::take(&mut self.noted);
+        noted.clear();
         for &receiver in losers {
             if self.lanes[receiver].ride.rides() {
                 self.flush_member_to(receiver, seq)?;
-                self.attend(receiver);
+                match self.nodes[receiver].receiver.notes_gap(index, offset) {
+                    Some(group_end) => {
+                        self.lanes[receiver].ride = Ride::From(seq + 1);
+                        noted.push(Reverse((group_end, receiver)));
+                    }
+                    None => self.attend(receiver),
+                }
             }
         }
         // Members that lost the datagram before take this one at once (and ride from the next),
@@ -1206,17 +1220,27 @@ impl Simulation {
             self.lanes[receiver].ride = Ride::From(seq + 1);
         }
         // Riders waiting for the multicast to pass a block group (to ask for its parity) take
-        // their share up to this block, which passes it, as it comes.
-        while let Some(&Reverse((offset, receiver))) = self.groups[group].waiting.peek() {
-            if offset > end {
+        // their share up to this block, which passes it, as it comes; those that lost it wait
+        // for the next one.
+        while let Some(&Reverse((group_end, receiver))) = self.groups[group].waiting.peek() {
+            if group_end > end {
                 break;
             }
             self.groups[group].waiting.pop();
+            if losers.contains(&receiver) {
+                noted.push(Reverse((group_end, receiver)));
+                continue;
+            }
             self.lanes[receiver].waiting = None;
             if matches!(self.lanes[receiver].ride, Ride::From(_)) {
                 self.flush_member_to(receiver, seq + 1)?;
             }
         }
+        for &Reverse((group_end, receiver)) in &noted {
+            self.lanes[receiver].waiting = Some((index, group_end));
+            self.groups[group].waiting.push(Reverse((group_end, receiver)));
+        }
+        self.noted = noted;
         Ok(())
     }
 
