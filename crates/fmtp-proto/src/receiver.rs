@@ -425,6 +425,8 @@ pub struct Receiver {
     /// With [`Assembly::Discard`]: the fingerprint of product bytes `[start, end)`, for blocks
     /// recovered from parity ([`Receiver::set_fingerprint_source`]).
     fingerprint_source: Option<FingerprintSource>,
+    /// Products whose `parity_waiting` is set (a simulator asks after every visit).
+    parity_waiting_products: u32,
 }
 
 /// [`Receiver::set_fingerprint_source`]'s function.
@@ -513,6 +515,7 @@ impl Receiver {
             repeated: VecDeque::new(),
             eop_seen_last: false,
             fingerprint_source: None,
+            parity_waiting_products: 0,
         })
     }
 
@@ -863,6 +866,9 @@ impl Receiver {
     /// ([`ReceiverConfig::parity`]), and the offset the multicast must reach for that: a
     /// receiver handed blocks in runs must be handed the block that reaches it when it comes.
     pub fn parity_waiting(&self) -> Option<(ProductIndex, u32)> {
+        if self.parity_waiting_products == 0 {
+            return None;
+        }
         let parity = self.config.parity?;
         self.multicasting.iter().find_map(|key| {
             let product = self.products.get(key)?;
@@ -1640,6 +1646,7 @@ impl Receiver {
         let (_, group_end, _) = parity.group_range(u32::from(group), size);
         if !product.ended && product.multicast_end < group_end {
             let waiting = product.parity_waiting.replace(group);
+            self.parity_waiting_products += u32::from(waiting.is_none());
             if let Some(earlier) = waiting.filter(|&earlier| earlier != group) {
                 self.ask_parity(key, earlier, false);
             }
@@ -1657,6 +1664,7 @@ impl Receiver {
         let (_, group_end, _) = parity.group_range(u32::from(group), size);
         if product.ended || product.multicast_end >= group_end {
             product.parity_waiting = None;
+            self.parity_waiting_products -= 1;
             self.ask_parity(key, group, false);
         }
     }
@@ -2039,6 +2047,7 @@ impl Receiver {
 
     fn remove(&mut self, key: i64) -> Option<Incoming> {
         let product = self.products.remove(&key)?;
+        self.parity_waiting_products -= u32::from(product.parity_waiting.is_some());
         self.multicasting.remove(&key);
         self.remove_timer((product.abandon_at, key, TimerKind::Abandon));
         if let Some(at) = product.receive_timer {
