@@ -715,8 +715,9 @@ impl Sender {
                 if let Some(key) = key {
                     self.complete(id, key);
                     if let Some(receiver) = self.receivers.get_mut(&id) {
-                        receiver.purge(key);
-                        sync_ready(&mut self.ready, id, receiver);
+                        if receiver.purge(key) {
+                            sync_ready(&mut self.ready, id, receiver);
+                        }
                     }
                     self.release_if_done(key);
                 }
@@ -942,10 +943,15 @@ impl Sender {
     /// Bytes of a product the multicast has sent so far.
     fn multicast_progress(&self, key: u64) -> u32 {
         let Some(product) = self.products.get(&key) else { return 0 };
+        Self::progress_of(product, key, &self.multicast_queue, self.stage)
+    }
+
+    /// [`Sender::multicast_progress`] of `product` (key `key`).
+    fn progress_of(product: &SentProduct, key: u64, multicast_queue: &VecDeque<u64>, stage: Stage) -> u32 {
         if product.deadline.is_some() {
             return product.size;
         }
-        match (self.multicast_queue.front() == Some(&key), self.stage) {
+        match (multicast_queue.front() == Some(&key), stage) {
             (true, Stage::Data(offset)) => offset,
             (true, Stage::Eop) => product.size,
             _ => 0,
@@ -955,12 +961,13 @@ impl Sender {
     /// A receiver's RETX_END for a retained product: marks it done and, the first time, emits
     /// [`SenderEvent::Completed`].
     fn complete(&mut self, id: ReceiverId, key: u64) {
-        let multicast_ended = self.products.get(&key).is_some_and(|p| self.multicast_progress(key) >= p.size);
+        // One lookup of each (a RETX_END comes from every receiver for every product).
+        let Some(product) = self.products.get_mut(&key) else { return };
+        let multicast_ended = Self::progress_of(product, key, &self.multicast_queue, self.stage) >= product.size;
         let Some(receiver) = self.receivers.get(&id) else { return };
         let awaits_repairs =
             receiver.work_per_key.contains_key(&key) && receiver.work.iter().any(|w| w.key == key && w.lost);
         let rtt = receiver.rtt;
-        let Some(product) = self.products.get_mut(&key) else { return };
         if product.interest.finish(id) == Some(Interest::Done) {
             return;
         }
