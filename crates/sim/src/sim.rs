@@ -1512,18 +1512,14 @@ impl Simulation {
         let Ride::From(mut from) = self.lanes[receiver].ride else { return Ok(()) };
         self.lanes[receiver].ride = Ride::From(to.max(from));
         let group = self.lanes[receiver].group as usize;
+        let mut timers = true;
         while from < to {
-            let due = self.nodes[receiver].receiver.poll_timeout();
+            let due = if timers { self.nodes[receiver].receiver.poll_timeout() } else { None };
             let until = due.map_or(to, |due| self.groups[group].run.arrived_by(from, to, due));
             if until > from {
-                let Some((run, at)) = self.groups[group].run.share(from, until) else { return Ok(()) };
-                let index = run.index;
-                self.ledger.contact(receiver, index);
-                let (nodes, ledger) = (&mut self.nodes, &self.ledger);
-                nodes[receiver]
-                    .receiver
-                    .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
-                self.drain_receiver_at(receiver, at)?;
+                if !self.hand_share(receiver, group, from, until)? {
+                    break;
+                }
                 from = until;
                 continue;
             }
@@ -1531,21 +1527,25 @@ impl Simulation {
             let Some(due) = due else { break };
             let node = &mut self.nodes[receiver];
             node.receiver.handle_timeout(due);
-            let moved = node.receiver.poll_timeout().is_none_or(|next| next > due);
+            // A timer due again at once: the rest goes as one run.
+            timers = node.receiver.poll_timeout().is_none_or(|next| next > due);
             self.drain_receiver_at(receiver, due)?;
-            if !moved {
-                // A timer due again at once: the rest goes as one run.
-                let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(()) };
-                let index = run.index;
-                self.ledger.contact(receiver, index);
-                let (nodes, ledger) = (&mut self.nodes, &self.ledger);
-                nodes[receiver]
-                    .receiver
-                    .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
-                return self.drain_receiver_at(receiver, at);
-            }
         }
         Ok(())
+    }
+
+    /// Hands receiver `receiver` the blocks `[from, to)` of its group's run as one run, as of
+    /// when the last came; whether there were any.
+    fn hand_share(&mut self, receiver: usize, group: usize, from: u64, to: u64) -> Result<bool, Violation> {
+        let Some((run, at)) = self.groups[group].run.share(from, to) else { return Ok(false) };
+        let index = run.index;
+        self.ledger.contact(receiver, index);
+        let (nodes, ledger) = (&mut self.nodes, &self.ledger);
+        nodes[receiver]
+            .receiver
+            .handle_block_run(at, &run, &mut |start, end| ledger.range_fingerprint(index, start, end));
+        self.drain_receiver_at(receiver, at)?;
+        Ok(true)
     }
 
     /// Hands a riding receiver the blocks it was not handed yet, as of when the last arrived
