@@ -1723,7 +1723,7 @@ impl Receiver {
             return;
         }
         let held = repair.shards.len() as u32;
-        let from = repair.shards.keys().next_back().map_or(0, |&last| u32::from(last) + 1);
+        let from = repair.shards.last().map_or(0, |last| u32::from(last) + 1);
         let need = lost.saturating_sub(held);
         if need == 0 {
             self.try_decode(key, group);
@@ -1809,11 +1809,11 @@ impl Receiver {
         let discard = self.config.assembly == Assembly::Discard;
         let Some(product) = self.products.get_mut(&key) else { return };
         let repair = product.parity.entry(group).or_default();
-        if repair.fallback || repair.shards.contains_key(&shard) {
+        if repair.fallback || repair.shards.contains(shard) {
             self.counters.duplicates += 1;
             return;
         }
-        repair.shards.insert(shard, if discard { Vec::new() } else { data.to_vec() });
+        repair.shards.insert(shard, (!discard).then_some(data));
         self.counters.parity_shards += 1;
         self.try_decode(key, group);
     }
@@ -1904,8 +1904,7 @@ impl Receiver {
             let at = start + u64::from(position) * block_len;
             missing.iter().any(|&(from, to)| from < at + block_len && at < to)
         };
-        let shards =
-            repair.shards.iter().take(missing_blocks as usize).map(|(j, bytes)| (u32::from(*j), bytes.as_slice()));
+        let shards = repair.shards.with_bytes().take(missing_blocks as usize);
         let recovered: Vec<(u64, u64, u64, Vec<u8>)> = match parity.decode(group_bytes, lost, shards) {
             Ok(restored) => restored
                 .into_iter()
@@ -2185,8 +2184,8 @@ struct Incoming {
 /// A group of a product's blocks being repaired by parity.
 #[derive(Debug, Default)]
 struct GroupRepair {
-    /// Shards held, by index (without bytes with [`Assembly::Discard`]).
-    shards: BTreeMap<u8, Vec<u8>>,
+    /// Shards held (without bytes with [`Assembly::Discard`]).
+    shards: HeldShards,
     /// Lost blocks when the last request went out.
     asked_for: u32,
     /// Requests sent.
@@ -2195,6 +2194,57 @@ struct GroupRepair {
     retry_at: Option<Instant>,
     /// Its lost blocks were asked for with RETX_REQ.
     fallback: bool,
+}
+
+/// The parity shards held for a block group: which (a bit per index; at most 256) and, unless
+/// bytes are discarded, their bytes by index (a discarding receiver, most of a large
+/// simulation's, then allocates nothing per group).
+#[derive(Debug, Default)]
+struct HeldShards {
+    held: [u64; 4],
+    /// Sorted by index.
+    bytes: Vec<(u8, Vec<u8>)>,
+}
+
+impl HeldShards {
+    fn len(&self) -> usize {
+        self.held.iter().map(|word| word.count_ones() as usize).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held == [0; 4]
+    }
+
+    fn contains(&self, shard: u8) -> bool {
+        self.held[usize::from(shard / 64)] >> (shard % 64) & 1 == 1
+    }
+
+    /// The highest index held.
+    fn last(&self) -> Option<u8> {
+        // ≤ 255.
+        (0..4)
+            .rev()
+            .find(|&word| self.held[word] != 0)
+            .map(|word| (word * 64 + 63 - self.held[word].leading_zeros() as usize) as u8)
+    }
+
+    /// Holds shard `shard`, with `bytes` unless they are discarded.
+    fn insert(&mut self, shard: u8, bytes: Option<&[u8]>) {
+        self.held[usize::from(shard / 64)] |= 1 << (shard % 64);
+        if let Some(bytes) = bytes {
+            let at = self.bytes.partition_point(|(held, _)| *held < shard);
+            self.bytes.insert(at, (shard, bytes.to_vec()));
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// The shards held with their bytes, by index.
+    fn with_bytes(&self) -> impl Iterator<Item = (u32, &[u8])> {
+        self.bytes.iter().map(|(shard, bytes)| (u32::from(*shard), bytes.as_slice()))
+    }
 }
 
 /// MEM_DATA datagrams of one product that arrived back to back and in order, handed over at once
@@ -2274,5 +2324,27 @@ impl Incoming {
             parity_timer: None,
             parity_waiting: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeldShards;
+
+    #[test]
+    fn held_shards_count_order_and_keep_bytes_only_when_given() {
+        let mut shards = HeldShards::default();
+        assert!(shards.is_empty() && shards.last().is_none());
+        for shard in [200, 3, 64, 63, 255] {
+            shards.insert(shard, Some(&[shard]));
+        }
+        shards.insert(7, None);
+        assert_eq!(shards.len(), 6);
+        assert_eq!(shards.last(), Some(255));
+        assert!(shards.contains(63) && shards.contains(64) && shards.contains(7) && !shards.contains(8));
+        let with_bytes: Vec<(u32, Vec<u8>)> = shards.with_bytes().map(|(j, bytes)| (j, bytes.to_vec())).collect();
+        assert_eq!(with_bytes, [(3, vec![3]), (63, vec![63]), (64, vec![64]), (200, vec![200]), (255, vec![255])]);
+        shards.clear();
+        assert!(shards.is_empty() && shards.with_bytes().next().is_none());
     }
 }
