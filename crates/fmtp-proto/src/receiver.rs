@@ -872,11 +872,8 @@ impl Receiver {
         let parity = self.config.parity?;
         self.multicasting.iter().find_map(|key| {
             let product = self.products.get(key)?;
-            let group = product.parity_waiting?;
-            let size = product.bop.as_ref()?.size;
-            let (_, end, _) = parity.group_range(u32::from(group), u64::from(size));
             // Within the product (< 4 GiB).
-            Some((product.index, end as u32))
+            Some((product.index, product.group_end(&parity, product.parity_waiting?) as u32))
         })
     }
 
@@ -887,22 +884,22 @@ impl Receiver {
     /// goes out when a block reaching that offset comes (or the EOP, a newer product, the
     /// receive timer). The blocks after the gap can then be handed over later, in a run.
     pub fn notes_gap(&self, index: ProductIndex, offset: u32) -> Option<u32> {
-        let parity = self.parity_in_use()?;
         if self.anchor != Anchor::Confirmed {
             return None;
         }
         let product = self.products.get(&self.known_key(index)?)?;
         let size = u64::from(product.bop.as_ref()?.size);
-        if product.ended || parity.groups(size) > 1 << 16 || u64::from(offset) >= size {
+        let parity = self.parity_for(size)?;
+        if product.ended || u64::from(offset) >= size {
             return None;
         }
-        let group = parity.group_of(u64::from(offset));
-        // < 2¹⁶ groups (checked above).
-        if product.parity.get(&(group as u16)).is_some_and(|repair| repair.fallback) {
+        // ≤ 2¹⁶ groups ([`codes_product`]).
+        let group = parity.group_of(u64::from(offset)) as u16;
+        if product.parity.get(&group).is_some_and(|repair| repair.fallback) {
             return None;
         }
         // Within the product (< 4 GiB).
-        Some(parity.group_range(group as u32, size).1 as u32)
+        Some(product.group_end(&parity, group) as u32)
     }
 
     /// Bytes held for products being received.
@@ -1602,7 +1599,7 @@ impl Receiver {
         let parity = self.parity_in_use();
         let Some(product) = self.products.get_mut(&key) else { return };
         let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
-        let parity = parity.filter(|parity| parity.groups(size) <= 1 << 16);
+        let parity = parity.filter(|parity| codes_product(parity, size));
         let mut ranges = Vec::new();
         let mut groups: Vec<u16> = Vec::new();
         for (gap_start, gap_end) in product.received.gaps_iter(start, end) {
@@ -1642,9 +1639,7 @@ impl Receiver {
     fn ask_parity_when_passed(&mut self, key: i64, group: u16) {
         let Some(parity) = self.parity_in_use() else { return };
         let Some(product) = self.products.get_mut(&key) else { return };
-        let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
-        let (_, group_end, _) = parity.group_range(u32::from(group), size);
-        if !product.ended && product.multicast_end < group_end {
+        if !product.passed(&parity, group) {
             let waiting = product.parity_waiting.replace(group);
             self.parity_waiting_products += u32::from(waiting.is_none());
             if let Some(earlier) = waiting.filter(|&earlier| earlier != group) {
@@ -1660,9 +1655,7 @@ impl Receiver {
         let Some(product) = self.products.get_mut(&key) else { return };
         let Some(group) = product.parity_waiting else { return };
         let Some(parity) = self.config.parity else { return };
-        let size = product.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
-        let (_, group_end, _) = parity.group_range(u32::from(group), size);
-        if product.ended || product.multicast_end >= group_end {
+        if product.passed(&parity, group) {
             product.parity_waiting = None;
             self.parity_waiting_products -= 1;
             self.ask_parity(key, group, false);
@@ -1683,6 +1676,11 @@ impl Receiver {
             at += len;
         }
         self.counters.retx_request_bytes += to - from;
+    }
+
+    /// The parity settings that repair a product of `size` bytes ([`codes_product`]).
+    fn parity_for(&self, size: u64) -> Option<ParityConfig> {
+        self.parity_in_use().filter(|parity| codes_product(parity, size))
     }
 
     /// The parity settings when this receiver repairs by parity.
@@ -1849,7 +1847,7 @@ impl Receiver {
         let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
         let (start, end, _) = parity.group_range(u32::from(group), size);
         let Some(repair) = product.parity.get(&group) else { return };
-        if repair.fallback || repair.shards.is_empty() || !(product.ended || product.multicast_end >= end) {
+        if repair.fallback || repair.shards.is_empty() || !product.passed(&parity, group) {
             return;
         }
         let block_len = parity.block_len as u64;
@@ -2123,6 +2121,12 @@ const fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Whether parity can repair a product of `size` bytes: at most 2¹⁶ block groups (group
+/// numbers are 16 bits on the wire).
+fn codes_product(parity: &ParityConfig, size: u64) -> bool {
+    parity.groups(size) <= 1 << 16
+}
+
 fn receive_due(timer: &ReceiveTimer, last_multicast: Instant, remaining_bytes: u64) -> Instant {
     let transfer = transmission_time(remaining_bytes, timer.rate_bits_per_s);
     let scaled = Duration::try_from_secs_f64(transfer.as_secs_f64() * timer.factor).unwrap_or(Duration::MAX);
@@ -2295,6 +2299,18 @@ struct EarlyBlock {
 }
 
 impl Incoming {
+    /// The end of block group `group` (0 before the BOP is known).
+    fn group_end(&self, parity: &ParityConfig, group: u16) -> u64 {
+        let size = self.bop.as_ref().map_or(0, |bop| u64::from(bop.size));
+        parity.group_range(u32::from(group), size).1
+    }
+
+    /// Whether the multicast has passed block group `group` here: its parity can be asked for
+    /// and decoded.
+    fn passed(&self, parity: &ParityConfig, group: u16) -> bool {
+        self.ended || self.multicast_end >= self.group_end(parity, group)
+    }
+
     /// Bytes of memory this product accounts for.
     fn held_bytes(&self) -> u64 {
         self.bop.as_ref().map_or(0, |bop| u64::from(bop.size)) + self.early_bytes

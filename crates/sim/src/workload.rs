@@ -183,28 +183,8 @@ fn pattern_words(seed: u64, first: u64) -> impl Iterator<Item = u64> {
     })
 }
 
-/// Fills `out` with the pattern bytes `[offset, offset + out.len())` of the product `seed`:
-/// whole lines (64 bytes, one mix each) at once, the ends word by word.
+/// Fills `out` with the pattern bytes `[offset, offset + out.len())` of the product `seed`.
 pub fn pattern_fill(seed: u64, offset: u64, out: &mut [u8]) {
-    const LINE: u64 = 64;
-    let end = offset + out.len() as u64;
-    let head = ((LINE - offset % LINE) % LINE).min(out.len() as u64) as usize;
-    let (head_bytes, rest) = out.split_at_mut(head);
-    pattern_fill_words(seed, offset, head_bytes);
-    let first_line = (offset + head as u64) / LINE;
-    let mut lines = rest.chunks_exact_mut(LINE as usize);
-    for (line_number, chunk) in (first_line..).zip(&mut lines) {
-        let line = pattern_line(seed, line_number * 8);
-        for (k, word) in chunk.chunks_exact_mut(8).enumerate() {
-            word.copy_from_slice(&pattern_in_line(line, k as u64).to_le_bytes());
-        }
-    }
-    let tail = lines.into_remainder();
-    pattern_fill_words(seed, end - tail.len() as u64, tail);
-}
-
-/// [`pattern_fill`] word by word.
-fn pattern_fill_words(seed: u64, offset: u64, out: &mut [u8]) {
     let head = ((8 - offset % 8) % 8).min(out.len() as u64) as usize;
     let (head_bytes, rest) = out.split_at_mut(head);
     for (k, byte) in head_bytes.iter_mut().enumerate() {
@@ -328,18 +308,6 @@ mod tests {
         // A word, or a line of 8 words, away.
         assert!(!pattern_matches(42, 108, &whole[100..200]));
         assert!(!pattern_matches(42, 164, &whole[100..200]));
-    }
-
-    #[test]
-    fn pattern_filled_by_lines_is_the_pattern_word_by_word() {
-        for offset in 0..140u64 {
-            for len in [0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 200, 1448] {
-                let (mut lines, mut words) = (vec![0; len], vec![0; len]);
-                pattern_fill(7, offset, &mut lines);
-                pattern_fill_words(7, offset, &mut words);
-                assert_eq!(lines, words, "offset {offset}, len {len}");
-            }
-        }
     }
 
     #[test]
