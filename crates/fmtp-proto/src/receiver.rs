@@ -609,7 +609,28 @@ impl Receiver {
         let Some(product) = self.products.get_mut(&key) else { return };
         let (start, end) = (u64::from(run.start), u64::from(run.end));
         if product.bop.is_none() {
-            // Rare (the BOP was lost): block by block, as they would have come.
+            // The BOP was lost. When all of the run is new and fits the bounds, it is kept as one
+            // early block (as its blocks would be one by one, the fingerprint theirs summed);
+            // otherwise block by block, as they would have come.
+            let len = u64::from(run.end - run.start);
+            if product.received.within(u64::from(run.start), u64::from(run.end)).next().is_none()
+                && self.early_bytes + len <= self.config.early_bytes_max
+                && self.in_flight_bytes + len <= self.config.in_flight_bytes_max
+            {
+                product.last_multicast = self.now;
+                product.multicast_end = product.multicast_end.max(u64::from(run.end));
+                product.received.insert(u64::from(run.start), u64::from(run.end));
+                product.early.push(EarlyBlock {
+                    offset: run.start,
+                    len: run.end - run.start,
+                    fingerprint: run.fingerprint,
+                    data: Vec::new(),
+                });
+                product.early_bytes += len;
+                self.early_bytes += len;
+                self.in_flight_bytes += len;
+                return;
+            }
             let mut offset = run.start;
             while offset < run.end {
                 let block_end = (offset + BLOCK_LEN as u32).min(run.end);

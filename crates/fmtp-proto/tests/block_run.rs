@@ -186,3 +186,68 @@ fn a_run_over_blocks_already_here_counts_only_the_rest() {
     assert_eq!(receiver.counters().duplicates, 1);
     assert_eq!(receiver.counters().delivered, 1);
 }
+
+#[test]
+fn a_run_before_its_bop_is_kept_whole_and_delivers_as_its_blocks_would() {
+    // Products of 7 blocks whose BOP is lost: one receiver takes the blocks one by one, the
+    // other as a run (kept as one early block). Both get the BOP over TCP and deliver alike.
+    let datagrams = multicast(&[7 * 1448 - 100]);
+    let (mut one, mut runs) = (discarding(), discarding());
+    let (mut seen_one, mut seen_runs) = (Vec::new(), Vec::new());
+    let mut blocks = Vec::new();
+    let mut run: Option<BlockRun> = None;
+    let mut bop = None;
+    let mut last_at = Instant::ZERO;
+    for (at, datagram) in &datagrams {
+        let message = Message::parse(datagram).expect("parses");
+        match message.body {
+            Body::Bop(bop_body) => bop = Some((bop_body.product_size, bop_body.start_time, bop_body.metadata.to_vec())),
+            Body::MemData { offset, data } => {
+                let fingerprint = block_fingerprint(offset, data);
+                blocks.push((offset, fingerprint));
+                one.handle_datagram(*at, datagram);
+                drain(&mut one, &mut seen_one);
+                last_at = *at;
+                // The first block goes alone (it follows a loss), the rest as one run.
+                if offset == 0 {
+                    runs.handle_datagram(*at, datagram);
+                    drain(&mut runs, &mut seen_runs);
+                    continue;
+                }
+                let run = run.get_or_insert(BlockRun {
+                    index: message.index,
+                    start: offset,
+                    end: offset,
+                    datagrams: 0,
+                    wire_bytes: 0,
+                    fingerprint: 0,
+                });
+                run.end = offset + data.len() as u32;
+                run.datagrams += 1;
+                run.wire_bytes += datagram.len() as u64;
+                run.fingerprint = run.fingerprint.wrapping_add(fingerprint);
+            }
+            _ => {}
+        }
+    }
+    let run = run.expect("blocks after the first");
+    runs.handle_block_run(last_at, &run, &mut |_, _| panic!("a run kept whole needs no block's fingerprint"));
+    drain(&mut runs, &mut seen_runs);
+    assert_eq!(seen_one, seen_runs);
+    assert!(seen_one.iter().any(|line| line.contains("BopReq")), "{seen_one:?}");
+    // The BOP comes over TCP (RETX_BOP) and the EOP by multicast.
+    let (size, start_time, metadata) = bop.expect("a BOP");
+    let retx_bop = Message {
+        index: run.index,
+        body: Body::RetxBop(ldm7_fmtp_proto::wire::Bop { product_size: size, start_time, metadata: &metadata }),
+    };
+    let eop = &datagrams.last().expect("the EOP").1;
+    for (receiver, seen) in [(&mut one, &mut seen_one), (&mut runs, &mut seen_runs)] {
+        receiver.handle_stream(last_at, &retx_bop);
+        receiver.handle_datagram(last_at, eop);
+        drain(receiver, seen);
+    }
+    assert_eq!(seen_one, seen_runs);
+    assert_eq!(seen_one.iter().filter(|line| line.starts_with("Delivered")).count(), 1, "{seen_one:?}");
+    assert_eq!(one.counters(), runs.counters());
+}
