@@ -598,7 +598,6 @@ impl Sender {
                 deadline: None,
                 failed: false,
                 interest: InterestSet::default(),
-                repairs: BTreeMap::new(),
                 parity: BTreeMap::new(),
             },
         );
@@ -973,7 +972,7 @@ impl Sender {
         }
         let outcome =
             if multicast_ended && !awaits_repairs { CompletionOutcome::Whole } else { CompletionOutcome::GaveUp };
-        let repair_rounds = product.repairs.remove(&id).map_or(0, |rounds| rounds.count);
+        let repair_rounds = product.interest.take_rounds(id);
         self.counters.completions += 1;
         if outcome == CompletionOutcome::GaveUp {
             self.counters.completions_given_up += 1;
@@ -1294,8 +1293,7 @@ impl Sender {
         // for it (work for a product is queued on a request, or as a tail probe to a pending
         // receiver, and purged at the RETX_END that ends the request's entry): the others are
         // left as they are, not visited.
-        let mut concerned: Vec<ReceiverId> =
-            unfinished.iter().copied().chain(product.repairs.keys().copied()).collect();
+        let mut concerned: Vec<ReceiverId> = unfinished.iter().copied().chain(product.interest.asking()).collect();
         concerned.sort_unstable();
         concerned.dedup();
         for id in concerned {
@@ -1361,10 +1359,9 @@ struct SentProduct {
     deadline: Option<Instant>,
     /// The bytes could not be read during multicast.
     failed: bool,
-    /// Receivers that hold the product: pending until RETX_END.
+    /// Receivers that hold the product (pending until RETX_END), and the repair rounds of
+    /// those that asked for repairs of it.
     interest: InterestSet,
-    /// Receivers that asked for repairs of it, until their RETX_END.
-    repairs: BTreeMap<ReceiverId, RepairRounds>,
     /// Parity of the groups asked for ([`SenderConfig::parity`]).
     parity: BTreeMap<u16, ParityGroup>,
 }
@@ -1417,8 +1414,7 @@ impl SentProduct {
     /// Receiver `id` asked for repairs at `now`: it holds the product until it finishes (or the
     /// deadline), even if it connected after the BOP, and the request counts in its rounds.
     fn asked_by(&mut self, id: ReceiverId, now: Instant, round: Duration) {
-        self.interest.hold(id);
-        self.repairs.entry(id).or_insert(RepairRounds { count: 0, started: now }).request(now, round);
+        self.interest.hold(id).request(now, round);
     }
 }
 
@@ -1429,7 +1425,6 @@ impl fmt::Debug for SentProduct {
             .field("size", &self.size)
             .field("deadline", &self.deadline)
             .field("interest", &self.interest)
-            .field("repairs", &self.repairs)
             .finish_non_exhaustive()
     }
 }
@@ -1441,64 +1436,92 @@ enum Interest {
 }
 
 /// The receivers that hold a product, with a count of those still pending: whether all are
-/// done is asked at every RETX_END, and a scan would cost N² per product for N receivers.
+/// done is asked at every RETX_END, and a scan would cost N² per product for N receivers. Each
+/// keeps its repair rounds of the product with it (found by the one search that finds it).
 #[derive(Debug, Default)]
 struct InterestSet {
     /// Sorted by id (a product's set is made from the receivers in order, and late holders are
     /// few: a vector, not a tree, for hundreds of receivers per product).
-    by_receiver: Vec<(ReceiverId, Interest)>,
+    by_receiver: Vec<Holder>,
     pending: usize,
+}
+
+/// A receiver that holds a product.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    id: ReceiverId,
+    interest: Interest,
+    /// Its repair rounds since it asked (a count of 0: it has not asked since its last
+    /// RETX_END).
+    rounds: RepairRounds,
+}
+
+impl Holder {
+    fn new(id: ReceiverId, interest: Interest) -> Self {
+        Self { id, interest, rounds: RepairRounds { count: 0, started: Instant::ZERO } }
+    }
 }
 
 impl InterestSet {
     /// Every one of `ids` (in increasing order) pending.
     fn all_pending(ids: impl Iterator<Item = ReceiverId>) -> Self {
-        let by_receiver: Vec<(ReceiverId, Interest)> = ids.map(|id| (id, Interest::Pending)).collect();
-        debug_assert!(by_receiver.windows(2).all(|pair| pair[0].0 < pair[1].0));
+        let by_receiver: Vec<Holder> = ids.map(|id| Holder::new(id, Interest::Pending)).collect();
+        debug_assert!(by_receiver.windows(2).all(|pair| pair[0].id < pair[1].id));
         Self { pending: by_receiver.len(), by_receiver }
     }
 
     fn find(&self, id: ReceiverId) -> Result<usize, usize> {
         // Ids are handed out in increasing order, so with none gone a receiver sits as far from
         // the first as its id is: try there before searching.
-        let guess = self.by_receiver.first().and_then(|(first, _)| usize::try_from(id.0.checked_sub(first.0)?).ok());
-        if let Some(at) = guess.filter(|&at| self.by_receiver.get(at).is_some_and(|(known, _)| *known == id)) {
+        let guess = self.by_receiver.first().and_then(|first| usize::try_from(id.0.checked_sub(first.id.0)?).ok());
+        if let Some(at) = guess.filter(|&at| self.by_receiver.get(at).is_some_and(|known| known.id == id)) {
             return Ok(at);
         }
-        self.by_receiver.binary_search_by_key(&id, |(id, _)| *id)
+        self.by_receiver.binary_search_by_key(&id, |holder| holder.id)
     }
 
     fn get(&self, id: ReceiverId) -> Option<Interest> {
-        self.find(id).ok().map(|at| self.by_receiver[at].1)
+        self.find(id).ok().map(|at| self.by_receiver[at].interest)
     }
 
-    /// `id` holds the product (pending) unless it is known already.
-    fn hold(&mut self, id: ReceiverId) {
-        if let Err(at) = self.find(id) {
-            self.by_receiver.insert(at, (id, Interest::Pending));
-            self.pending += 1;
-        }
+    /// `id` holds the product (pending) unless it is known already; its repair rounds.
+    fn hold(&mut self, id: ReceiverId) -> &mut RepairRounds {
+        let at = match self.find(id) {
+            Ok(at) => at,
+            Err(at) => {
+                self.by_receiver.insert(at, Holder::new(id, Interest::Pending));
+                self.pending += 1;
+                at
+            }
+        };
+        &mut self.by_receiver[at].rounds
     }
 
     /// `id` is done; what it was before.
     fn finish(&mut self, id: ReceiverId) -> Option<Interest> {
         match self.find(id) {
             Ok(at) => {
-                let before = std::mem::replace(&mut self.by_receiver[at].1, Interest::Done);
+                let before = std::mem::replace(&mut self.by_receiver[at].interest, Interest::Done);
                 if before == Interest::Pending {
                     self.pending -= 1;
                 }
                 Some(before)
             }
             Err(at) => {
-                self.by_receiver.insert(at, (id, Interest::Done));
+                self.by_receiver.insert(at, Holder::new(id, Interest::Done));
                 None
             }
         }
     }
 
+    /// `id`'s repair rounds of the product, which end (its RETX_END).
+    fn take_rounds(&mut self, id: ReceiverId) -> u32 {
+        let Ok(at) = self.find(id) else { return 0 };
+        std::mem::replace(&mut self.by_receiver[at].rounds.count, 0)
+    }
+
     fn remove(&mut self, id: ReceiverId) -> Option<Interest> {
-        let before = self.by_receiver.remove(self.find(id).ok()?).1;
+        let before = self.by_receiver.remove(self.find(id).ok()?).interest;
         if before == Interest::Pending {
             self.pending -= 1;
         }
@@ -1511,7 +1534,12 @@ impl InterestSet {
 
     /// The receivers still pending, in order.
     fn pending(&self) -> impl Iterator<Item = ReceiverId> + '_ {
-        self.by_receiver.iter().filter(|(_, interest)| *interest == Interest::Pending).map(|(id, _)| *id)
+        self.by_receiver.iter().filter(|holder| holder.interest == Interest::Pending).map(|holder| holder.id)
+    }
+
+    /// The receivers that asked for repairs since their last RETX_END, in order.
+    fn asking(&self) -> impl Iterator<Item = ReceiverId> + '_ {
+        self.by_receiver.iter().filter(|holder| holder.rounds.count > 0).map(|holder| holder.id)
     }
 }
 
@@ -1669,5 +1697,28 @@ mod tests {
         assert_eq!(interest.remove(ReceiverId(4)), Some(Interest::Pending));
         assert!(!interest.any_pending());
         assert_eq!(interest.get(ReceiverId(9)), Some(Interest::Done));
+    }
+
+    #[test]
+    fn a_holder_keeps_its_repair_rounds_until_its_retx_end() {
+        let round = Duration::from_millis(100);
+        let at = |ms: u64| Instant::ZERO + Duration::from_millis(ms);
+        let mut interest = InterestSet::all_pending((0..3).map(ReceiverId));
+        assert_eq!(interest.asking().count(), 0);
+        // Two requests within a round are one round; one after it, another. A receiver not
+        // holding the product yet holds it (pending) once it asks.
+        interest.hold(ReceiverId(1)).request(at(0), round);
+        interest.hold(ReceiverId(1)).request(at(50), round);
+        interest.hold(ReceiverId(1)).request(at(150), round);
+        interest.hold(ReceiverId(7)).request(at(10), round);
+        assert_eq!(interest.asking().collect::<Vec<_>>(), vec![ReceiverId(1), ReceiverId(7)]);
+        assert_eq!(interest.get(ReceiverId(7)), Some(Interest::Pending));
+        assert_eq!(interest.take_rounds(ReceiverId(1)), 2);
+        assert_eq!(interest.take_rounds(ReceiverId(1)), 0);
+        assert_eq!(interest.take_rounds(ReceiverId(5)), 0);
+        assert_eq!(interest.asking().collect::<Vec<_>>(), vec![ReceiverId(7)]);
+        // A receiver gone takes its rounds with it.
+        assert_eq!(interest.remove(ReceiverId(7)), Some(Interest::Pending));
+        assert_eq!(interest.asking().count(), 0);
     }
 }
