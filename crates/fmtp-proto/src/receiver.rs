@@ -1737,7 +1737,7 @@ impl Receiver {
         let (start, end, _) = parity.group_range(u32::from(group), size);
         let lost = Self::lost_blocks(product, start, end, parity.block_len as u64);
         let index = product.index;
-        let repair = product.parity.entry(group).or_default();
+        let repair = product.parity.get_or_default(group);
         if repair.fallback || lost == 0 {
             return;
         }
@@ -1827,7 +1827,7 @@ impl Receiver {
         let Some(key) = self.known_key(index) else { return };
         let discard = self.config.assembly == Assembly::Discard;
         let Some(product) = self.products.get_mut(&key) else { return };
-        let repair = product.parity.entry(group).or_default();
+        let repair = product.parity.get_or_default(group);
         if repair.fallback || repair.shards.contains(shard) {
             self.counters.duplicates += 1;
             return;
@@ -1849,9 +1849,7 @@ impl Receiver {
         let (first, last) = (first.min(u64::from(u16::MAX)) as u16, last.min(u64::from(u16::MAX)) as u16);
         let mut next = first;
         while next <= last {
-            let Some(group) =
-                self.products.get(&key).and_then(|p| p.parity.range(next..=last).next().map(|(group, _)| *group))
-            else {
+            let Some(group) = self.products.get(&key).and_then(|p| p.parity.first_in(next, last)) else {
                 break;
             };
             self.try_decode(key, group);
@@ -2198,7 +2196,7 @@ struct Incoming {
     receive_timer: Option<Instant>,
     abandon_at: Instant,
     /// Groups whose lost blocks are asked for as parity ([`ReceiverConfig::parity`]).
-    parity: BTreeMap<u16, GroupRepair>,
+    parity: GroupRepairs,
     /// When the parity timer is due (the earliest retry of `parity`).
     parity_timer: Option<Instant>,
     /// A group that lost blocks while being multicast: its PARITY_REQ goes out once the
@@ -2219,6 +2217,59 @@ struct GroupRepair {
     retry_at: Option<Instant>,
     /// Its lost blocks were asked for with RETX_REQ.
     fallback: bool,
+}
+
+/// A product's block groups under parity repair, by group (sorted; a product has few at once,
+/// most often one: a vector allocates less and finds them faster than a tree).
+#[derive(Debug, Default)]
+struct GroupRepairs(Vec<(u16, GroupRepair)>);
+
+impl GroupRepairs {
+    fn find(&self, group: u16) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&group, |(group, _)| *group)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn get(&self, group: &u16) -> Option<&GroupRepair> {
+        self.find(*group).ok().map(|at| &self.0[at].1)
+    }
+
+    fn get_mut(&mut self, group: &u16) -> Option<&mut GroupRepair> {
+        self.find(*group).ok().map(|at| &mut self.0[at].1)
+    }
+
+    fn get_or_default(&mut self, group: u16) -> &mut GroupRepair {
+        let at = self.find(group).unwrap_or_else(|at| {
+            self.0.insert(at, (group, GroupRepair::default()));
+            at
+        });
+        &mut self.0[at].1
+    }
+
+    fn remove(&mut self, group: &u16) -> Option<GroupRepair> {
+        self.find(*group).ok().map(|at| self.0.remove(at).1)
+    }
+
+    /// The first group from `first` to `last` (inclusive) under repair.
+    fn first_in(&self, first: u16, last: u16) -> Option<u16> {
+        let at = self.find(first).unwrap_or_else(|at| at);
+        self.0.get(at).map(|(group, _)| *group).filter(|&group| group <= last)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&u16, &GroupRepair)> {
+        self.0.iter().map(|(group, repair)| (group, repair))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &GroupRepair> {
+        self.0.iter().map(|(_, repair)| repair)
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut GroupRepair> {
+        self.0.iter_mut().map(|(_, repair)| repair)
+    }
 }
 
 /// The parity shards held for a block group: which (a bit per index; at most 256) and, unless
@@ -2357,7 +2408,7 @@ impl Incoming {
             fingerprint: 0,
             receive_timer: None,
             abandon_at,
-            parity: BTreeMap::new(),
+            parity: GroupRepairs::default(),
             parity_timer: None,
             parity_waiting: None,
         }
