@@ -23,6 +23,7 @@
 //! ```
 
 pub mod control;
+mod due;
 pub mod idd;
 pub mod ledger;
 pub mod net;

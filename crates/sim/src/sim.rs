@@ -18,14 +18,11 @@
 //! a sentinel product so that every receiver learns of products it lost whole at the end, and
 //! runs until nothing is pending. Then every product must be accounted for.
 
-use std::cmp::Reverse;
 use std::collections::VecDeque;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
-
-use dary_heap::QuaternaryHeap;
 
 use ldm7_fmtp_proto::wire::{Body, Message};
 use ldm7_fmtp_proto::{
@@ -35,6 +32,7 @@ use ldm7_fmtp_proto::{
 };
 use ldm7_types::Signature;
 
+use crate::due::{DueList, LossCalendar};
 use crate::ledger::{Content, Ledger, ProductRecord, ReceiverTally, Violation};
 use crate::net::{
     Bottleneck, BottleneckState, Channel, LossModel, LossProcess, Reset, Stall, TcpSpec, Uplink, UplinkState,
@@ -450,7 +448,11 @@ pub struct Simulation {
     /// Scratch: the members losing the datagram in hand.
     losers: Vec<usize>,
     /// Scratch: riders that lost a block and wait for a block passing its group.
-    noted: Vec<Reverse<(u32, usize)>>,
+    noted: Vec<(u32, usize)>,
+    /// Scratch: members whose sampled loss is the datagram in hand (stale ones included).
+    due: Vec<usize>,
+    /// Scratch: riders whose waited-for offset the block in hand reaches.
+    passed: Vec<(u32, usize)>,
     /// Stream messages to the sender that arrive at `requests_at`, not yet scheduled
     /// ([`Simulation::flush_requests`]).
     requests: Vec<(u32, u32, Request)>,
@@ -590,6 +592,8 @@ impl Simulation {
             sampled: None,
             losers: Vec::new(),
             noted: Vec::new(),
+            due: Vec::new(),
+            passed: Vec::new(),
             requests: Vec::new(),
             requests_at: Instant::ZERO,
             held_nodes: Vec::new(),
@@ -870,7 +874,7 @@ impl Simulation {
                     group.attention.push(receiver);
                     node.next_loss = group.seq.saturating_add(node.loss.until_loss());
                     if node.next_loss != u64::MAX {
-                        group.losses.push(Reverse((node.next_loss, receiver)));
+                        group.losses.push(node.next_loss, receiver);
                     }
                 }
                 let node = &mut self.nodes[receiver];
@@ -1056,22 +1060,22 @@ impl Simulation {
         // Who loses it (each draws its next loss).
         let mut losers = std::mem::take(&mut self.losers);
         losers.clear();
-        while let Some(&Reverse((at, member))) = self.groups[group].losses.peek() {
-            if at > seq {
-                break;
-            }
-            self.groups[group].losses.pop();
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
+        self.groups[group].losses.take(seq, &mut due);
+        for &member in &due {
             let node = &mut self.nodes[member];
-            if at < seq || node.next_loss != at || !self.lanes[member].joined {
+            if node.next_loss != seq || !self.lanes[member].joined {
                 continue;
             }
             node.datagrams_lost += 1;
             node.next_loss = (seq + 1).saturating_add(node.loss.until_loss());
             if node.next_loss != u64::MAX {
-                self.groups[group].losses.push(Reverse((node.next_loss, member)));
+                self.groups[group].losses.push(node.next_loss, member);
             }
             losers.push(member);
         }
+        self.due = due;
         self.counters.datagram_deliveries += (self.groups[group].joined - losers.len()) as u64;
         let result = match message.body {
             Body::MemData { offset, data } => {
@@ -1200,7 +1204,7 @@ impl Simulation {
                 match self.nodes[receiver].receiver.notes_gap(index, offset) {
                     Some(group_end) => {
                         self.lanes[receiver].ride = Ride::From(seq + 1);
-                        noted.push(Reverse((group_end, receiver)));
+                        noted.push((group_end, receiver));
                     }
                     None => self.attend(receiver),
                 }
@@ -1222,23 +1226,25 @@ impl Simulation {
         // Riders waiting for the multicast to pass a block group (to ask for its parity) take
         // their share up to this block, which passes it, as it comes; those that lost it wait
         // for the next one.
-        while let Some(&Reverse((group_end, receiver))) = self.groups[group].waiting.peek() {
-            if group_end > end {
-                break;
-            }
-            self.groups[group].waiting.pop();
-            if losers.contains(&receiver) {
-                noted.push(Reverse((group_end, receiver)));
-                continue;
-            }
-            self.lanes[receiver].waiting = None;
-            if matches!(self.lanes[receiver].ride, Ride::From(_)) {
-                self.flush_member_to(receiver, seq + 1)?;
+        let mut passed = std::mem::take(&mut self.passed);
+        while self.groups[group].waiting.any_due(end) {
+            passed.clear();
+            self.groups[group].waiting.take(end, &mut passed);
+            for &(group_end, receiver) in &passed {
+                if losers.contains(&receiver) {
+                    noted.push((group_end, receiver));
+                    continue;
+                }
+                self.lanes[receiver].waiting = None;
+                if matches!(self.lanes[receiver].ride, Ride::From(_)) {
+                    self.flush_member_to(receiver, seq + 1)?;
+                }
             }
         }
-        for &Reverse((group_end, receiver)) in &noted {
+        self.passed = passed;
+        for &(group_end, receiver) in &noted {
             self.lanes[receiver].waiting = Some((index, group_end));
-            self.groups[group].waiting.push(Reverse((group_end, receiver)));
+            self.groups[group].waiting.push(group_end, receiver);
         }
         self.noted = noted;
         Ok(())
@@ -1765,7 +1771,7 @@ impl Simulation {
             let group = &mut self.groups[lane.group as usize];
             if lane.waiting != Some((index, offset)) && group.bop.as_ref().is_some_and(|bop| bop.index == index) {
                 lane.waiting = Some((index, offset));
-                group.waiting.push(Reverse((offset, receiver)));
+                group.waiting.push(offset, receiver);
             }
         }
         if node.receiver.in_flight_products() > node.in_flight_products_max
@@ -2007,7 +2013,7 @@ struct Group {
     /// Sampled losses: datagrams that have reached the group.
     seq: u64,
     /// Sampled losses: each joined member's next lost datagram, earliest first.
-    losses: QuaternaryHeap<Reverse<(u64, usize)>>,
+    losses: LossCalendar,
     /// Sampled losses: members with [`Ride::Attention`].
     attention: Vec<usize>,
     /// Sampled losses: the data blocks the group has had back to back since the last BOP.
@@ -2022,7 +2028,7 @@ struct Group {
     products: Vec<WholeProduct>,
     /// Sampled losses: riders of the current product whose state machine waits for the
     /// multicast to reach an offset ([`Receiver::parity_waiting`]), earliest offset first.
-    waiting: QuaternaryHeap<Reverse<(u32, usize)>>,
+    waiting: DueList,
 }
 
 impl Group {
@@ -2034,14 +2040,14 @@ impl Group {
             joined: 0,
             last_arrival: Instant::ZERO,
             seq: 0,
-            losses: QuaternaryHeap::new(),
+            losses: LossCalendar::new(),
             attention: Vec::new(),
             run: GroupRun::default(),
             whole: None,
             parity: None,
             bop: None,
             products: Vec::new(),
-            waiting: QuaternaryHeap::new(),
+            waiting: DueList::new(),
         }
     }
 }
