@@ -35,12 +35,10 @@ impl LossCalendar {
     /// `member` loses datagram `at`. One already taken (before the cursor) can never come:
     /// it is dropped.
     pub(crate) fn push(&mut self, at: u64, member: usize) {
-        if at < self.cursor {
-            return;
-        } else if at < self.cursor + Self::SPAN {
-            self.bucket(at).push(member);
-        } else {
+        if at >= self.cursor + Self::SPAN {
             self.far.push(Reverse((at, member)));
+        } else if at >= self.cursor {
+            self.bucket(at).push(member);
         }
     }
 
