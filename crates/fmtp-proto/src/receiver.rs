@@ -532,14 +532,8 @@ impl Receiver {
     /// (the product is being received, its size is known and the group is incomplete): a
     /// simulator hands parity datagrams only to the receivers that want them.
     pub fn wants_parity(&self, index: ProductIndex, group: u16) -> bool {
-        let (Some(parity), Some(key)) = (self.parity_in_use(), self.known_key(index)) else { return false };
-        let Some(product) = self.products.get(&key) else { return false };
-        let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return false };
-        if u64::from(group) >= parity.groups(size) {
-            return false;
-        }
-        let (start, end, _) = parity.group_range(u32::from(group), size);
-        !product.received.contains(start, end)
+        let (Some(parity), Some((_, product))) = (self.parity_in_use(), self.known(index)) else { return false };
+        product.group_incomplete(&parity, group)
     }
 
     /// Anchors wall-clock time (for latencies) to the monotonic clock: `wall` was read at
@@ -980,9 +974,14 @@ impl Receiver {
 
     /// The key of a product being received, if the index is one.
     fn known_key(&self, index: ProductIndex) -> Option<i64> {
+        self.known(index).map(|(key, _)| key)
+    }
+
+    /// The key and state of product `index` if it is being received (one lookup).
+    fn known(&self, index: ProductIndex) -> Option<(i64, &Incoming)> {
         let (newest, newest_key) = self.newest?;
         let key = newest_key + i64::from(index.serial_difference(newest)?);
-        self.products.contains_key(&key).then_some(key)
+        self.products.get(&key).map(|product| (key, product))
     }
 
     /// Index bookkeeping for a multicast message (§3.9): a newer index ends older products'
@@ -1820,11 +1819,12 @@ impl Receiver {
             self.counters.parity_mismatched += 1;
             return;
         }
-        if !self.wants_parity(index, group) {
+        let Some(key) =
+            self.known(index).filter(|(_, product)| product.group_incomplete(&parity, group)).map(|(key, _)| key)
+        else {
             self.counters.parity_unused += 1;
             return;
-        }
-        let Some(key) = self.known_key(index) else { return };
+        };
         let discard = self.config.assembly == Assembly::Discard;
         let Some(product) = self.products.get_mut(&key) else { return };
         let repair = product.parity.get_or_default(group);
@@ -2384,6 +2384,16 @@ impl Incoming {
     }
 
     /// Bytes of memory this product accounts for.
+    /// Whether block group `group` exists (the size is known) and lacks blocks.
+    fn group_incomplete(&self, parity: &ParityConfig, group: u16) -> bool {
+        let Some(size) = self.bop.as_ref().map(|bop| u64::from(bop.size)) else { return false };
+        if u64::from(group) >= parity.groups(size) {
+            return false;
+        }
+        let (start, end, _) = parity.group_range(u32::from(group), size);
+        !self.received.contains(start, end)
+    }
+
     fn held_bytes(&self) -> u64 {
         self.bop.as_ref().map_or(0, |bop| u64::from(bop.size)) + self.early_bytes
     }
