@@ -2,10 +2,13 @@
 //! requested. Ranges are kept sorted, disjoint and non-adjacent, so in-order arrival keeps the
 //! set at one range and appends are O(1).
 
-/// Sorted, disjoint, non-adjacent half-open ranges.
+use smallvec::SmallVec;
+
+/// Sorted, disjoint, non-adjacent half-open ranges: the first two inline (a product being
+/// received most often holds one or two, and a receiver makes two sets per product).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct RangeSet {
-    ranges: Vec<(u64, u64)>,
+    ranges: SmallVec<[(u64, u64); 2]>,
 }
 
 impl RangeSet {
@@ -40,7 +43,12 @@ impl RangeSet {
             merged_end = merged_end.max(b);
             last += 1;
         }
-        self.ranges.splice(first..last, [(merged_start, merged_end)]);
+        if first == last {
+            self.ranges.insert(first, (merged_start, merged_end));
+        } else {
+            self.ranges[first] = (merged_start, merged_end);
+            self.ranges.drain(first + 1..last);
+        }
         (end - start) - overlap
     }
 
@@ -76,7 +84,7 @@ impl RangeSet {
         if start >= end {
             return;
         }
-        let mut kept = Vec::with_capacity(self.ranges.len() + 1);
+        let mut kept = SmallVec::with_capacity(self.ranges.len() + 1);
         for &(a, b) in &self.ranges {
             if b <= start || a >= end {
                 kept.push((a, b));
