@@ -61,8 +61,8 @@ impl RangeSet {
         self.ranges.get(at).is_some_and(|&(a, b)| a <= start && end <= b)
     }
 
-    /// The parts of `[start, end)` not in the set, in order.
-    pub(crate) fn gaps(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+    /// The parts of `[start, end)` not in the set, in order (the first four inline).
+    pub(crate) fn gaps(&self, start: u64, end: u64) -> SmallVec<[(u64, u64); 4]> {
         self.gaps_iter(start, end).collect()
     }
 
@@ -161,9 +161,9 @@ mod tests {
         assert_eq!(set.insert(0, 30), 0);
         assert!(set.contains(3, 30));
         assert!(!set.contains(3, 31));
-        assert_eq!(set.gaps(0, 40), vec![(30, 40)]);
+        assert_eq!(set.gaps(0, 40).as_slice(), [(30, 40)]);
         set.remove(10, 12);
-        assert_eq!(set.gaps(0, 40), vec![(10, 12), (30, 40)]);
+        assert_eq!(set.gaps(0, 40).as_slice(), [(10, 12), (30, 40)]);
         assert_eq!(set.len(), 28);
     }
 

@@ -1879,7 +1879,7 @@ impl Receiver {
         if (repair.shards.len() as u64) < missing_blocks {
             return;
         }
-        let missing: Vec<(u64, u64)> = product.received.gaps(start, end);
+        let missing = product.received.gaps(start, end);
         let index = product.index;
         if self.config.assembly == Assembly::Discard {
             // Nothing to store: the ranges and their fingerprints (most of a large simulation's
