@@ -142,6 +142,19 @@ mod tests {
     use proptest::prelude::*;
     use std::cmp::Reverse;
 
+    /// What a min-heap of `(key, member)` pops up to `until` (inclusive), in order.
+    fn pop_until<K: Ord + Copy>(heap: &mut QuaternaryHeap<Reverse<(K, usize)>>, until: K) -> Vec<(K, usize)> {
+        let mut popped = Vec::new();
+        while let Some(&Reverse(entry)) = heap.peek() {
+            if entry.0 > until {
+                break;
+            }
+            heap.pop();
+            popped.push(entry);
+        }
+        popped
+    }
+
     proptest! {
         /// The calendar gives what a heap of `(sequence number, member)` pops at each number,
         /// in the same order, with pushes ahead near and far.
@@ -157,14 +170,7 @@ mod tests {
                 }
                 let mut due = Vec::new();
                 calendar.take(seq, &mut due);
-                let mut popped = Vec::new();
-                while let Some(&Reverse((at, member))) = heap.peek() {
-                    if at > seq {
-                        break;
-                    }
-                    heap.pop();
-                    popped.push(member);
-                }
+                let popped: Vec<usize> = pop_until(&mut heap, seq).into_iter().map(|(_, member)| member).collect();
                 prop_assert_eq!(due, popped);
             }
         }
@@ -180,15 +186,7 @@ mod tests {
             for end in ends {
                 let mut due = Vec::new();
                 list.take(end, &mut due);
-                let mut popped = Vec::new();
-                while let Some(&Reverse((offset, member))) = heap.peek() {
-                    if offset > end {
-                        break;
-                    }
-                    heap.pop();
-                    popped.push((offset, member));
-                }
-                prop_assert_eq!(due, popped);
+                prop_assert_eq!(due, pop_until(&mut heap, end));
                 prop_assert_eq!(list.any_due(end), false);
             }
         }
