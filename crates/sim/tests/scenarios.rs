@@ -446,6 +446,16 @@ fn parity_repair_in_memory_under_bursts() {
     assert!(recovered > 0 && report.sender.parity_datagrams > 0, "{report}");
 }
 
+/// `receivers` at 30 ms RTT and 1% independent loss, repaired by parity (groups of 256
+/// blocks, 32 shards), the sender at `rate_bps`, pattern content.
+fn parity_at_one_percent_loss(seed: u64, receivers: usize, rate_bps: u64) -> SimConfig {
+    let specs = (0..receivers).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
+    let mut config = SimConfig::new(seed, specs).with_parity(256, 32);
+    config.sender = SenderConfig { parity: config.sender.parity, ..SenderConfig::with_rate(rate_bps) };
+    config.content = ContentMode::Pattern;
+    config
+}
+
 /// The bar (#15): at 570 subscribers and 1% independent loss, parity repair keeps the
 /// publisher's egress within 1.1 × the product bytes, where unicast repairs cost about 1 + N·p;
 /// every product delivered, every parity shard the sender multicasts checked against the
@@ -453,10 +463,7 @@ fn parity_repair_in_memory_under_bursts() {
 #[test]
 fn parity_keeps_egress_near_the_ingest_at_570_subscribers_and_one_percent_loss() {
     let seed = seed_from_env(42);
-    let specs = (0..570).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
-    let mut config = SimConfig::new(seed, specs).with_parity(256, 32);
-    config.sender = SenderConfig { parity: config.sender.parity, ..SenderConfig::with_rate(40_000_000) };
-    config.content = ContentMode::Pattern;
+    let config = parity_at_one_percent_loss(seed, 570, 40_000_000);
     let workload = Workload::generated(seed, 150, 100_000, 3_000_000, 100 * MS);
     let report = run(config, workload);
     assert_all_delivered(&report, 150);
@@ -522,10 +529,7 @@ fn taking_products_whole_changes_nothing_a_receiver_reports() {
 #[test]
 fn a_member_visited_late_takes_its_blocks_before_its_timers() {
     let seed = seed_from_env(43);
-    let specs = (0..40).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
-    let mut config = SimConfig::new(seed, specs).with_parity(256, 32);
-    config.sender = SenderConfig { parity: config.sender.parity, ..SenderConfig::with_rate(2_000_000) };
-    config.content = ContentMode::Pattern;
+    let config = parity_at_one_percent_loss(seed, 40, 2_000_000);
     let workload = Workload::generated(seed, 150, 50_000, 80_000, 300 * MS);
     let report = run(config, workload);
     assert_all_delivered(&report, 150);
