@@ -2,8 +2,8 @@
 //!
 //! A publisher and three subscribers run as separate `ldm7 serve` processes in a temporary
 //! directory, each with its own product queue. The subscribers RECEIVE the feed by LDM-7: they
-//! subscribe, get an address from the publisher's pool, join the multicast group and receive by
-//! FMTP into their queues. The real one-hour NGRID trace is replayed into the publisher's queue
+//! subscribe (each keeping its own address, as on any feed that is on no circuit), join the
+//! multicast group and receive by FMTP into their queues. The real one-hour NGRID trace is replayed into the publisher's queue
 //! at speed; one subscriber drops 2% of what it receives (its FMTP repairs them), and one is
 //! killed (SIGKILL) and restarted halfway (what it missed comes through the backlog). A live
 //! line per subscriber shows its products, FMTP delivery ratio, retransmitted blocks, backstop

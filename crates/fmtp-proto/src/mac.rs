@@ -145,8 +145,9 @@ pub enum MacError {
     BadAnswer(String),
     /// The key material is of another level than this end's.
     #[error(
-        "the FMTP sender uses MAC level {sender} and this receiver {receiver}: set the same level \
-         on both ends (FMTP_MAC_LEVEL, --mac-level)"
+        "the FMTP sender uses MAC level {sender} and this receiver MAC level {receiver}: set the same \
+         level on both ends (ldm7: mac_level in [multicast] and [receive] of the settings file, or \
+         --mac-level of `ldm7 fmtp`; the reference LDM-7: FMTP_MAC_LEVEL)"
     )]
     LevelMismatch {
         /// The level the material is of.

@@ -189,9 +189,14 @@ pub struct SenderConfig {
     pub block_len: usize,
     /// When the multicast falls idle, this long (at least twice the largest receiver RTT) after
     /// the last EOP: every receiver that has not finished the last product gets its RETX_EOP,
-    /// so that a receiver that lost the last products whole learns of them now and not at their
-    /// deadline (no later product would reveal the gap). `None`: off (the reference's
-    /// behaviour: RETX_EOP only at release).
+    /// and the product's EOP is multicast again, so that a receiver that lost the last
+    /// products whole learns of them now and not at their deadline (no later product would
+    /// reveal the gap). The reference's receiver ignores a RETX_EOP for a product it never
+    /// heard of, but asks for the BOP of a multicast EOP's unknown product (ldm7-multicast.md
+    /// §3.9); to the receivers that have the product, the repeated EOP is a duplicate. While
+    /// a receiver still has not finished it, the probe repeats [`TAIL_PROBES_MAX`] times in
+    /// all, each after twice the last wait. `None`: off (the reference's behaviour: RETX_EOP
+    /// only at release).
     pub tail_probe: Option<Duration>,
     /// ldm7 extension: answer PARITY_REQ with parity shards multicast ([`crate::parity`];
     /// its `block_len` must be this configuration's). `None`: off, as the reference.
@@ -219,6 +224,10 @@ impl Default for SenderConfig {
 
 /// [`SenderConfig::tail_probe`]'s default.
 pub const TAIL_PROBE_DEFAULT: Duration = Duration::from_millis(200);
+
+/// Tail probes of one product at most ([`SenderConfig::tail_probe`]): at 1, 3 and 7 times the
+/// probe delay after its EOP.
+pub const TAIL_PROBES_MAX: u8 = 3;
 
 impl SenderConfig {
     /// Default settings with multicast and repairs each paced at `rate_bits_per_s`.
@@ -429,6 +438,8 @@ pub struct SenderCounters {
     pub requests_dropped: u64,
     /// RETX_EOPs sent when the multicast fell idle ([`SenderConfig::tail_probe`]).
     pub tail_probes: u64,
+    /// EOPs multicast again when the multicast fell idle ([`SenderConfig::tail_probe`]).
+    pub tail_eops_multicast: u64,
     /// PARITY_REQ received.
     pub parity_requests: u64,
     /// Shards asked for that no shard index was left to give (the receiver falls back to
@@ -474,6 +485,10 @@ pub struct Sender {
     /// When to probe the receivers that have not finished the last product multicast, and that
     /// product's key ([`SenderConfig::tail_probe`]).
     tail_probe: Option<(Instant, u64)>,
+    /// The probes of that product so far, and the wait before the last.
+    tail_probes: (u8, Duration),
+    /// A product index whose EOP is to be multicast again (a tail probe), before new data.
+    repeated_eop: Option<ProductIndex>,
     /// Parity shards to multicast before new data: product key, group, shard.
     parity_queue: VecDeque<(u64, u16, u8)>,
     /// Codes the groups repaired by parity (its working space kept from one to the next).
@@ -529,6 +544,8 @@ impl Sender {
             counters: SenderCounters::default(),
             retained_bound_hit: false,
             tail_probe: None,
+            tail_probes: (0, Duration::ZERO),
+            repeated_eop: None,
             parity_queue: VecDeque::new(),
             parity_encoder: ParityEncoder::default(),
         })
@@ -831,6 +848,7 @@ impl Sender {
             && self.parity_queue.is_empty()
             && self.receivers.values().all(|r| r.work.is_empty())
             && self.tail_probe.is_none()
+            && self.repeated_eop.is_none()
     }
 
     // ---------------------------------------------------------------------------------------
@@ -870,10 +888,24 @@ impl Sender {
         }
     }
 
-    /// RETX_EOP of the last product multicast to every receiver that has not finished it.
+    /// RETX_EOP of the last product multicast to every receiver that has not finished it, and
+    /// its EOP multicast again; the next probe, while one has not finished it.
     fn probe_tail(&mut self, key: u64) {
         let Some(product) = self.products.get(&key) else { return };
         let index = product.index;
+        if !product.interest.any_pending() {
+            return;
+        }
+        if self.repeated_eop.is_none() {
+            self.repeated_eop = Some(index);
+        }
+        let (probes, wait) = self.tail_probes;
+        if probes < TAIL_PROBES_MAX {
+            self.tail_probes = (probes + 1, wait * 2);
+            if probes + 1 < TAIL_PROBES_MAX {
+                self.tail_probe = Some((self.now + wait * 2, key));
+            }
+        }
         for (id, receiver) in &mut self.receivers {
             if product.interest.get(*id) != Some(Interest::Pending)
                 || receiver.work.iter().any(|work| work.key == key && matches!(work.kind, WorkKind::Eop))
@@ -1082,6 +1114,9 @@ impl Sender {
     }
 
     fn next_multicast_len(&self) -> Option<usize> {
+        if self.repeated_eop.is_some() {
+            return Some(HEADER_LEN);
+        }
         if !self.parity_queue.is_empty() {
             return Some(HEADER_LEN + self.config.block_len);
         }
@@ -1094,6 +1129,20 @@ impl Sender {
     }
 
     fn transmit_multicast(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if let Some(index) = self.repeated_eop.take() {
+            emit_control(buf, index, Body::Eop);
+            if let Some(bucket) = &mut self.multicast_bucket {
+                bucket.try_take(HEADER_LEN);
+            }
+            self.counters.tail_eops_multicast += 1;
+            self.counters.multicast_datagrams += 1;
+            self.counters.multicast_bytes += HEADER_LEN as u64;
+            return Some(Transmit {
+                destination: Destination::Multicast,
+                len: HEADER_LEN,
+                message_type: MessageType::Eop,
+            });
+        }
         while let Some((key, group, shard)) = self.parity_queue.pop_front() {
             if let Some(transmit) = self.transmit_parity(buf, key, group, shard) {
                 return Some(transmit);
@@ -1249,7 +1298,9 @@ impl Sender {
         self.tail_probe = match self.config.tail_probe {
             Some(delay) if pending && self.multicast_queue.is_empty() => {
                 let rtt_max = self.receivers.values().map(|r| r.rtt).max().unwrap_or(Duration::ZERO);
-                Some((self.now + delay.max(rtt_max * 2), key))
+                let wait = delay.max(rtt_max * 2);
+                self.tail_probes = (0, wait);
+                Some((self.now + wait, key))
             }
             _ => None,
         };

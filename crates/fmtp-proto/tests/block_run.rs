@@ -14,9 +14,10 @@ use ldm7_fmtp_proto::{
 use proptest::prelude::*;
 
 /// The multicast datagrams of products of `sizes` (a sender paced at 1 Gbit/s, no receivers'
-/// requests), with their send times.
+/// requests, no tail probe: its receiver never finishes), with their send times.
 fn multicast(sizes: &[usize]) -> Vec<(Instant, Vec<u8>)> {
-    let mut sender = Sender::new(SenderConfig::with_rate(1_000_000_000), Instant::ZERO).expect("sender");
+    let config = SenderConfig { tail_probe: None, ..SenderConfig::with_rate(1_000_000_000) };
+    let mut sender = Sender::new(config, Instant::ZERO).expect("sender");
     let id = ldm7_fmtp_proto::ReceiverId(1);
     sender.receiver_connected(Instant::ZERO, id);
     for (k, size) in sizes.iter().enumerate() {

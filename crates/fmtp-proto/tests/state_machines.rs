@@ -106,6 +106,43 @@ fn products_lost_whole_at_the_tail_are_learnt_of_from_the_senders_probe() {
     }
 }
 
+/// The tail probe multicasts the last product's EOP again: a receiver that lost that product
+/// whole asks for its BOP on seeing the EOP of a product it never heard of (as the reference's
+/// receiver does, which ignores a RETX_EOP for such a product); to one that has it, the second
+/// EOP changes nothing. The probe repeats while a receiver has not finished the product, three
+/// times at most.
+#[test]
+fn the_tail_probe_multicasts_the_last_eop_again() {
+    let mut net = Net::new(sender_config(), receivers(2));
+    // Receiver 0 loses the BOP, block and EOP of product 2 as first multicast; the repeated EOP
+    // arrives.
+    let seen = std::sync::atomic::AtomicU32::new(0);
+    net.drop = Box::new(move |to, message| {
+        to == 0
+            && message.index.0 == 2
+            && message.message_type().is_multicast()
+            && seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 3
+    });
+    for seed in 0..3 {
+        net.enqueue(100, seed);
+    }
+    net.settle(5 * SECOND);
+    assert_eq!(net.check_accounted(), (6, 0), "every product at both receivers");
+    assert!(net.sender.counters().tail_eops_multicast >= 1);
+    assert_eq!(net.requests_of(0, MessageType::BopReq).len(), 1, "receiver 0 asked for product 2's BOP once");
+    let kinds: Vec<MessageType> = net.nodes[1].requests.iter().map(|(_, m)| m.message_type()).collect();
+    assert_eq!(kinds, vec![MessageType::RetxEnd; 3], "the repeated EOP changed nothing at receiver 1");
+
+    // Nobody finishes the last product (its every datagram lost at receiver 0, repeats too, and
+    // receiver 0's repair connection muted): three probes, then no more.
+    let mut net = Net::new(sender_config(), receivers(1));
+    net.drop = Box::new(|_, message| message.index.0 == 0 && message.message_type().is_multicast());
+    net.nodes[0].muted = true;
+    net.enqueue(100, 0);
+    net.settle(10 * SECOND);
+    assert_eq!(net.sender.counters().tail_eops_multicast, u64::from(ldm7_fmtp_proto::sender::TAIL_PROBES_MAX));
+}
+
 #[test]
 fn lost_eop_needs_no_repair_once_the_data_is_complete() {
     let mut net = Net::new(sender_config(), receivers(1));

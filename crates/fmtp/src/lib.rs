@@ -35,7 +35,7 @@ pub use receiver::{
     ReceiverNotice, ReceiverOptions, ReceiverReport,
 };
 pub use sender::{
-    Authorizer, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender, RateHandle, SendError, SenderBounds,
-    SenderDriverCounters, SenderNotice, SenderOptions, SetRateError, TrySendError,
+    Authorizer, Departure, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender, RateHandle, SendError,
+    SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions, SetRateError, TrySendError,
 };
 pub use spool::{SpoolSink, SpooledProduct};

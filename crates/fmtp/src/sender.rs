@@ -182,6 +182,26 @@ impl std::fmt::Debug for SenderOptions {
     }
 }
 
+/// How a receiver's repair connection went, told when it closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Departure {
+    /// The receiver's address.
+    pub peer: SocketAddr,
+    /// How long it was connected after its key exchange.
+    pub connected_for: std::time::Duration,
+    /// Messages it sent (requests, RETX_ENDs, key acknowledgements).
+    pub messages: u64,
+}
+
+impl Departure {
+    /// Whether the receiver left at once, having said nothing after its key exchange: what a
+    /// receiver does that finds the key of another MAC level than its own (the reference's
+    /// receiver throws and its subscription starts over).
+    pub fn at_once(&self) -> bool {
+        self.messages == 0 && self.connected_for < std::time::Duration::from_secs(2)
+    }
+}
+
 /// What the sending application hears.
 #[derive(Debug)]
 pub enum SenderNotice {
@@ -191,7 +211,7 @@ pub enum SenderNotice {
     /// it among their receivers.
     ReceiverJoined(ReceiverId, SocketAddr),
     /// A receiver's connection closed.
-    ReceiverLeft(ReceiverId),
+    ReceiverLeft(ReceiverId, Departure),
     /// The protocol refused a product (LDM's policy: no receiver connected); it was not sent
     /// and is handed back.
     Refused(EnqueueError),
@@ -607,6 +627,10 @@ struct Link {
     offer: OfferKey,
     /// The epoch of the key the exchange handed it.
     epoch: u32,
+    /// When it joined (its key exchange done).
+    joined: Instant,
+    /// Messages it sent.
+    messages: u64,
 }
 
 impl Link {
@@ -791,6 +815,7 @@ impl SenderTask {
                 // Known now: its exchange no longer holds a switch back.
                 drop(exchange);
                 self.switch_when_acknowledged(now);
+                link.joined = now;
                 self.links.insert(id, *link);
                 self.sender.receiver_connected(now, id);
                 self.notify(SenderNotice::ReceiverJoined(id, peer));
@@ -839,7 +864,12 @@ impl SenderTask {
                     self.key_acknowledged(now, id, None);
                     tracing::info!(receiver = id.0, peer = %link.peer, "FMTP receiver left");
                     self.sender.receiver_disconnected(now, id);
-                    self.notify(SenderNotice::ReceiverLeft(id));
+                    let departure = Departure {
+                        peer: link.peer,
+                        connected_for: now.saturating_duration_since(link.joined),
+                        messages: link.messages,
+                    };
+                    self.notify(SenderNotice::ReceiverLeft(id, departure));
                 }
             }
         }
@@ -865,6 +895,7 @@ impl SenderTask {
                     tracing::warn!(receiver = id.0, %error, "FMTP sender: malformed message from a receiver");
                 }
                 consumed = link.held.len() - rest.len();
+                link.messages += 1;
                 fed = true;
             }
             link.held.drain(..consumed);
@@ -1195,6 +1226,8 @@ async fn serve_connection(
         pauses: BoundHits::new(),
         offer,
         epoch,
+        joined: Clock::now(),
+        messages: 0,
     };
     if inputs.send(Input::Connected { id, peer, link: Box::new(link), exchange }).await.is_err() {
         return Ok(());

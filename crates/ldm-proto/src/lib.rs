@@ -59,7 +59,8 @@ pub use ldm7_xdr::ldm7::{
 };
 pub use publisher::{HEARD_NOTHING_LIMIT, OUTPUT_HIGH_WATER, Publisher, PublisherEvent};
 pub use subscriber::{
-    REQUESTED_MAX, SUBSCRIBE_TIMEOUT, Subscriber, SubscriberConfig, SubscriberEvent, substitute_unspecified_host,
+    FENCE_DISTANCE, REQUESTED_MAX, SUBSCRIBE_TIMEOUT, Subscriber, SubscriberConfig, SubscriberEvent, fence_index,
+    is_fence, substitute_unspecified_host,
 };
 
 /// The upstream's keep-alive period and queue-poll interval (`interval`, ldm6-protocol.md §7).

@@ -14,7 +14,10 @@
 //!   downstream drops an answer that is not for its oldest request, so the session refuses to
 //!   send one); [`PublisherEvent::RequestBacklog`] by [`Publisher::deliver_backlog_product`]
 //!   for each product then, optionally, [`Publisher::end_backlog`] (§2.4; the reference never
-//!   sends END_BACKLOG). At most [`crate::REQUESTED_MAX`] requests may await an answer: a
+//!   sends END_BACKLOG). A subscriber's backlog fence (a request for an index not multicast
+//!   yet, [`crate::is_fence`]) is set aside ([`Publisher::set_aside_fence`]) and answered by
+//!   [`Publisher::answer_fence`], out of request order, once the backlogs asked before it are
+//!   sent. At most [`crate::REQUESTED_MAX`] requests may await an answer: a
 //!   downstream asking more closes the session with [`SessionError::Protocol`].
 //! * Backpressure as in the LDM-6 feed: the product deliveries need [`Publisher::ready`],
 //!   which is false while more than [`OUTPUT_HIGH_WATER`] bytes wait in the output; the driver
@@ -94,6 +97,8 @@ pub struct Publisher {
     events: VecDeque<PublisherEvent>,
     /// Product requests not answered yet, oldest first.
     requested: VecDeque<McastProdIndex>,
+    /// Backlog fences set aside, waiting for their answer.
+    fences: VecDeque<McastProdIndex>,
     /// When the last heartbeat went out (the silence clock restarts then too).
     last_heartbeat: Instant,
     unserved: u64,
@@ -112,6 +117,7 @@ impl Publisher {
             state: State::AwaitSubscribe { deadline: now + FIRST_CALL_LIMIT },
             events: VecDeque::new(),
             requested: VecDeque::new(),
+            fences: VecDeque::new(),
             last_heartbeat: now,
             unserved: 0,
         }
@@ -181,6 +187,31 @@ impl Publisher {
     pub fn no_such_product(&mut self, now: Instant, index: McastProdIndex) -> Result<(), SessionError> {
         self.subscribed()?;
         self.answer_oldest(index)?;
+        self.send(now, Ldm7Call::NoSuchProduct(index));
+        Ok(())
+    }
+
+    /// Takes the request for `index`, a backlog fence ([`crate::is_fence`]: an index not
+    /// multicast yet), out of the request order: later requests are answered while it waits
+    /// for [`Publisher::answer_fence`], which the driver calls once the backlogs asked before
+    /// it are sent (after END_BACKLOG).
+    pub fn set_aside_fence(&mut self, index: McastProdIndex) -> Result<(), SessionError> {
+        self.subscribed()?;
+        let Some(at) = self.requested.iter().rposition(|requested| *requested == index) else {
+            return Err(SessionError::Usage("set_aside_fence for an index not requested"));
+        };
+        self.requested.remove(at);
+        self.fences.push_back(index);
+        Ok(())
+    }
+
+    /// Answers a fence set aside ([`Publisher::set_aside_fence`]) with NO_SUCH_PRODUCT.
+    pub fn answer_fence(&mut self, now: Instant, index: McastProdIndex) -> Result<(), SessionError> {
+        self.subscribed()?;
+        let Some(at) = self.fences.iter().position(|fence| *fence == index) else {
+            return Err(SessionError::Usage("answer_fence for a fence not set aside"));
+        };
+        self.fences.remove(at);
         self.send(now, Ldm7Call::NoSuchProduct(index));
         Ok(())
     }
@@ -311,7 +342,7 @@ impl Receiving7 for Publisher {
             }
             (_, Ldm7Call::TestConnection) => self.events.push_back(PublisherEvent::TestConnection),
             (State::Subscribed, Ldm7Call::RequestProduct(index)) => {
-                if self.requested.len() >= REQUESTED_MAX {
+                if self.requested.len() + self.fences.len() >= REQUESTED_MAX {
                     return Err(SessionError::Protocol(format!(
                         "the downstream has more than {REQUESTED_MAX} product requests unanswered"
                     )));

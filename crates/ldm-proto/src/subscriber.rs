@@ -18,7 +18,15 @@
 //!   (counted, reported once).
 //! * [`Subscriber::request_backlog`] sends REQUEST_BACKLOG (§2.4); the upstream answers with
 //!   DELIVER_BACKLOG_PRODUCTs ([`SubscriberEvent::BacklogProduct`]) and maybe END_BACKLOG
-//!   (the reference never sends it).
+//!   (the reference never sends it). [`SubscriberEvent::BacklogComplete`] says when a backlog
+//!   is complete, against either upstream, by a *fence*: a REQUEST_PRODUCT sent right after the
+//!   REQUEST_BACKLOG for an index the upstream has not multicast ([`fence_index`], far ahead of
+//!   the newest index this end has seen). The reference serves a connection's calls one at a
+//!   time, so it answers the fence (NO_SUCH_PRODUCT: not in its product-index map) after the
+//!   last backlog product; ldm7 answers a fence ([`is_fence`]) once no backlog is being sent,
+//!   after its END_BACKLOG, and other requests meanwhile. A backlog is complete at END_BACKLOG
+//!   or at its fence's answer, whichever comes first; the fence's answer may come out of
+//!   request order. Without a known index the fence waits for [`Subscriber::fence_backlogs`].
 //! * Heartbeat: TEST_CONNECTION whenever [`SubscriberConfig::heartbeat`] (30 s) passed since
 //!   this end last sent anything (§2.2 step 4). The upstream's TEST_CONNECTIONs are accepted
 //!   silently. There is no silence limit: a healthy upstream may say nothing for hours.
@@ -120,8 +128,8 @@ pub enum SubscriberEvent {
         /// The product.
         product: Product,
     },
-    /// The upstream says the backlog is complete.
-    EndBacklog,
+    /// The oldest backlog asked for is complete (END_BACKLOG, or its fence answered).
+    BacklogComplete,
     /// [`REQUESTED_MAX`] requests are outstanding: further requests are not sent until
     /// answers arrive (reported once per session; see [`Subscriber::requests_over_bound`]).
     RequestsOverBound,
@@ -147,6 +155,11 @@ pub struct Subscriber {
     events: VecDeque<SubscriberEvent>,
     /// Indices requested and not answered yet, oldest first.
     requested: VecDeque<McastProdIndex>,
+    /// Backlogs asked for and not complete, oldest first, with their fence once sent.
+    backlogs: VecDeque<Option<McastProdIndex>>,
+    /// Fences of backlogs END_BACKLOG completed: their answers are dropped when they come
+    /// (at most [`STALE_FENCES_MAX`]).
+    stale_fences: VecDeque<McastProdIndex>,
     unexpected: u64,
     unserved: u64,
     requests_over_bound: u64,
@@ -166,6 +179,8 @@ impl Subscriber {
             state: State::Subscribing { xid, deadline },
             events: VecDeque::new(),
             requested: VecDeque::new(),
+            backlogs: VecDeque::new(),
+            stale_fences: VecDeque::new(),
             unexpected: 0,
             unserved: 0,
             requests_over_bound: 0,
@@ -193,11 +208,40 @@ impl Subscriber {
         Ok(true)
     }
 
-    /// Asks for the backlog (§2.4).
-    pub fn request_backlog(&mut self, now: Instant, spec: BacklogSpec) -> Result<(), SessionError> {
+    /// Asks for a backlog (§2.4), followed by its fence `fence` ([`fence_index`] of the newest
+    /// FMTP index this end has seen; `None` when it has seen none: then
+    /// [`Subscriber::fence_backlogs`] sends it once one is known).
+    pub fn request_backlog(
+        &mut self,
+        now: Instant,
+        spec: BacklogSpec,
+        fence: Option<McastProdIndex>,
+    ) -> Result<(), SessionError> {
         self.subscribed("request_backlog before the subscription")?;
         self.send(now, Ldm7Call::RequestBacklog(spec));
+        if let Some(fence) = fence {
+            self.send(now, Ldm7Call::RequestProduct(fence));
+        }
+        self.backlogs.push_back(fence);
         Ok(())
+    }
+
+    /// Sends `fence` for every backlog asked for without one; returns how many.
+    pub fn fence_backlogs(&mut self, now: Instant, fence: McastProdIndex) -> Result<usize, SessionError> {
+        self.subscribed("fence_backlogs before the subscription")?;
+        let unfenced = self.backlogs.iter().filter(|fenced| fenced.is_none()).count();
+        if unfenced > 0 {
+            self.send(now, Ldm7Call::RequestProduct(fence));
+            for pending in self.backlogs.iter_mut().filter(|fenced| fenced.is_none()) {
+                *pending = Some(fence);
+            }
+        }
+        Ok(unfenced)
+    }
+
+    /// Backlogs asked for and not complete yet.
+    pub fn pending_backlogs(&self) -> usize {
+        self.backlogs.len()
     }
 
     /// Bytes to write to the upstream (appended to `into`).
@@ -291,6 +335,43 @@ impl Subscriber {
         self.peer.send_call(now, |out, xid| ldm7::encode_call(out, &Call { xid, call }));
     }
 
+    /// Whether `index` answers a fence: its backlog and every older one are complete (an
+    /// upstream answers a fence only after the backlogs asked before it), or END_BACKLOG
+    /// completed its backlog before and the answer is dropped.
+    fn answers_fence(&mut self, index: McastProdIndex) -> bool {
+        if let Some(at) = self.backlogs.iter().rposition(|fence| *fence == Some(index)) {
+            for _ in 0..=at {
+                if let Some(Some(other)) = self.backlogs.pop_front().filter(|fence| *fence != Some(index)) {
+                    self.remember_stale(other);
+                }
+                self.events.push_back(SubscriberEvent::BacklogComplete);
+            }
+            return true;
+        }
+        if let Some(at) = self.stale_fences.iter().position(|fence| *fence == index) {
+            self.stale_fences.remove(at);
+            return true;
+        }
+        false
+    }
+
+    /// END_BACKLOG: the oldest backlog is complete; its fence's answer, still to come, is
+    /// dropped.
+    fn end_backlog(&mut self) {
+        let Some(fence) = self.backlogs.pop_front() else { return };
+        if let Some(fence) = fence.filter(|fence| !self.backlogs.contains(&Some(*fence))) {
+            self.remember_stale(fence);
+        }
+        self.events.push_back(SubscriberEvent::BacklogComplete);
+    }
+
+    fn remember_stale(&mut self, fence: McastProdIndex) {
+        if self.stale_fences.len() >= STALE_FENCES_MAX {
+            self.stale_fences.pop_front();
+        }
+        self.stale_fences.push_back(fence);
+    }
+
     /// A delivery answering request `index`: accepted if it is the oldest request (§2.3).
     fn answers_oldest(&mut self, proc: Proc, index: McastProdIndex) -> bool {
         if self.requested.front() == Some(&index) {
@@ -302,6 +383,26 @@ impl Subscriber {
         self.events.push_back(SubscriberEvent::Unexpected { proc, index, expected });
         false
     }
+}
+
+/// Most fences remembered after END_BACKLOG completed their backlogs.
+pub const STALE_FENCES_MAX: usize = 64;
+
+/// How far ahead of the newest FMTP index seen a fence lies: far beyond any index a publisher
+/// has multicast or will for long, short of half the index space (serial arithmetic).
+pub const FENCE_DISTANCE: u32 = 1 << 30;
+
+/// The fence of a subscriber whose newest FMTP index seen is `newest`.
+pub fn fence_index(newest: McastProdIndex) -> McastProdIndex {
+    newest.wrapping_add(FENCE_DISTANCE)
+}
+
+/// Whether a REQUEST_PRODUCT of `index` is a fence for a publisher whose next product index
+/// is `next`: an index it has not multicast yet (`index` at or after `next`, in serial
+/// arithmetic). Every product a subscriber can ask for was multicast before, with an index
+/// before `next`.
+pub fn is_fence(index: McastProdIndex, next: McastProdIndex) -> bool {
+    index.wrapping_sub(next) < 1 << 31
 }
 
 /// `server` (`host:port`, `[v6]:port`) with a host `0.0.0.0` replaced by `upstream_host`
@@ -358,20 +459,27 @@ impl Receiving7 for Subscriber {
         }
         match call.call {
             Ldm7Call::DeliverMissedProduct(missed) => {
-                if self.answers_oldest(Proc::DeliverMissedProduct, missed.index) {
+                if self.answers_fence(missed.index) {
+                    // The upstream had a product at the fence's index after all (the reference
+                    // looks only in its map): a product of the feed, kept as backlog.
+                    let product = missed.product;
+                    self.events.push_back(SubscriberEvent::BacklogProduct { product });
+                } else if self.answers_oldest(Proc::DeliverMissedProduct, missed.index) {
                     let event = SubscriberEvent::MissedProduct { index: missed.index, product: missed.product };
                     self.events.push_back(event);
                 }
             }
             Ldm7Call::NoSuchProduct(index) => {
-                if self.answers_oldest(Proc::NoSuchProduct, index) {
+                if self.answers_fence(index) {
+                    // The backlog is complete; nothing else to say.
+                } else if self.answers_oldest(Proc::NoSuchProduct, index) {
                     self.events.push_back(SubscriberEvent::NoSuchProduct { index });
                 }
             }
             Ldm7Call::DeliverBacklogProduct(product) => {
                 self.events.push_back(SubscriberEvent::BacklogProduct { product })
             }
-            Ldm7Call::EndBacklog => self.events.push_back(SubscriberEvent::EndBacklog),
+            Ldm7Call::EndBacklog => self.end_backlog(),
             Ldm7Call::TestConnection => {}
             other => self.unserved_proc(now, call.xid, other.proc()),
         }
@@ -392,6 +500,17 @@ impl Receiving7 for Subscriber {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fences_lie_ahead_of_every_multicast_index() {
+        assert!(is_fence(fence_index(41), 42));
+        assert!(is_fence(42, 42), "the next index is not multicast yet");
+        assert!(!is_fence(41, 42));
+        assert!(!is_fence(0, 42));
+        // Across the wrap.
+        assert!(is_fence(fence_index(u32::MAX - 1), u32::MAX));
+        assert!(!is_fence(u32::MAX - 5, 3));
+    }
 
     #[test]
     fn only_an_unspecified_server_host_is_substituted() {

@@ -291,7 +291,7 @@ fn backlog_streams_under_backpressure_then_end_backlog() {
         before: Signature([2; 16]),
         time_offset_secs: 3600,
     };
-    down.request_backlog(now, spec).unwrap();
+    down.request_backlog(now, spec, None).unwrap();
     pump(now, &mut down, &mut up);
     assert!(matches!(up.poll_event(), Some(PublisherEvent::RequestBacklog { spec: got }) if got == spec));
     let products: Vec<_> = (1..=40).map(|n| product(n, 100_000 + n as usize)).collect();
@@ -328,8 +328,73 @@ fn backlog_streams_under_backpressure_then_end_backlog() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(matches!(down.poll_event(), Some(SubscriberEvent::EndBacklog)));
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::BacklogComplete)));
     assert!(down.poll_event().is_none());
+}
+
+/// A backlog's fence tells the subscriber the backlog is complete against an upstream that
+/// never sends END_BACKLOG (the reference, which answers calls in order: the fence's
+/// NO_SUCH_PRODUCT after the last backlog product), and against ours (END_BACKLOG first, the
+/// fence answered out of order after other requests): once each, the other signal dropped.
+#[test]
+fn a_backlog_is_complete_at_its_fence_or_at_end_backlog() {
+    let now = start();
+    let spec =
+        BacklogSpec { after: Signature([1; 16]), after_is_set: true, before: Signature([2; 16]), time_offset_secs: 60 };
+    let fence = ldm7_ldm_proto::fence_index(41);
+    assert!(ldm7_ldm_proto::is_fence(fence, 42));
+
+    // The reference's order: backlog products, then the fence's answer; a product requested
+    // after the fence is answered after it, in order.
+    let (mut down, mut up) = subscribed(now);
+    down.request_backlog(now, spec, Some(fence)).unwrap();
+    down.request_product(now, 40).unwrap();
+    pump(now, &mut down, &mut up);
+    assert!(matches!(up.poll_event(), Some(PublisherEvent::RequestBacklog { .. })));
+    assert!(matches!(up.poll_event(), Some(PublisherEvent::RequestProduct { index }) if index == fence));
+    assert!(matches!(up.poll_event(), Some(PublisherEvent::RequestProduct { index: 40 })));
+    let (info, data) = product(1, 1000);
+    up.deliver_backlog_product(now, &info, &data).unwrap();
+    up.no_such_product(now, fence).unwrap();
+    up.no_such_product(now, 40).unwrap();
+    pump(now, &mut down, &mut up);
+    assert_eq!(down.pending_backlogs(), 0);
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::BacklogProduct { .. })));
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::BacklogComplete)));
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::NoSuchProduct { index: 40 })));
+    assert!(down.poll_event().is_none());
+
+    // Ours: a request after the fence is answered first, then END_BACKLOG, then the fence.
+    let (mut down, mut up) = subscribed(now);
+    down.request_backlog(now, spec, Some(fence)).unwrap();
+    down.request_product(now, 40).unwrap();
+    pump(now, &mut down, &mut up);
+    while up.poll_event().is_some() {}
+    up.set_aside_fence(fence).unwrap();
+    up.no_such_product(now, 40).unwrap();
+    up.deliver_backlog_product(now, &info, &data).unwrap();
+    up.end_backlog(now).unwrap();
+    up.answer_fence(now, fence).unwrap();
+    pump(now, &mut down, &mut up);
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::NoSuchProduct { index: 40 })));
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::BacklogProduct { .. })));
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::BacklogComplete)));
+    assert!(down.poll_event().is_none(), "the fence's answer after END_BACKLOG is dropped");
+    assert_eq!(down.unexpected_deliveries(), 0);
+
+    // A backlog asked before any index was known is fenced later; the reference still
+    // answers after the backlog.
+    let (mut down, mut up) = subscribed(now);
+    down.request_backlog(now, spec, None).unwrap();
+    assert_eq!(down.fence_backlogs(now, fence).unwrap(), 1);
+    assert_eq!(down.fence_backlogs(now, fence).unwrap(), 0, "once");
+    pump(now, &mut down, &mut up);
+    while up.poll_event().is_some() {}
+    up.no_such_product(now, fence).unwrap();
+    pump(now, &mut down, &mut up);
+    assert!(matches!(down.poll_event(), Some(SubscriberEvent::BacklogComplete)));
+    assert_eq!(down.pending_backlogs(), 0);
+    assert!(up.answer_fence(now, fence).is_err(), "only a fence set aside");
 }
 
 #[test]
@@ -574,7 +639,7 @@ fn our_subscriber_sends_the_captured_records() {
         other => panic!("{other:?}"),
     }
     let later = now + Duration::from_secs(6);
-    down.request_backlog(later, captured_backlog_spec()).unwrap();
+    down.request_backlog(later, captured_backlog_spec(), None).unwrap();
     let mut bytes = Vec::new();
     down.take_output(&mut bytes);
     let ours = records(&bytes);

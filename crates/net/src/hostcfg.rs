@@ -208,6 +208,21 @@ pub fn set_address(netns: Option<&str>, dev: &str, address: Ipv4Cidr) -> Result<
     Ok(())
 }
 
+/// The interface the route to `destination` leaves by (`ip route get`), if the kernel has a
+/// route.
+pub fn route_device(netns: Option<&str>, destination: Ipv4Addr) -> Result<Option<String>, CommandError> {
+    let text = Cmd::new("ip").netns(netns).args(["-j", "route", "get", &destination.to_string()]).run()?;
+    Ok(route_device_in(&text))
+}
+
+/// The first route's `dev` in `ip -j route get` output.
+fn route_device_in(text: &str) -> Option<String> {
+    let at = text.find("\"dev\":\"")? + "\"dev\":\"".len();
+    let rest = &text[at..];
+    let end = rest.find('"')?;
+    Some(rest[..end].to_string())
+}
+
 /// Routes multicast group `group` out of `dev`, so senders need not set IP_MULTICAST_IF.
 pub fn add_multicast_route(netns: Option<&str>, dev: &str, group: Ipv4Addr) -> Result<(), CommandError> {
     Cmd::new("ip").netns(netns).args(["route", "replace", &format!("{group}/32"), "dev", dev]).run()?;
@@ -320,6 +335,13 @@ fn parse_addresses(text: &str) -> Result<Vec<Ipv4Cidr>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_device_of_a_route_is_read_from_ip_route_get() {
+        let text = r#"[{"type":"multicast","dst":"239.255.77.3","dev":"lo","prefsrc":"10.88.0.2","flags":[],"uid":0,"cache":["local","mc"]}]"#;
+        assert_eq!(route_device_in(text).as_deref(), Some("lo"));
+        assert_eq!(route_device_in("[]"), None);
+    }
 
     #[test]
     fn the_interface_holding_an_address_is_found() {

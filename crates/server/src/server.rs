@@ -215,8 +215,8 @@ pub struct Server {
     local_addr: SocketAddr,
     threads: Vec<JoinHandle<()>>,
     children: Vec<Child>,
-    /// The RECEIVE subscribers' runtime and their stop signal.
-    subscribers: Option<(tokio::runtime::Runtime, tokio::sync::watch::Sender<bool>)>,
+    /// The RECEIVE subscribers' runtime, their stop signal and their tasks.
+    subscribers: Option<Subscribers>,
     /// The Prometheus endpoint.
     metrics: Option<crate::prometheus::Endpoint>,
 }
@@ -339,9 +339,20 @@ impl Server {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-        if let Some((runtime, stop)) = self.subscribers.take() {
+        if let Some(Subscribers { runtime, stop, tasks }) = self.subscribers.take() {
+            // Each subscriber ends its session and saves its resume point before the runtime
+            // goes (dropping the runtime would cancel the tasks where they wait).
             let _ = stop.send(true);
-            runtime.shutdown_timeout(Duration::from_secs(5));
+            runtime.block_on(async {
+                let all = join_all(tasks);
+                if tokio::time::timeout(SUBSCRIBERS_STOP_WAIT, all).await.is_err() {
+                    tracing::warn!(
+                        "the LDM-7 subscribers did not stop within {} s; their resume points may be behind",
+                        SUBSCRIBERS_STOP_WAIT.as_secs()
+                    );
+                }
+            });
+            runtime.shutdown_timeout(Duration::from_secs(1));
         }
         self.shared.multicaster.stop();
         let heartbeat = self.shared.has_ldm7_feeds();
@@ -436,12 +447,30 @@ fn requests(config: &Config, default_port: u16) -> Vec<RequestSpec> {
         .collect()
 }
 
+/// How long a stopping server waits for its LDM-7 subscribers to end their sessions.
+const SUBSCRIBERS_STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// The RECEIVE subscribers: one task each on a runtime of their own.
+#[derive(Debug)]
+struct Subscribers {
+    runtime: tokio::runtime::Runtime,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Waits for every task.
+async fn join_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
 /// One task per RECEIVE entry on a runtime of their own.
 fn start_subscribers(
     shared: &Arc<Shared>,
     config: &Config,
     server_port: u16,
-) -> Result<Option<(tokio::runtime::Runtime, tokio::sync::watch::Sender<bool>)>, ServerError> {
+) -> Result<Option<Subscribers>, ServerError> {
     if config.receives.is_empty() {
         return Ok(None);
     }
@@ -452,6 +481,7 @@ fn start_subscribers(
         .build()
         .map_err(ServerError::Runtime)?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::with_capacity(config.receives.len());
     for receive in &config.receives {
         let context = SubscriberContext {
             queue: shared.queue.clone(),
@@ -467,9 +497,9 @@ fn start_subscribers(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((format!("{} {}", receive.host, receive.feedtype), counters.clone()));
-        runtime.spawn(downstream7::run(context, receive.clone(), settings, counters));
+        tasks.push(runtime.spawn(downstream7::run(context, receive.clone(), settings, counters)));
     }
-    Ok(Some((runtime, stop)))
+    Ok(Some(Subscribers { runtime, stop, tasks }))
 }
 
 /// The classic LDM programs this executable is when called by their names (`pqact`,

@@ -12,7 +12,10 @@
 //! deadline_min = "1s"             # proportional only
 //! ttl = 1                         # multicast TTL
 //! interface = "10.77.1.1"         # address of the interface to multicast from (default: the
-//!                                 # MULTICAST entry's FMTP server address, else 0.0.0.0)
+//!                                 # MULTICAST entry's FMTP server address, else the address
+//!                                 # of the interface the route to the group leaves by)
+//! linger = "1min"                 # a feed keeps multicasting this long after its last
+//!                                 # subscriber left (a resubscription finds it running)
 //! subscribers_max = 256           # per feed; more SUBSCRIBEs are refused
 //! index_map_capacity = 1048576    # products the product-index map remembers
 //! product_queue_max = 1024        # products handed to FMTP and not yet multicast
@@ -117,6 +120,11 @@ pub enum SettingsError {
 /// The reference's retransmission timeout (registry `/fmtp-retx-timeout`, ldm7-multicast.md §3.8).
 pub const RETX_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 
+/// How long a feed keeps multicasting after its last subscriber left, by default: a subscriber
+/// that resubscribes (a restart, a MAC level being fixed) finds it running, with its product
+/// index going on; the reference's sender runs on until `ldmd` stops.
+pub const LINGER_DEFAULT: Duration = Duration::from_secs(60);
+
 /// How long a product stays available for repairs (RESEARCH.md §3).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Deadline {
@@ -194,6 +202,8 @@ pub struct MulticastSettings {
     pub ttl: u32,
     /// The interface to multicast from, by address (`None`: from the MULTICAST entry).
     pub interface: Option<std::net::Ipv4Addr>,
+    /// How long the feed keeps multicasting after its last subscriber left.
+    pub linger: Duration,
     /// Bound: subscribers of the feed at once.
     pub subscribers_max: usize,
     /// Products the product-index map remembers.
@@ -221,6 +231,7 @@ impl Default for MulticastSettings {
             deadline: Deadline::Constant(RETX_TIMEOUT_DEFAULT),
             ttl: 1,
             interface: None,
+            linger: LINGER_DEFAULT,
             subscribers_max: 256,
             index_map_capacity: super::multicast::index_map::CAPACITY_DEFAULT,
             product_queue_max: 1024,
@@ -505,6 +516,7 @@ mod raw {
         deadline_min: Option<String>,
         ttl: Option<u32>,
         interface: Option<String>,
+        linger: Option<String>,
         subscribers_max: Option<usize>,
         index_map_capacity: Option<u32>,
         product_queue_max: Option<usize>,
@@ -631,6 +643,9 @@ mod raw {
                 };
                 Deadline::Constant(timeout.unwrap_or(previous))
             };
+            if let Some(linger) = quantity(&self.linger, key, "linger", parse_duration, value)? {
+                settings.linger = linger;
+            }
             if let Some(ttl) = self.ttl {
                 if !(1..=255).contains(&ttl) {
                     return Err(value(format!("{key}.ttl"), "give a TTL of 1–255".into()));

@@ -348,6 +348,10 @@ impl Ledger {
                 cursor.next_offset = offset + data.len() as u32;
             }
             Body::Eop => {
+                // A tail probe multicasts the last product's EOP again (SenderConfig::tail_probe).
+                if cursor.position == Some(position) && cursor.ended {
+                    return Ok(());
+                }
                 if cursor.position != Some(position) || cursor.ended || cursor.next_offset != record.size {
                     return Err(Violation::Sender(format!("EOP of {index} before its data")));
                 }

@@ -22,6 +22,7 @@
 mod lab;
 pub mod measure;
 pub mod records;
+pub mod reference;
 mod replay;
 mod server;
 

@@ -282,7 +282,7 @@ fn queue_error(path: &Path, error: impl std::fmt::Display) -> TestbedError {
 
 /// Whether a TCP socket listens on `port` in the namespace of process `pid`: its
 /// `/proc/PID/net/tcp{,6}` (state `0A`), so no probe connection counts as a client.
-fn listening(pid: u32, port: u16) -> bool {
+pub(crate) fn listening(pid: u32, port: u16) -> bool {
     let local_port = format!(":{port:04X}");
     ["tcp", "tcp6"].iter().any(|table| {
         std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default().lines().skip(1).any(|line| {

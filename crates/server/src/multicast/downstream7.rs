@@ -34,6 +34,13 @@
 //!    FMTP brought ([`Session::ask_tail`]): FMTP learns of a product lost whole only from a newer
 //!    one, so the end of a burst would otherwise wait for the next product.
 //!
+//! A backlog is complete at END_BACKLOG (ldm7 sends it) or when its *fence* is answered: a
+//! REQUEST_PRODUCT for an index far ahead of the newest the session has seen, sent right after
+//! the REQUEST_BACKLOG, which the reference (serving a connection's calls one at a time)
+//! answers with NO_SUCH_PRODUCT after the backlog's last product, and ldm7 after its
+//! END_BACKLOG (`ldm7_ldm_proto::Subscriber`, "fences"). So the resume point moves and the
+//! quiet-feed check runs against a publisher that never sends END_BACKLOG too.
+//!
 //! The resume point ([`Resume`], kept in the state directory) is the newest product before
 //! which nothing is missing. The reference keeps the last product received by multicast; then a
 //! product still being repaired, or fetched through the backstop, when the session dies (kill
@@ -272,6 +279,8 @@ impl Session<'_> {
         let mut backlog_start = BacklogStart::default();
         let backlog_after = self.resume.session_started();
         let mut tail = TailCheck::default();
+        // The newest FMTP index seen: backlog fences go far ahead of it.
+        let mut newest_index: Option<u32> = None;
         let mut last_save = Clock::now();
         let mut unsaved = false;
         let result = 'session: loop {
@@ -297,7 +306,7 @@ impl Session<'_> {
                         self.resume.resolved(index, Some(product.info.signature));
                         unsaved = true;
                         if let Some(before) = backlog_start.resolved(index, Some(product.info.signature)) {
-                            self.ask_backlog(&mut session, backlog_after, Some(before))?;
+                            self.ask_backlog(&mut session, backlog_after, Some(before), newest_index)?;
                         }
                         inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
                     }
@@ -310,7 +319,7 @@ impl Session<'_> {
                     SubscriberEvent::BacklogProduct { product } => {
                         inserter.submit(Job::control(DeliveryMode::Backlog, None, product)).await?;
                     }
-                    SubscriberEvent::EndBacklog => {
+                    SubscriberEvent::BacklogComplete => {
                         self.resume.backlog_complete();
                         unsaved = true;
                         if std::mem::take(&mut tail.asked) {
@@ -357,7 +366,7 @@ impl Session<'_> {
             tokio::select! {
                 () = tokio::time::sleep_until(backlog_due.unwrap_or(far)), if backlog_due.is_some() => {
                     if backlog_start.expired(Clock::now()) {
-                        self.ask_backlog(&mut session, backlog_after, None)?;
+                        self.ask_backlog(&mut session, backlog_after, None, newest_index)?;
                     }
                 }
                 written = write.write(&out), if !out.is_empty() => {
@@ -365,13 +374,8 @@ impl Session<'_> {
                     out.drain(..count);
                 }
                 () = tokio::time::sleep_until(tail_due.unwrap_or(far)), if tail_due.is_some() => {
-                    let look = receiver.as_ref().map(|receiver| {
-                        let counters = receiver.counters();
-                        let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
-                        (counters.datagrams + counters.stream_messages, in_flight)
-                    });
-                    if let Some(after) = tail.ask(look) {
-                        self.ask_tail(&mut session, after)?;
+                    if let Some(after) = tail.ask(fmtp_traffic(receiver.as_ref())) {
+                        self.ask_tail(&mut session, after, newest_index)?;
                     }
                 }
                 read_count = read.read(&mut buf) => {
@@ -395,10 +399,20 @@ impl Session<'_> {
                                 }
                                 ReceiverNotice::Event(_) => {}
                             }
-                            tail.activity();
+                            tail.activity(fmtp_traffic(receiver.as_ref()));
+                            if let Some(index) = notice_index(&notice) {
+                                let first = newest_index.is_none();
+                                if newest_index.is_none_or(|newest| index.wrapping_sub(newest) < 1 << 31) {
+                                    newest_index = Some(index);
+                                }
+                                // Backlogs asked before any index was known get their fence now.
+                                if first && session.pending_backlogs() > 0 {
+                                    session.fence_backlogs(Clock::now(), ldm7_ldm_proto::fence_index(index))?;
+                                }
+                            }
                             self.on_notice(&mut session, &mut inserter, notice).await?;
                             if let Some(before) = before {
-                                self.ask_backlog(&mut session, backlog_after, Some(before))?;
+                                self.ask_backlog(&mut session, backlog_after, Some(before), newest_index)?;
                             }
                         }
                         None => {
@@ -517,7 +531,9 @@ impl Session<'_> {
         options.local_addr = (!address.is_unspecified()).then_some(IpAddr::V4(address));
         options.connect_deadline = REPAIR_CONNECT_DEADLINE;
         options.drop_probability = self.settings.drop;
-        options.seed = u64::from(u32::from(address)) ^ u64::from(self.port);
+        // Subscribers of one host share its address: this server's own port tells them apart.
+        options.seed =
+            u64::from(u32::from(address)) ^ u64::from(self.port) ^ (u64::from(self.context.server_port) << 32);
         Ok(FmtpReceiver::start(options)?)
     }
 
@@ -612,7 +628,7 @@ impl Session<'_> {
     /// brought, which catches products lost whole at the end of a burst (FMTP learns of a lost
     /// product only from a newer one). If the upstream no longer has that product it falls back
     /// to `TAIL_OFFSET` back.
-    fn ask_tail(&self, session: &mut Subscriber, after: Signature) -> Result<(), SessionEnd> {
+    fn ask_tail(&self, session: &mut Subscriber, after: Signature, newest: Option<u32>) -> Result<(), SessionEnd> {
         let spec = BacklogSpec {
             after,
             after_is_set: true,
@@ -620,7 +636,7 @@ impl Session<'_> {
             time_offset_secs: u32::try_from(TAIL_OFFSET.as_secs()).unwrap_or(u32::MAX),
         };
         tracing::info!("{}: feed quiet; asking for anything after {after}", self.name);
-        session.request_backlog(Clock::now(), spec)?;
+        session.request_backlog(Clock::now(), spec, newest.map(ldm7_ldm_proto::fence_index))?;
         Ok(())
     }
 
@@ -631,12 +647,14 @@ impl Session<'_> {
     }
 
     /// REQUEST_BACKLOG (§2.4, and the module documentation): from just after `previous` (or
-    /// `time_offset` back) up to the product `before` (not sent), or the newest.
+    /// `time_offset` back) up to the product `before` (not sent), or the newest; its fence
+    /// goes far ahead of `newest`, the newest FMTP index seen.
     fn ask_backlog(
         &self,
         session: &mut Subscriber,
         previous: Option<Signature>,
         before: Option<Signature>,
+        newest: Option<u32>,
     ) -> Result<(), SessionEnd> {
         let spec = BacklogSpec {
             after: previous.unwrap_or(Signature([0; 16])),
@@ -653,7 +671,7 @@ impl Session<'_> {
             None => "up to the newest product".to_owned(),
         };
         tracing::info!("{}: asking for the backlog {from} {to}", self.name);
-        session.request_backlog(Clock::now(), spec)?;
+        session.request_backlog(Clock::now(), spec, newest.map(ldm7_ldm_proto::fence_index))?;
         Ok(())
     }
 
@@ -727,9 +745,8 @@ const TAIL_OFFSET: Duration = Duration::from_secs(60);
 const BACKLOG_WAIT: Duration = Duration::from_secs(300);
 
 /// The quiet-feed check (see [`Session::ask_tail`]): asked once per newest product, only
-/// after the session's backlog is complete (a new REQUEST_BACKLOG replaces one being sent), and
-/// never while one is being answered (LDM-7 sends END_BACKLOG; an upstream that does not is
-/// never asked).
+/// after the session's backlog is complete (END_BACKLOG or its fence: a new REQUEST_BACKLOG
+/// replaces one being sent), and never while one is being answered.
 #[derive(Debug, Default)]
 struct TailCheck {
     backlog_done: bool,
@@ -737,13 +754,16 @@ struct TailCheck {
     last_activity: Option<ldm7_types::Instant>,
     newest: Option<Signature>,
     checked: Option<Signature>,
-    /// FMTP messages received at the last look.
+    /// FMTP messages received at the last notice or look.
     traffic: Option<u64>,
 }
 
 impl TailCheck {
-    fn activity(&mut self) {
+    /// An FMTP notice came; `look` is the receiver's traffic then (see [`TailCheck::ask`]), so
+    /// that a check at the due time can tell at once whether anything came since.
+    fn activity(&mut self, look: Option<(u64, u64)>) {
         self.last_activity = Some(Clock::now());
+        self.traffic = look.map(|(messages, _)| messages);
     }
 
     fn received(&mut self, signature: Signature) {
@@ -767,8 +787,7 @@ impl TailCheck {
         let traffic = look.map(|(messages, _)| messages);
         let in_flight = look.is_some_and(|(_, in_flight)| in_flight > 0);
         if traffic != self.traffic || in_flight {
-            self.traffic = traffic;
-            self.activity();
+            self.activity(look);
             return None;
         }
         let newest = self.newest?;
@@ -996,6 +1015,29 @@ fn insert_control(
     Ok((info, outcome))
 }
 
+/// The FMTP index a notice is about, if any.
+fn notice_index(notice: &ReceiverNotice) -> Option<u32> {
+    match notice {
+        ReceiverNotice::Delivered { delivery, .. } => Some(delivery.index.0),
+        ReceiverNotice::Event(
+            ReceiverEvent::Started { index }
+            | ReceiverEvent::Missed { index, .. }
+            | ReceiverEvent::IndexGap { last: index, .. },
+        ) => Some(index.0),
+        ReceiverNotice::Event(_) | ReceiverNotice::Connected(_) => None,
+    }
+}
+
+/// An FMTP receiver's traffic for the quiet-feed check: messages received (multicast and
+/// repair) and products in its hands.
+fn fmtp_traffic(receiver: Option<&FmtpReceiver>) -> Option<(u64, u64)> {
+    receiver.map(|receiver| {
+        let counters = receiver.counters();
+        let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
+        (counters.datagrams + counters.stream_messages, in_flight)
+    })
+}
+
 /// The next FMTP notice, or never when there is no receiver yet.
 async fn next_notice(receiver: &mut Option<FmtpReceiver>) -> Option<ReceiverNotice> {
     match receiver {
@@ -1069,7 +1111,8 @@ fn vc_end(receive: &Receive) -> VcEndPoint {
 }
 
 /// The resume point of a RECEIVE (see the module documentation), kept in a small file: the
-/// newest product before which nothing is missing.
+/// newest product before which nothing is missing. It is saved every second while it moves,
+/// and when the session ends (a server stopping waits for its subscribers to save it).
 ///
 /// Within a session, products are tracked by FMTP index from the first index the session saw:
 /// the prefix `first..next` is resolved (delivered by FMTP or the backstop, or given up when
@@ -1192,11 +1235,11 @@ mod tests {
     #[test]
     fn the_tail_is_checked_only_when_no_fmtp_message_came_since_the_last_look() {
         let mut tail = TailCheck { backlog_done: true, ..TailCheck::default() };
-        tail.activity();
+        tail.activity(Some((90, 1)));
         assert_eq!(tail.due(), None, "nothing received yet");
         tail.received(signature(3));
         assert!(tail.due().is_some());
-        assert_eq!(tail.ask(Some((100, 0))), None, "messages since the last look: repairs still coming");
+        assert_eq!(tail.ask(Some((100, 0))), None, "messages since the last notice: repairs still coming");
         assert_eq!(tail.ask(Some((140, 0))), None);
         assert_eq!(tail.ask(Some((140, 2))), None, "no message, but two products in flight: FMTP resolves them");
         assert_eq!(tail.ask(Some((140, 0))), Some(signature(3)), "quiet: anything after the newest");

@@ -1,17 +1,26 @@
 //! The publisher side of LDM-7 (ldm7-multicast.md §2.2 step 2, §4; RESEARCH.md §2):
 //! [`Multicaster`] answers SUBSCRIBEs and runs one [`Feed`] per multicast feed — an FMTP
-//! sender fed from the product queue — started with its first subscription and stopped after
-//! its last.
+//! sender fed from the product queue — started with its first subscription and stopped
+//! `linger` after its last (a subscriber that resubscribes finds it running).
 //!
 //! A SUBSCRIBE is decided in this order, each refusal one log line and a status on the wire:
 //! the feed reduced to what ALLOW grants the host (nothing → `LDM7_UNAUTH`); a MULTICAST entry
-//! for it (none → `LDM7_NOENT`); the feed's sender running (cannot start → `LDM7_MCAST`); an
-//! address for the subscriber (the feed's pool, §4.2, or the subscriber's own address on a
-//! feed without a subnet, §4.3; none left → `LDM7_MCAST`, "all addresses reserved" as the
-//! reference); the subscriber's leg added to the path when a path service is configured and the
-//! subscriber named its attachment (fails → `LDM7_MCAST`). The [`Subscription`] undoes all of
-//! it when dropped (the session ended): address released, leg removed, the feed stopped if it
-//! was the last.
+//! for it (none → `LDM7_NOENT`); the host not held off for closing its repair connections
+//! right after the key exchange (a MAC level other than the feed's: `LDM7_REFUSED`,
+//! [`KeyRefusals`]); the feed's sender running (cannot start → `LDM7_MCAST`); an address for the
+//! subscriber, by the reference's rule (§4.3): one of the feed's pool (§4.2) when the MULTICAST
+//! entry names the publisher's attachment to a circuit (switch and port not `dummy`), or — an
+//! ldm7 addition — when the subscriber names its own (it configures the address on its
+//! interface); else the subscriber's own address, /32 (none left → `LDM7_MCAST`, "all
+//! addresses reserved" as the reference); the subscriber's leg added to the path when a path
+//! service is configured and the subscriber named its attachment (fails → `LDM7_MCAST`). The
+//! [`Subscription`] undoes all of it when dropped (the session ended): address released, leg
+//! removed, the feed stopped `linger` later if it was the last.
+//!
+//! The reply names a concrete FMTP server address: in the short form (no FMTP server address)
+//! the address of the interface the route to the group leaves by, which is also the source
+//! the datagrams carry, since subscribers join source-specifically on that address (the
+//! reference's subscriber does).
 //!
 //! A feed's products are read from the queue as they are inserted, in queue order, by one
 //! thread per feed ([`Feed`]): each product's index is written to the feed's persistent
@@ -96,6 +105,20 @@ pub enum Refusal {
         /// Why.
         why: String,
     },
+    /// The subscriber's FMTP receivers kept closing their repair connections right after the
+    /// key exchange (a MAC level other than the feed's, most likely).
+    #[error(
+        "{peer}'s FMTP receivers closed their repair connections right after the key exchange, again and again: \
+         its MAC level is most likely not the feed's {level}; refused for {remaining_secs} s more"
+    )]
+    KeyRefused {
+        /// The host.
+        peer: String,
+        /// The feed's MAC level.
+        level: ldm7_fmtp::MacLevel,
+        /// Seconds until its subscriptions are taken again.
+        remaining_secs: u64,
+    },
     /// The server is stopping.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -108,6 +131,9 @@ impl Refusal {
             Self::Unauthorized { .. } => Ldm7Status::Unauth,
             Self::NoSuchFeed(_) => Ldm7Status::NoEnt,
             Self::ShuttingDown => Ldm7Status::Shutdown,
+            // The reference's subscriber waits 4 × interval (120 s) after LDM7_REFUSED, where
+            // after LDM7_MCAST it would start over at once.
+            Self::KeyRefused { .. } => Ldm7Status::Refused,
             Self::Start { .. } | Self::Pool(_) | Self::Path { .. } => Ldm7Status::Mcast,
         }
     }
@@ -131,6 +157,18 @@ pub enum FeedError {
     /// The publisher identity (`identity`) cannot be read.
     #[error("the publisher identity: {0}")]
     Identity(String),
+    /// The short form names no FMTP server address and no interface reaches the group.
+    #[error(
+        "no interface address toward the group {group}: {source}; route the group (ip route add 224.0.0.0/4 dev \
+         IFACE), or name the FMTP server address in the MULTICAST entry (feedtype group fmtpServer subnetLen \
+         vlanId switchId switchPort) or `interface` in [multicast] of the settings file"
+    )]
+    NoInterface {
+        /// The group.
+        group: SocketAddrV4,
+        /// Why the kernel chose no address.
+        source: std::io::Error,
+    },
     /// The FMTP sender's sockets could not be opened.
     #[error("FMTP sender on {retx_listen}, group {group}: {source}")]
     Sockets {
@@ -278,16 +316,32 @@ impl Multicaster {
             .iter()
             .find(|entry| allowed.intersects(entry.feedtype))
             .ok_or(Refusal::NoSuchFeed(allowed))?;
+        let subscriber_ip = peer.ip.to_canonical();
+        if let Some(feed) = self.feeds().get(&entry.feedtype.bits()) {
+            let held_off = feed.key_refusals.lock().unwrap_or_else(PoisonError::into_inner).held_off(subscriber_ip);
+            if let Some(remaining) = held_off {
+                return Err(Refusal::KeyRefused {
+                    peer: peer.to_string(),
+                    level: feed.settings.mac_level,
+                    remaining_secs: remaining.as_secs().max(1),
+                });
+            }
+        }
         let feed = self.feed(entry)?;
         let subscriber = match peer.ip {
             IpAddr::V4(address) => address,
             IpAddr::V6(address) => address.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
         };
-        let fmtp_addr = feed.admit(subscriber)?;
+        // §4.3: a pool address when the feed's path is a circuit the publisher is attached to
+        // (the reference's rule), or when the subscriber names its attachment (it configures
+        // the address on its interface); else the subscriber keeps its own address.
+        let wants_pool = entry.attachment.is_set() || names_attachment(vc_end);
+        let (fmtp_addr, from_pool) = feed.admit(subscriber, wants_pool)?;
         let mut subscription = Subscription {
             multicaster: self.clone(),
             feed: feed.clone(),
             address: fmtp_addr.addr,
+            from_pool,
             leg: None,
             info: McastSubInfo {
                 mcast_info: McastInfo {
@@ -299,7 +353,7 @@ impl Multicaster {
             },
             filter,
         };
-        if vc_end.switch_id.is_empty() || vc_end.switch_id.eq_ignore_ascii_case("dummy") {
+        if !names_attachment(vc_end) {
             return Ok(subscription);
         }
         let endpoint = Endpoint {
@@ -317,6 +371,13 @@ impl Multicaster {
             subscription.leg = Some(endpoint);
         }
         Ok(subscription)
+    }
+
+    /// Whether a request for `index` is a subscriber's backlog fence: an index the feed has not
+    /// multicast yet ([`ldm7_ldm_proto::is_fence`]).
+    pub fn is_fence(&self, subscription: &Subscription, index: ProductIndex) -> bool {
+        let next = subscription.feed.index_map.lock().unwrap_or_else(PoisonError::into_inner).next_index();
+        ldm7_ldm_proto::is_fence(index.0, next.0)
     }
 
     /// The product index map's signature for `index` of the feed a subscription is to.
@@ -380,7 +441,7 @@ impl Multicaster {
         Ok(feed)
     }
 
-    fn release(&self, subscription: &Subscription) {
+    fn release(self: &Arc<Self>, subscription: &Subscription) {
         if let Some(endpoint) = &subscription.leg {
             if let Some(path) = self.path().as_mut() {
                 match path.remove_leg(&subscription.feed.path_name, endpoint) {
@@ -397,12 +458,40 @@ impl Multicaster {
                 }
             }
         }
-        subscription.feed.release(subscription.address);
+        subscription.feed.release(subscription.address, subscription.from_pool);
         let mut feeds = self.feeds();
-        if subscription.feed.subscribers.fetch_sub(1, Ordering::Relaxed) == 1 {
-            tracing::info!("{}: last subscriber gone; multicasting stops", subscription.feed.name);
-            subscription.feed.stop();
-            feeds.remove(&subscription.feed.feedtype.bits());
+        if subscription.feed.subscribers.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return;
+        }
+        let feed = subscription.feed.clone();
+        let linger = feed.settings.linger;
+        let handle = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|r| r.handle().clone());
+        match handle {
+            Some(handle) if !linger.is_zero() && !self.stopping.load(Ordering::Relaxed) => {
+                tracing::info!("{}: last subscriber gone; multicasting goes on for {} s", feed.name, linger.as_secs());
+                let multicaster = self.clone();
+                handle.spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    // Stopping joins the feed's reader thread: not on a runtime worker.
+                    let _ = tokio::task::spawn_blocking(move || multicaster.stop_if_idle(&feed)).await;
+                });
+            }
+            _ => {
+                tracing::info!("{}: last subscriber gone; multicasting stops", feed.name);
+                feed.stop();
+                feeds.remove(&feed.feedtype.bits());
+            }
+        }
+    }
+
+    /// Stops `feed` if it still has no subscriber (the end of its linger).
+    fn stop_if_idle(&self, feed: &Arc<Feed>) {
+        let mut feeds = self.feeds();
+        let current = feeds.get(&feed.feedtype.bits()).is_some_and(|running| Arc::ptr_eq(running, feed));
+        if current && feed.subscribers.load(Ordering::Relaxed) == 0 && feed.is_running() {
+            tracing::info!("{}: no subscriber for {} s; multicasting stops", feed.name, feed.settings.linger.as_secs());
+            feed.stop();
+            feeds.remove(&feed.feedtype.bits());
         }
     }
 
@@ -470,6 +559,8 @@ pub struct Subscription {
     multicaster: Arc<Multicaster>,
     feed: Arc<Feed>,
     address: Ipv4Addr,
+    /// Whether `address` came from the feed's pool (else it is the subscriber's own).
+    from_pool: bool,
     leg: Option<Endpoint>,
     /// What the SUBSCRIBE reply carries.
     pub info: McastSubInfo,
@@ -492,22 +583,55 @@ impl std::fmt::Debug for Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.multicaster.release(self);
+        let multicaster = self.multicaster.clone();
+        multicaster.release(self);
     }
 }
 
-/// Who may open repair connections to a feed.
+/// Who may open repair connections to a feed: subscribers holding an address of the feed's
+/// pool, and subscribers keeping their own (§4.2, §4.3).
 #[derive(Debug)]
-enum Admission {
-    /// Addresses handed out from the feed's subnet (§4.2).
-    Pool(Pool),
-    /// Subscribers keep their own address (a MULTICAST entry without a subnet, §4.3).
-    OwnAddress {
-        /// Addresses allowed now, with how many subscriptions hold each.
-        allowed: BTreeMap<Ipv4Addr, usize>,
-        /// Bound: subscribers at once.
-        max: usize,
-    },
+struct Admission {
+    /// Addresses handed out from the feed's subnet (a MULTICAST entry with one).
+    pool: Option<Pool>,
+    /// Subscribers' own addresses allowed now, with how many subscriptions hold each.
+    own: BTreeMap<Ipv4Addr, usize>,
+    /// Bound: subscriptions at once (by pool addresses and own addresses together).
+    max: usize,
+}
+
+impl Admission {
+    fn is_allowed(&self, address: Ipv4Addr) -> bool {
+        self.own.contains_key(&address) || self.pool.as_ref().is_some_and(|pool| pool.is_allowed(address))
+    }
+
+    /// Subscriptions admitted now (several may share an own address).
+    fn held(&self) -> usize {
+        self.own.values().sum::<usize>() + self.pool.as_ref().map_or(0, Pool::held)
+    }
+}
+
+/// An address for a subscriber whose own is `subscriber`: one of the pool when it `wants_pool`
+/// and the feed has one (then `true`), else its own; within `subscribers_max` subscriptions.
+fn admit_in(admission: &Mutex<Admission>, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
+    let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
+    let max = admission.max;
+    if admission.held() >= max {
+        return Err(PoolError::TooManySubscribers(max).into());
+    }
+    if let (true, Some(pool)) = (wants_pool, admission.pool.as_mut()) {
+        let address = pool.allocate()?;
+        return Ok((CidrAddr { addr: address, prefix_len: pool.subnet().prefix_len }, true));
+    }
+    *admission.own.entry(subscriber).or_default() += 1;
+    Ok((CidrAddr { addr: subscriber, prefix_len: 32 }, false))
+}
+
+/// Whether a SUBSCRIBE names the subscriber's attachment to the path (not `dummy`, as
+/// ldm7-multicast.md §4.3 and the reference's `vcEndPoint_isValid`).
+fn names_attachment(vc_end: &VcEndPoint) -> bool {
+    let dummy = |text: &str| text.is_empty() || text.eq_ignore_ascii_case("dummy");
+    !(dummy(&vc_end.switch_id) || dummy(&vc_end.port_id))
 }
 
 struct FeedStart {
@@ -544,6 +668,8 @@ pub struct Feed {
     rate_control: Option<Arc<Mutex<RateControl>>>,
     /// The task that ends the monitor's intervals; aborted with the feed.
     rate_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Receivers that left right after their key exchange, and the hosts held off for it.
+    key_refusals: Arc<Mutex<KeyRefusals>>,
 }
 
 impl Feed {
@@ -555,14 +681,24 @@ impl Feed {
         let map_path = state_dir.join(format!("{}.fmtp-index", file_name(&name)));
         let index_map = IndexMap::open(&map_path, settings.index_map_capacity)?;
         let first_index = index_map.next_index();
-        let admission = if entry.subnet_len > 0 && !entry.fmtp_server.is_unspecified() {
+        let pool = if entry.subnet_len > 0 && !entry.fmtp_server.is_unspecified() {
             let subnet = Ipv4Cidr { address: entry.fmtp_server, prefix_len: entry.subnet_len };
-            Admission::Pool(Pool::new(subnet, settings.subscribers_max)?)
+            Some(Pool::new(subnet, settings.subscribers_max)?)
         } else {
-            Admission::OwnAddress { allowed: BTreeMap::new(), max: settings.subscribers_max }
+            None
         };
+        let admission = Admission { pool, own: BTreeMap::new(), max: settings.subscribers_max };
         let admission = Arc::new(Mutex::new(admission));
-        let interface = settings.interface.unwrap_or(entry.fmtp_server);
+        // The address the datagrams leave from is the source a subscriber joins on
+        // (source-specific, as the reference does) and the FMTP server address the
+        // subscription reply names: never "any". In the short form it is the address the
+        // kernel would send to the group from.
+        let interface = match settings.interface.unwrap_or(entry.fmtp_server) {
+            any if any.is_unspecified() => {
+                interface_toward(group).map_err(|source| FeedError::NoInterface { group, source })?
+            }
+            address => address,
+        };
         let multicast = MulticastConfig {
             group: SocketAddr::V4(group),
             interface: IpAddr::V4(interface),
@@ -628,7 +764,12 @@ impl Feed {
             group,
             source,
         })?;
-        let retx_addr = sender.retx_addr();
+        // Listening on every address (the short form): the reply names the multicast
+        // interface's.
+        let retx_addr = match sender.retx_addr() {
+            listen if listen.ip().is_unspecified() => SocketAddr::new(IpAddr::V4(interface), listen.port()),
+            listen => listen,
+        };
         tracing::info!(
             "{name}: multicasting to {group} at {}, FMTP server {retx_addr}, first product index {}",
             settings.rate,
@@ -652,6 +793,7 @@ impl Feed {
             sender_counters: sender.counters_watch(),
             rate_control: violation_monitor.clone(),
             rate_task: Mutex::new(None),
+            key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
         });
         if let (Some(control), Some(settings)) = (&violation_monitor, &feed.settings.rate_control) {
             let shaped_interface = rate_control::shaped_interface(interface);
@@ -684,6 +826,8 @@ impl Feed {
         // the sender: aborting it (`stop`) drops the sender, which stops FMTP and makes a
         // waiting `send` return.
         let notices_name = name.clone();
+        let notices_refusals = feed.key_refusals.clone();
+        let notices_level = feed.settings.mac_level;
         let monitor = violation_monitor;
         let notice_task = runtime.spawn(async move {
             let monitor = monitor.as_deref();
@@ -708,7 +852,23 @@ impl Feed {
                     SenderNotice::ReceiverJoined(id, peer) => {
                         tracing::info!("{notices_name}: FMTP receiver {peer} connected ({id})");
                     }
-                    SenderNotice::ReceiverLeft(id) => tracing::info!("{notices_name}: FMTP {id} disconnected"),
+                    SenderNotice::ReceiverLeft(id, departure) => {
+                        tracing::info!("{notices_name}: FMTP {id} disconnected");
+                        let held_off = notices_refusals.lock().unwrap_or_else(PoisonError::into_inner).left(&departure);
+                        if let Some(times) = held_off {
+                            tracing::error!(
+                                "{notices_name}: the FMTP receiver at {} closed its repair connection right after the \
+                                 key exchange {times} times in a row: its MAC level is most likely not this feed's, \
+                                 {notices_level} (set FMTP_MAC_LEVEL={} for a reference LDM-7 subscriber, mac_level \
+                                 = {} in [receive] of an ldm7 subscriber's settings); its subscriptions are refused for \
+                                 {} s",
+                                departure.peer.ip(),
+                                notices_level.number(),
+                                notices_level.number(),
+                                KEY_REFUSAL_HOLD.as_secs()
+                            );
+                        }
+                    }
                     SenderNotice::Refused(error) => {
                         tracing::error!("{notices_name}: FMTP refused a product: {}", error.reason);
                     }
@@ -772,7 +932,10 @@ impl Feed {
                 }
             }
             if runtime.block_on(products.send(Product::new(product, metadata))).is_err() {
-                tracing::error!("{}: the FMTP sender stopped; multicasting stops", self.name);
+                // The feed being stopped drops the sender: not an error then.
+                if !self.stop.load(Ordering::Relaxed) {
+                    tracing::error!("{}: the FMTP sender stopped; multicasting stops", self.name);
+                }
                 return;
             }
             counters.products_multicast.fetch_add(1, Ordering::Relaxed);
@@ -803,34 +966,22 @@ impl Feed {
         }
     }
 
-    fn admit(&self, subscriber: Ipv4Addr) -> Result<CidrAddr, Refusal> {
-        let mut admission = self.admission.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut *admission {
-            Admission::Pool(pool) => {
-                let address = pool.allocate()?;
-                Ok(CidrAddr { addr: address, prefix_len: pool.subnet().prefix_len })
-            }
-            Admission::OwnAddress { allowed, max } => {
-                if allowed.len() >= *max && !allowed.contains_key(&subscriber) {
-                    return Err(PoolError::TooManySubscribers(*max).into());
-                }
-                *allowed.entry(subscriber).or_default() += 1;
-                Ok(CidrAddr { addr: subscriber, prefix_len: 32 })
-            }
-        }
+    /// An address for a subscriber whose own is `subscriber`: one of the pool when it
+    /// `wants_pool` and the feed has one (then `true`), else its own.
+    fn admit(&self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
+        admit_in(&self.admission, subscriber, wants_pool)
     }
 
-    fn release(&self, address: Ipv4Addr) {
+    fn release(&self, address: Ipv4Addr, from_pool: bool) {
         let mut admission = self.admission.lock().unwrap_or_else(PoisonError::into_inner);
-        match &mut *admission {
-            Admission::Pool(pool) => pool.release(address),
-            Admission::OwnAddress { allowed, .. } => {
-                if let Some(count) = allowed.get_mut(&address) {
-                    *count -= 1;
-                    if *count == 0 {
-                        allowed.remove(&address);
-                    }
-                }
+        if from_pool {
+            if let Some(pool) = admission.pool.as_mut() {
+                pool.release(address);
+            }
+        } else if let Some(count) = admission.own.get_mut(&address) {
+            *count -= 1;
+            if *count == 0 {
+                admission.own.remove(&address);
             }
         }
     }
@@ -847,14 +998,141 @@ impl Feed {
     }
 }
 
-fn admitted(admission: &Mutex<Admission>, address: Ipv4Addr) -> bool {
-    match &*admission.lock().unwrap_or_else(PoisonError::into_inner) {
-        Admission::Pool(pool) => pool.is_allowed(address),
-        Admission::OwnAddress { allowed, .. } => allowed.contains_key(&address),
+/// The address of the interface the route to `group` leaves by (its first IPv4 address): on
+/// loopback 127.0.0.1, which the kernel's own choice of a source address would pass over for
+/// an address of another interface (host scope), sending through that other interface once the
+/// socket is bound to it. Without `ip`, the kernel's choice (a UDP socket connected to the
+/// group; it sends nothing).
+fn interface_toward(group: SocketAddrV4) -> std::io::Result<Ipv4Addr> {
+    if let Ok(Some(device)) = ldm7_net::hostcfg::route_device(None, *group.ip()) {
+        if let Some(first) = ldm7_net::hostcfg::addresses(None, &device).ok().and_then(|found| found.first().copied()) {
+            return Ok(first.address);
+        }
     }
+    let socket = std::net::UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))?;
+    socket.connect(group)?;
+    match socket.local_addr()?.ip() {
+        IpAddr::V4(address) if !address.is_unspecified() => Ok(address),
+        _ => Err(std::io::Error::other("the kernel chose no source address")),
+    }
+}
+
+/// Departures in a row right after the key exchange that hold a host off.
+const KEY_REFUSALS_BEFORE_HOLD: u32 = 3;
+/// How long a host is held off.
+const KEY_REFUSAL_HOLD: Duration = Duration::from_secs(60);
+/// Bound: hosts followed.
+const KEY_REFUSAL_HOSTS_MAX: usize = 4096;
+
+/// Receivers that close their repair connection right after the key exchange, with nothing
+/// said ([`ldm7_fmtp::Departure::at_once`]): a subscriber at another MAC level than the feed's
+/// does (the reference's receiver throws on the key and its subscriber starts over at once, five
+/// times a second). After [`KEY_REFUSALS_BEFORE_HOLD`] in a row from one host, the host's
+/// subscriptions are refused for [`KEY_REFUSAL_HOLD`] (LDM7_REFUSED: the reference waits two
+/// minutes before the next), and the operator told once what to set.
+#[derive(Debug, Default)]
+struct KeyRefusals {
+    streaks: std::collections::HashMap<IpAddr, u32>,
+    held_off: std::collections::HashMap<IpAddr, std::time::Instant>,
+}
+
+impl KeyRefusals {
+    /// A receiver left; returns the streak when it holds its host off now.
+    fn left(&mut self, departure: &ldm7_fmtp::Departure) -> Option<u32> {
+        let host = departure.peer.ip().to_canonical();
+        if !departure.at_once() {
+            self.streaks.remove(&host);
+            return None;
+        }
+        if self.streaks.len() >= KEY_REFUSAL_HOSTS_MAX {
+            self.streaks.clear();
+        }
+        let streak = self.streaks.entry(host).or_default();
+        *streak += 1;
+        if *streak < KEY_REFUSALS_BEFORE_HOLD {
+            return None;
+        }
+        let times = *streak;
+        self.streaks.remove(&host);
+        let now = std::time::Instant::now();
+        self.held_off.retain(|_, until| *until > now);
+        self.held_off.insert(host, now + KEY_REFUSAL_HOLD);
+        Some(times)
+    }
+
+    /// How long `host` stays held off, if it is.
+    fn held_off(&mut self, host: IpAddr) -> Option<Duration> {
+        let until = *self.held_off.get(&host)?;
+        let remaining = until.saturating_duration_since(std::time::Instant::now());
+        if remaining.is_zero() {
+            self.held_off.remove(&host);
+            return None;
+        }
+        Some(remaining)
+    }
+}
+
+fn admitted(admission: &Mutex<Admission>, address: Ipv4Addr) -> bool {
+    admission.lock().unwrap_or_else(PoisonError::into_inner).is_allowed(address)
 }
 
 /// A feed name as a file name (`IDS|DDPLUS` → `IDS_DDPLUS`).
 fn file_name(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn departure(peer: &str, messages: u64, connected_ms: u64) -> ldm7_fmtp::Departure {
+        ldm7_fmtp::Departure {
+            peer: peer.parse().expect("address"),
+            connected_for: Duration::from_millis(connected_ms),
+            messages,
+        }
+    }
+
+    #[test]
+    fn a_host_whose_receivers_leave_at_once_after_the_key_exchange_is_held_off() {
+        let mut refusals = KeyRefusals::default();
+        let host: IpAddr = "10.0.0.7".parse().expect("address");
+        assert_eq!(refusals.left(&departure("10.0.0.7:40000", 0, 5)), None);
+        // A receiver that worked in between ends the streak.
+        assert_eq!(refusals.left(&departure("10.0.0.7:40001", 12, 30_000)), None);
+        assert_eq!(refusals.left(&departure("10.0.0.7:40002", 0, 5)), None);
+        assert_eq!(refusals.left(&departure("10.0.0.7:40003", 0, 5)), None);
+        assert_eq!(refusals.held_off(host), None);
+        assert_eq!(refusals.left(&departure("10.0.0.7:40004", 0, 5)), Some(3));
+        let remaining = refusals.held_off(host).expect("held off");
+        assert!(remaining <= KEY_REFUSAL_HOLD && remaining > KEY_REFUSAL_HOLD - Duration::from_secs(5));
+        assert_eq!(refusals.held_off("10.0.0.8".parse().expect("address")), None, "other hosts are not");
+        // Said nothing, but stayed: not a key failure.
+        assert!(!departure("10.0.0.9:1", 0, 10_000).at_once());
+    }
+
+    #[test]
+    fn a_pool_address_only_on_a_circuit_or_for_a_subscriber_naming_its_attachment() {
+        let unused = VcEndPoint::unused();
+        assert!(!names_attachment(&unused), "the reference's dummy circuit end");
+        let named = VcEndPoint { switch_id: "sw1".into(), port_id: "eth1/1".into(), vlan_id: 332 };
+        assert!(names_attachment(&named));
+        let half = VcEndPoint { switch_id: "sw1".into(), port_id: "dummy".into(), vlan_id: 0 };
+        assert!(!names_attachment(&half), "as the reference's vcEndPoint_isValid: both named");
+
+        let subnet = Ipv4Cidr { address: Ipv4Addr::new(10, 77, 1, 1), prefix_len: 29 };
+        let pool = Pool::new(subnet, 3).expect("pool");
+        let admission = Mutex::new(Admission { pool: Some(pool), own: BTreeMap::new(), max: 3 });
+        let me = Ipv4Addr::new(192, 0, 2, 5);
+        let own = CidrAddr { addr: me, prefix_len: 32 };
+        assert_eq!(admit_in(&admission, me, false).expect("own"), (own, false));
+        let pooled = CidrAddr { addr: Ipv4Addr::new(10, 77, 1, 2), prefix_len: 29 };
+        assert_eq!(admit_in(&admission, me, true).expect("pool"), (pooled, true));
+        // Two subscriptions from one host hold two places of `subscribers_max`.
+        assert!(admit_in(&admission, me, false).is_ok());
+        let full = admit_in(&admission, me, false);
+        assert!(matches!(full, Err(Refusal::Pool(PoolError::TooManySubscribers(3)))), "{full:?}");
+        let admission = admission.into_inner().expect("lock");
+        assert!(admission.is_allowed(me) && admission.is_allowed(Ipv4Addr::new(10, 77, 1, 2)));
+    }
 }

@@ -4,6 +4,8 @@
 //! REQUEST_PRODUCT from the queue through the feed's product-index map (the backstop), and
 //! streams the backlog of a REQUEST_BACKLOG from the queue while the session is ready, reading
 //! the socket between batches so that the subscriber's requests and heartbeats keep flowing.
+//! A subscriber's backlog fence (a request for an index not multicast yet) is answered once no
+//! backlog is being sent, after END_BACKLOG; the other requests are answered meanwhile.
 //!
 //! Log lines (§5): NOTE `Incoming subscription request from <host> for feed <feed>`, the
 //! decision; INFO (per product, `-v`) `Missed product sent: index=<n>, info="…"` and
@@ -57,6 +59,9 @@ pub(crate) fn serve(
     let mut out = Vec::with_capacity(1 << 20);
     let mut subscription: Option<Subscription> = None;
     let mut requests: VecDeque<McastProdIndex> = VecDeque::new();
+    // Backlog fences waiting for the backlog being sent (bounded as requests are: the session
+    // refuses more than REQUESTED_MAX outstanding).
+    let mut fences: Vec<McastProdIndex> = Vec::new();
     let mut backlog: Option<Backlog> = None;
     let result = loop {
         let mut ended = None;
@@ -91,7 +96,17 @@ pub(crate) fn serve(
                         }
                     }
                 }
-                InboundEvent::Ldm7(PublisherEvent::RequestProduct { index }) => requests.push_back(index),
+                InboundEvent::Ldm7(PublisherEvent::RequestProduct { index }) => {
+                    let fence = subscription
+                        .as_ref()
+                        .is_some_and(|s| shared.multicaster.is_fence(s, ldm7_fmtp_proto::ProductIndex(index)));
+                    if fence {
+                        publisher.set_aside_fence(index)?;
+                        fences.push(index);
+                    } else {
+                        requests.push_back(index);
+                    }
+                }
                 InboundEvent::Ldm7(PublisherEvent::RequestBacklog { spec }) => {
                     if backlog.is_some() {
                         tracing::warn!("{peer}: a new REQUEST_BACKLOG replaces the one being sent");
@@ -116,6 +131,11 @@ pub(crate) fn serve(
                     backlog = None;
                 }
             }
+            if backlog.is_none() {
+                for fence in fences.drain(..) {
+                    publisher.answer_fence(Clock::now(), fence)?;
+                }
+            }
         }
         inbound.take_output(&mut out);
         if !out.is_empty() {
@@ -128,7 +148,7 @@ pub(crate) fn serve(
         if shared.stopping.load(Ordering::Relaxed) {
             break Ok(());
         }
-        let busy = !requests.is_empty() || backlog.is_some();
+        let busy = !requests.is_empty() || backlog.is_some() || !fences.is_empty();
         let longest = if busy { BUSY_WAIT } else { IDLE_WAIT };
         match wait_input(&mut stream, &mut buf, inbound.poll_timeout(), longest) {
             Ok(Input::Bytes(n)) => inbound.handle_input(Clock::now(), &buf[..n]),
