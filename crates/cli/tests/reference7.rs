@@ -206,15 +206,7 @@ fn backlog_after_a_subscriber_restart_ldm7_to_reference() {
 /// multicast, so it may fetch one that FMTP was still repairing (its queue refuses the copy).
 fn subscriber_restart(direction: Direction) {
     let Some(mut pairing) = Pairing::new(Setup { direction, ..Setup::new(0) }) else { return };
-    pairing.start();
-    pairing.insert(0..20);
-    pairing.check_delivered(0..20);
-    pairing.subscriber.stop();
-    pairing.insert(20..40);
-    pairing.subscriber.start();
-    pairing.wait_subscribed(2);
-    pairing.insert(40..45);
-    let outcome = pairing.check_delivered(0..45);
+    let outcome = pairing.outage(Down::Subscriber, 20, 40, 45);
     for k in 20..45 {
         let mode = outcome.mode_of(&pairing.products.signature(k));
         assert_ne!(mode, Some(DeliveryMode::Inserted), "product {k}: {outcome}");
@@ -245,15 +237,7 @@ fn a_publisher_restart_ldm7_to_reference() {
 /// 10 more: all 40 at the subscriber, the 10 of the outage through the backlog.
 fn publisher_restart(direction: Direction) {
     let Some(mut pairing) = Pairing::new(Setup { direction, ..Setup::new(0) }) else { return };
-    pairing.start();
-    pairing.insert(0..20);
-    pairing.check_delivered(0..20);
-    pairing.publisher.stop();
-    pairing.insert(20..30);
-    pairing.publisher.start();
-    pairing.wait_subscribed(2);
-    pairing.insert(30..40);
-    let outcome = pairing.check_delivered(0..40);
+    let outcome = pairing.outage(Down::Publisher, 20, 30, 40);
     for k in 20..30 {
         assert_eq!(
             outcome.mode_of(&pairing.products.signature(k)),
@@ -434,6 +418,13 @@ impl Direction {
     }
 }
 
+/// The end of a pairing that goes down for a while.
+#[derive(Clone, Copy, Debug)]
+enum Down {
+    Publisher,
+    Subscriber,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Reference,
@@ -603,6 +594,28 @@ impl Pairing {
             Ok((self.publisher.log().matches(connected).count() >= count).then_some(()))
         });
         std::thread::sleep(Duration::from_millis(500));
+    }
+
+    /// Products `0..before` through the pairing; then `down` stops, products `before..during`
+    /// go into the publisher's queue, `down` starts again and the subscriber resubscribes;
+    /// then products `during..after`. Checks them all (see [`Pairing::check_delivered`]).
+    fn outage(&mut self, down: Down, before: usize, during: usize, after: usize) -> Outcome {
+        self.start();
+        self.insert(0..before);
+        self.check_delivered(0..before);
+        self.end(down).stop();
+        self.insert(before..during);
+        self.end(down).start();
+        self.wait_subscribed(2);
+        self.insert(during..after);
+        self.check_delivered(0..after)
+    }
+
+    fn end(&mut self, which: Down) -> &mut Node {
+        match which {
+            Down::Publisher => &mut self.publisher,
+            Down::Subscriber => &mut self.subscriber,
+        }
     }
 
     /// Inserts products `range` at the publisher.

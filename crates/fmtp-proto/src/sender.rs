@@ -1130,18 +1130,10 @@ impl Sender {
 
     fn transmit_multicast(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
         if let Some(index) = self.repeated_eop.take() {
+            let start = buf.len();
             emit_control(buf, index, Body::Eop);
-            if let Some(bucket) = &mut self.multicast_bucket {
-                bucket.try_take(HEADER_LEN);
-            }
             self.counters.tail_eops_multicast += 1;
-            self.counters.multicast_datagrams += 1;
-            self.counters.multicast_bytes += HEADER_LEN as u64;
-            return Some(Transmit {
-                destination: Destination::Multicast,
-                len: HEADER_LEN,
-                message_type: MessageType::Eop,
-            });
+            return Some(self.multicast_sent(buf.len() - start, MessageType::Eop));
         }
         while let Some((key, group, shard)) = self.parity_queue.pop_front() {
             if let Some(transmit) = self.transmit_parity(buf, key, group, shard) {
@@ -1183,13 +1175,17 @@ impl Sender {
                 MessageType::Eop
             }
         };
-        let len = buf.len() - start;
+        Some(self.multicast_sent(buf.len() - start, message_type))
+    }
+
+    /// Accounts a multicast datagram of `len` bytes (pacing, counters).
+    fn multicast_sent(&mut self, len: usize, message_type: MessageType) -> Transmit {
         if let Some(bucket) = &mut self.multicast_bucket {
             bucket.try_take(len);
         }
         self.counters.multicast_datagrams += 1;
         self.counters.multicast_bytes += len as u64;
-        Some(Transmit { destination: Destination::Multicast, len, message_type })
+        Transmit { destination: Destination::Multicast, len, message_type }
     }
 
     /// Queues parity shards of a group for a receiver that needs `need` more of index `from` or

@@ -815,7 +815,6 @@ impl SenderTask {
                 // Known now: its exchange no longer holds a switch back.
                 drop(exchange);
                 self.switch_when_acknowledged(now);
-                link.joined = now;
                 self.links.insert(id, *link);
                 self.sender.receiver_connected(now, id);
                 self.notify(SenderNotice::ReceiverJoined(id, peer));

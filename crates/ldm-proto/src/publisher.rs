@@ -16,7 +16,7 @@
 //!   for each product then, optionally, [`Publisher::end_backlog`] (§2.4; the reference never
 //!   sends END_BACKLOG). A subscriber's backlog fence (a request for an index not multicast
 //!   yet, [`crate::is_fence`]) is set aside ([`Publisher::set_aside_fence`]) and answered by
-//!   [`Publisher::answer_fence`], out of request order, once the backlogs asked before it are
+//!   [`Publisher::answer_fences`], out of request order, once the backlogs asked before it are
 //!   sent. At most [`crate::REQUESTED_MAX`] requests may await an answer: a
 //!   downstream asking more closes the session with [`SessionError::Protocol`].
 //! * Backpressure as in the LDM-6 feed: the product deliveries need [`Publisher::ready`],
@@ -193,7 +193,7 @@ impl Publisher {
 
     /// Takes the request for `index`, a backlog fence ([`crate::is_fence`]: an index not
     /// multicast yet), out of the request order: later requests are answered while it waits
-    /// for [`Publisher::answer_fence`], which the driver calls once the backlogs asked before
+    /// for [`Publisher::answer_fences`], which the driver calls once the backlogs asked before
     /// it are sent (after END_BACKLOG).
     pub fn set_aside_fence(&mut self, index: McastProdIndex) -> Result<(), SessionError> {
         self.subscribed()?;
@@ -205,15 +205,18 @@ impl Publisher {
         Ok(())
     }
 
-    /// Answers a fence set aside ([`Publisher::set_aside_fence`]) with NO_SUCH_PRODUCT.
-    pub fn answer_fence(&mut self, now: Instant, index: McastProdIndex) -> Result<(), SessionError> {
+    /// Answers every fence set aside ([`Publisher::set_aside_fence`]) with NO_SUCH_PRODUCT;
+    /// returns how many.
+    pub fn answer_fences(&mut self, now: Instant) -> Result<usize, SessionError> {
+        if self.fences.is_empty() {
+            return Ok(0);
+        }
         self.subscribed()?;
-        let Some(at) = self.fences.iter().position(|fence| *fence == index) else {
-            return Err(SessionError::Usage("answer_fence for a fence not set aside"));
-        };
-        self.fences.remove(at);
-        self.send(now, Ldm7Call::NoSuchProduct(index));
-        Ok(())
+        let count = self.fences.len();
+        while let Some(index) = self.fences.pop_front() {
+            self.send(now, Ldm7Call::NoSuchProduct(index));
+        }
+        Ok(count)
     }
 
     /// Sends one backlog product (DELIVER_BACKLOG_PRODUCT). Needs [`Publisher::ready`].

@@ -128,24 +128,6 @@ impl Reference {
         command
     }
 
-    /// Runs `program` to completion; its standard output, or an error with its standard error.
-    pub fn run(&self, netns: Option<&str>, home: &Path, program: &str, args: &[&str]) -> Result<Vec<u8>> {
-        let mut command = self.command(netns, home, program, &[]);
-        command.args(args).current_dir(home).stdin(Stdio::null());
-        let output = command.output().map_err(io_error(format!("run {program}")))?;
-        if !output.status.success() {
-            return Err(TestbedError::Io {
-                what: format!("{program} {}", args.join(" ")),
-                source: std::io::Error::other(format!(
-                    "{}: {}",
-                    output.status,
-                    tail(&String::from_utf8_lossy(&output.stderr), 10)
-                )),
-            });
-        }
-        Ok(output.stdout)
-    }
-
     /// Makes `path` (a directory) and hands it to the build's user.
     pub fn own(&self, path: &Path) -> Result<()> {
         std::fs::create_dir_all(path).map_err(io_error(format!("create {}", path.display())))?;
@@ -335,12 +317,6 @@ impl Host {
         self.iptables(&rule)
     }
 
-    /// Removes every rule [`lose_datagrams`](Self::lose_datagrams) and
-    /// [`lose_product`](Self::lose_product) added.
-    pub fn clear_losses(&self) -> Result<()> {
-        self.iptables(&["-F", "INPUT"])
-    }
-
     fn iptables(&self, args: &[&str]) -> Result<()> {
         Cmd::new("iptables").netns(Some(&self.name)).args(args.iter().copied()).run()?;
         Ok(())
@@ -452,11 +428,6 @@ impl RefServer {
     /// Its directory.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// Its port.
-    pub fn port(&self) -> u16 {
-        self.port
     }
 
     /// Its queue.
@@ -575,13 +546,6 @@ impl RefServer {
             }
             other => other,
         })
-    }
-
-    /// Waits until its log contains `needle`.
-    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> Result<()> {
-        let what = format!("{needle:?} in the log of {}", self.name);
-        wait_for(timeout, &what, || Ok(self.log().contains(needle).then_some(())))
-            .map_err(|error| self.failure(&error.to_string()))
     }
 
     /// The last lines of its log, for a failure message.

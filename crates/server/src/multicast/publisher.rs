@@ -609,22 +609,35 @@ impl Admission {
     fn held(&self) -> usize {
         self.own.values().sum::<usize>() + self.pool.as_ref().map_or(0, Pool::held)
     }
-}
 
-/// An address for a subscriber whose own is `subscriber`: one of the pool when it `wants_pool`
-/// and the feed has one (then `true`), else its own; within `subscribers_max` subscriptions.
-fn admit_in(admission: &Mutex<Admission>, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
-    let mut admission = admission.lock().unwrap_or_else(PoisonError::into_inner);
-    let max = admission.max;
-    if admission.held() >= max {
-        return Err(PoolError::TooManySubscribers(max).into());
+    /// An address for a subscriber whose own is `subscriber`: one of the pool when it
+    /// `wants_pool` and the feed has one (then `true`), else its own; within `max`
+    /// subscriptions.
+    fn admit(&mut self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
+        if self.held() >= self.max {
+            return Err(PoolError::TooManySubscribers(self.max).into());
+        }
+        if let (true, Some(pool)) = (wants_pool, self.pool.as_mut()) {
+            let address = pool.allocate()?;
+            return Ok((CidrAddr { addr: address, prefix_len: pool.subnet().prefix_len }, true));
+        }
+        *self.own.entry(subscriber).or_default() += 1;
+        Ok((CidrAddr { addr: subscriber, prefix_len: 32 }, false))
     }
-    if let (true, Some(pool)) = (wants_pool, admission.pool.as_mut()) {
-        let address = pool.allocate()?;
-        return Ok((CidrAddr { addr: address, prefix_len: pool.subnet().prefix_len }, true));
+
+    /// Undoes [`Admission::admit`].
+    fn release(&mut self, address: Ipv4Addr, from_pool: bool) {
+        if from_pool {
+            if let Some(pool) = self.pool.as_mut() {
+                pool.release(address);
+            }
+        } else if let Some(count) = self.own.get_mut(&address) {
+            *count -= 1;
+            if *count == 0 {
+                self.own.remove(&address);
+            }
+        }
     }
-    *admission.own.entry(subscriber).or_default() += 1;
-    Ok((CidrAddr { addr: subscriber, prefix_len: 32 }, false))
 }
 
 /// Whether a SUBSCRIBE names the subscriber's attachment to the path (not `dummy`, as
@@ -854,18 +867,16 @@ impl Feed {
                     }
                     SenderNotice::ReceiverLeft(id, departure) => {
                         tracing::info!("{notices_name}: FMTP {id} disconnected");
-                        let held_off = notices_refusals.lock().unwrap_or_else(PoisonError::into_inner).left(&departure);
-                        if let Some(times) = held_off {
+                        if notices_refusals.lock().unwrap_or_else(PoisonError::into_inner).left(&departure) {
                             tracing::error!(
-                                "{notices_name}: the FMTP receiver at {} closed its repair connection right after the \
-                                 key exchange {times} times in a row: its MAC level is most likely not this feed's, \
-                                 {notices_level} (set FMTP_MAC_LEVEL={} for a reference LDM-7 subscriber, mac_level \
-                                 = {} in [receive] of an ldm7 subscriber's settings); its subscriptions are refused for \
-                                 {} s",
-                                departure.peer.ip(),
-                                notices_level.number(),
-                                notices_level.number(),
-                                KEY_REFUSAL_HOLD.as_secs()
+                                "{notices_name}: the FMTP receiver at {host} closed its repair connection right after \
+                                 the key exchange {KEY_REFUSALS_BEFORE_HOLD} times in a row: its MAC level is most \
+                                 likely not this feed's, {notices_level} (set FMTP_MAC_LEVEL={level} for a reference \
+                                 LDM-7 subscriber, mac_level = {level} in [receive] of an ldm7 subscriber's settings); \
+                                 its subscriptions are refused for {hold} s",
+                                host = departure.peer.ip(),
+                                level = notices_level.number(),
+                                hold = KEY_REFUSAL_HOLD.as_secs()
                             );
                         }
                     }
@@ -969,21 +980,11 @@ impl Feed {
     /// An address for a subscriber whose own is `subscriber`: one of the pool when it
     /// `wants_pool` and the feed has one (then `true`), else its own.
     fn admit(&self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
-        admit_in(&self.admission, subscriber, wants_pool)
+        self.admission.lock().unwrap_or_else(PoisonError::into_inner).admit(subscriber, wants_pool)
     }
 
     fn release(&self, address: Ipv4Addr, from_pool: bool) {
-        let mut admission = self.admission.lock().unwrap_or_else(PoisonError::into_inner);
-        if from_pool {
-            if let Some(pool) = admission.pool.as_mut() {
-                pool.release(address);
-            }
-        } else if let Some(count) = admission.own.get_mut(&address) {
-            *count -= 1;
-            if *count == 0 {
-                admission.own.remove(&address);
-            }
-        }
+        self.admission.lock().unwrap_or_else(PoisonError::into_inner).release(address, from_pool);
     }
 
     fn signature_of(&self, index: ProductIndex) -> Option<Signature> {
@@ -1037,12 +1038,12 @@ struct KeyRefusals {
 }
 
 impl KeyRefusals {
-    /// A receiver left; returns the streak when it holds its host off now.
-    fn left(&mut self, departure: &ldm7_fmtp::Departure) -> Option<u32> {
+    /// A receiver left; returns whether its host is held off from now.
+    fn left(&mut self, departure: &ldm7_fmtp::Departure) -> bool {
         let host = departure.peer.ip().to_canonical();
         if !departure.at_once() {
             self.streaks.remove(&host);
-            return None;
+            return false;
         }
         if self.streaks.len() >= KEY_REFUSAL_HOSTS_MAX {
             self.streaks.clear();
@@ -1050,14 +1051,13 @@ impl KeyRefusals {
         let streak = self.streaks.entry(host).or_default();
         *streak += 1;
         if *streak < KEY_REFUSALS_BEFORE_HOLD {
-            return None;
+            return false;
         }
-        let times = *streak;
         self.streaks.remove(&host);
         let now = std::time::Instant::now();
         self.held_off.retain(|_, until| *until > now);
         self.held_off.insert(host, now + KEY_REFUSAL_HOLD);
-        Some(times)
+        true
     }
 
     /// How long `host` stays held off, if it is.
@@ -1097,13 +1097,13 @@ mod tests {
     fn a_host_whose_receivers_leave_at_once_after_the_key_exchange_is_held_off() {
         let mut refusals = KeyRefusals::default();
         let host: IpAddr = "10.0.0.7".parse().expect("address");
-        assert_eq!(refusals.left(&departure("10.0.0.7:40000", 0, 5)), None);
+        assert!(!refusals.left(&departure("10.0.0.7:40000", 0, 5)));
         // A receiver that worked in between ends the streak.
-        assert_eq!(refusals.left(&departure("10.0.0.7:40001", 12, 30_000)), None);
-        assert_eq!(refusals.left(&departure("10.0.0.7:40002", 0, 5)), None);
-        assert_eq!(refusals.left(&departure("10.0.0.7:40003", 0, 5)), None);
+        assert!(!refusals.left(&departure("10.0.0.7:40001", 12, 30_000)));
+        assert!(!refusals.left(&departure("10.0.0.7:40002", 0, 5)));
+        assert!(!refusals.left(&departure("10.0.0.7:40003", 0, 5)));
         assert_eq!(refusals.held_off(host), None);
-        assert_eq!(refusals.left(&departure("10.0.0.7:40004", 0, 5)), Some(3));
+        assert!(refusals.left(&departure("10.0.0.7:40004", 0, 5)), "the third in a row");
         let remaining = refusals.held_off(host).expect("held off");
         assert!(remaining <= KEY_REFUSAL_HOLD && remaining > KEY_REFUSAL_HOLD - Duration::from_secs(5));
         assert_eq!(refusals.held_off("10.0.0.8".parse().expect("address")), None, "other hosts are not");
@@ -1122,17 +1122,16 @@ mod tests {
 
         let subnet = Ipv4Cidr { address: Ipv4Addr::new(10, 77, 1, 1), prefix_len: 29 };
         let pool = Pool::new(subnet, 3).expect("pool");
-        let admission = Mutex::new(Admission { pool: Some(pool), own: BTreeMap::new(), max: 3 });
+        let mut admission = Admission { pool: Some(pool), own: BTreeMap::new(), max: 3 };
         let me = Ipv4Addr::new(192, 0, 2, 5);
         let own = CidrAddr { addr: me, prefix_len: 32 };
-        assert_eq!(admit_in(&admission, me, false).expect("own"), (own, false));
+        assert_eq!(admission.admit(me, false).expect("own"), (own, false));
         let pooled = CidrAddr { addr: Ipv4Addr::new(10, 77, 1, 2), prefix_len: 29 };
-        assert_eq!(admit_in(&admission, me, true).expect("pool"), (pooled, true));
+        assert_eq!(admission.admit(me, true).expect("pool"), (pooled, true));
         // Two subscriptions from one host hold two places of `subscribers_max`.
-        assert!(admit_in(&admission, me, false).is_ok());
-        let full = admit_in(&admission, me, false);
+        assert!(admission.admit(me, false).is_ok());
+        let full = admission.admit(me, false);
         assert!(matches!(full, Err(Refusal::Pool(PoolError::TooManySubscribers(3)))), "{full:?}");
-        let admission = admission.into_inner().expect("lock");
         assert!(admission.is_allowed(me) && admission.is_allowed(Ipv4Addr::new(10, 77, 1, 2)));
     }
 }

@@ -59,9 +59,6 @@ pub(crate) fn serve(
     let mut out = Vec::with_capacity(1 << 20);
     let mut subscription: Option<Subscription> = None;
     let mut requests: VecDeque<McastProdIndex> = VecDeque::new();
-    // Backlog fences waiting for the backlog being sent (bounded as requests are: the session
-    // refuses more than REQUESTED_MAX outstanding).
-    let mut fences: Vec<McastProdIndex> = Vec::new();
     let mut backlog: Option<Backlog> = None;
     let result = loop {
         let mut ended = None;
@@ -102,7 +99,6 @@ pub(crate) fn serve(
                         .is_some_and(|s| shared.multicaster.is_fence(s, ldm7_fmtp_proto::ProductIndex(index)));
                     if fence {
                         publisher.set_aside_fence(index)?;
-                        fences.push(index);
                     } else {
                         requests.push_back(index);
                     }
@@ -132,9 +128,7 @@ pub(crate) fn serve(
                 }
             }
             if backlog.is_none() {
-                for fence in fences.drain(..) {
-                    publisher.answer_fence(Clock::now(), fence)?;
-                }
+                publisher.answer_fences(Clock::now())?;
             }
         }
         inbound.take_output(&mut out);
@@ -148,7 +142,7 @@ pub(crate) fn serve(
         if shared.stopping.load(Ordering::Relaxed) {
             break Ok(());
         }
-        let busy = !requests.is_empty() || backlog.is_some() || !fences.is_empty();
+        let busy = !requests.is_empty() || backlog.is_some();
         let longest = if busy { BUSY_WAIT } else { IDLE_WAIT };
         match wait_input(&mut stream, &mut buf, inbound.poll_timeout(), longest) {
             Ok(Input::Bytes(n)) => inbound.handle_input(Clock::now(), &buf[..n]),
