@@ -47,6 +47,8 @@ pub const LDM6_REF_BIN: &str = "LDM_REF_BIN";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long it may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server being dropped may take to exit after SIGTERM, before SIGKILL.
+const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A reference build: its `bin/` and the user its daemons run as.
 #[derive(Clone, Debug)]
@@ -477,9 +479,14 @@ impl RefServer {
 
     /// SIGTERM to `ldmd` (it ends its process group) and waits for it.
     pub fn stop(&mut self) -> Result<()> {
+        self.stop_within(STOP_TIMEOUT)
+    }
+
+    /// SIGTERM, then SIGKILL to the process group after `timeout` (or once `ldmd` exited).
+    fn stop_within(&mut self, timeout: Duration) -> Result<()> {
         let Some(pid) = self.pid() else { return Ok(()) };
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-        let result = wait_for(STOP_TIMEOUT, &format!("{} to exit on SIGTERM", self.name), || self.try_wait());
+        let result = wait_for(timeout, &format!("{} to exit on SIGTERM", self.name), || self.try_wait());
         self.kill();
         result.map(|_| ())
     }
@@ -591,7 +598,10 @@ impl RefServer {
 
 impl Drop for RefServer {
     fn drop(&mut self) {
-        self.kill();
+        // Stopped, not killed: `ldmd` deletes its shared-memory database (System V, keyed by
+        // `ftok` of the queue's path) as it exits; one left behind is found again by a later
+        // queue that reuses the inode, and its owner's permissions refuse that server's start.
+        let _ = self.stop_within(DROP_STOP_TIMEOUT);
         // The session memory of its RECEIVE entries (`<host>:<port>_<feed>.yaml`, in the
         // build's compiled-in log directory): the files naming a port of this server's
         // upstreams would be read by a later server on the same port.
