@@ -13,7 +13,7 @@ use ldm7_fmtp::app::{
     self, AppError, DropProbability, ProductSource, RecvOptions, RecvProgress, SendOptions, SendProgress, Speedup,
 };
 use ldm7_fmtp::keys;
-use ldm7_fmtp::{MacLevel, ParityConfig};
+use ldm7_fmtp::{MacLevel, ParityChoice};
 use ldm7_types::Rate;
 use ldm7_types::units::parse_duration;
 
@@ -87,11 +87,13 @@ pub struct SendArgs {
     /// (an ldm7 extension: every receiver must be ldm7; at least 1s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub mac_rotation: Option<Duration>,
-    /// Repair by parity (an ldm7 extension): answer receivers' parity requests with parity
-    /// shards multicast once for all of them, GROUP data blocks per group and up to SHARDS
-    /// shards each (e.g. 256/32). Receivers need the same value.
-    #[arg(long, value_name = "GROUP/SHARDS")]
-    pub parity: Option<ParityConfig>,
+    /// Repair by parity (an ldm7 extension, docs/parity.md): answer receivers' parity requests
+    /// with parity shards multicast once for all of them, to the group's next port. `auto`:
+    /// what an LDM-7 publisher with default settings chooses (256/16); GROUP/SHARDS: GROUP data
+    /// blocks per group and up to SHARDS shards each; `off`: unicast repairs only. Receivers
+    /// need the same value.
+    #[arg(long, value_name = "auto|off|GROUP/SHARDS", default_value = "auto")]
+    pub parity: ParityChoice,
     /// Files to send, one product each, read in turn as they are sent (a pipe is held in memory
     /// until its product is released).
     pub files: Vec<PathBuf>,
@@ -144,8 +146,8 @@ pub struct RecvArgs {
     #[arg(long, value_name = "FILE")]
     pub pin: Option<PathBuf>,
     /// Ask for lost blocks as parity (an ldm7 extension): the sender's --parity value.
-    #[arg(long, value_name = "GROUP/SHARDS")]
-    pub parity: Option<ParityConfig>,
+    #[arg(long, value_name = "auto|off|GROUP/SHARDS", default_value = "auto")]
+    pub parity: ParityChoice,
 }
 
 /// Runs an `fmtp` subcommand.
@@ -192,7 +194,7 @@ async fn send(args: &SendArgs) -> CmdResult {
         mac_level: args.mac_level,
         identity,
         mac_rotation: args.mac_rotation,
-        parity: args.parity,
+        parity: args.parity.resolve_default(),
     };
     let summary = app::send(&options, |progress| match progress {
         SendProgress::Started { source, retx } => {
@@ -225,7 +227,7 @@ async fn send(args: &SendArgs) -> CmdResult {
         summary.protocol.retx_data_blocks,
         summary.protocol.rejects
     );
-    if args.parity.is_some() {
+    if args.parity != ParityChoice::Off {
         let protocol = &summary.protocol;
         println!(
             "fmtp send: parity: {} requests, {} shards multicast ({} bytes, {:.2}% of the product bytes), {} groups coded",
@@ -258,7 +260,7 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         connect_deadline: args.connect_timeout.unwrap_or(args.timeout),
         mac_level: args.mac_level,
         pin,
-        parity: args.parity,
+        parity: args.parity.resolve_default(),
     };
     let summary = app::recv(&options, |progress| match progress {
         RecvProgress::Waiting { sender, deadline, last_error } => tracing::info!(
@@ -282,7 +284,7 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         summary.report.protocol.datagrams
     );
     let protocol = &summary.report.protocol;
-    if args.parity.is_some() {
+    if args.parity != ParityChoice::Off {
         println!(
             "fmtp recv: parity: {} requests, {} shards taken, {} blocks recovered, {} groups asked for with RETX_REQ",
             protocol.parity_requests, protocol.parity_shards, protocol.parity_blocks, protocol.parity_fallbacks

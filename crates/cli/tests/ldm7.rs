@@ -29,6 +29,14 @@ fn publisher(root: &std::path::Path, test: u8, allow: &str, settings: &str) -> N
     node
 }
 
+/// A second publisher in the same root, allowing everyone.
+fn publisher_in(root: &std::path::Path, name: &str, test: u8, settings: &str) -> Node {
+    let config = format!("{}\nMULTICAST EXP {} 127.0.0.1:0 24 0 dummy dummy\n", allow_all(), group(test));
+    let node = Node::new(root, name, "600M", &config);
+    std::fs::write(node.dir.join("ldm7.toml"), settings).expect("settings");
+    node
+}
+
 fn allow_all() -> String {
     format!("ALLOW ANY {LOCAL}")
 }
@@ -152,39 +160,60 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
     assert!(lossy.derived().mplr.is_some_and(|mplr| mplr > 0.0));
 }
 
-/// Parity repair (an ldm7 extension, docs/parity.md) in `ldm7 serve`: `parity` in the
-/// publisher's `[multicast]` and the subscribers' `[receive]`. Two subscribers at 3% loss get
-/// every product by FMTP; their lost blocks come back as parity shards multicast (counted in
-/// the publisher's metrics and as the subscribers' repaired blocks), not as retransmissions.
+/// Parity repair (an ldm7 extension, docs/parity.md) in `ldm7 serve`, negotiated: with the
+/// defaults a subscriber offers it and the publisher answers with its coding (256/16 for the
+/// default `subscribers_max` and `parity_loss`); `parity = "off"` on either end makes that
+/// subscription plain FMTP. Lossy subscribers get every product by FMTP either way; the lost
+/// blocks of those granted parity come back as shards multicast (the publisher's metrics), not
+/// as retransmissions.
 #[test]
-fn parity_repairs_lossy_subscribers_in_serve() {
+fn parity_is_negotiated_between_ldm7_peers_and_off_refuses_it() {
     let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
-    let settings = "[multicast]\nrate = \"400 Mbit/s\"\nparity = \"64/16\"\n";
-    let mut publisher = publisher(root.path(), 13, &allow_all(), settings);
+    let lossy = |name: &str, publisher: &Node, extra: &str| {
+        let node = subscriber(root.path(), name, publisher, 0.03);
+        let path = node.dir.join("ldm7.toml");
+        let settings = std::fs::read_to_string(&path).expect("settings");
+        std::fs::write(&path, format!("{settings}{extra}")).expect("settings");
+        node
+    };
+    let said = |node: &Node, what: &str| {
+        let log = node.log();
+        assert!(log.lines().any(|line| line.contains("subscribed: ") && line.contains(what)), "{what}: {}", tail(&log));
+    };
+
+    // The defaults: parity; one subscriber refusing it.
+    let mut publisher = publisher(root.path(), 13, &allow_all(), "[multicast]\nrate = \"400 Mbit/s\"\n");
     let publisher_metrics = support::free_port();
     publisher.extra = vec!["--metrics".into(), format!("127.0.0.1:{publisher_metrics}")];
     publisher.start();
-    let mut subscribers: Vec<Node> = (0..2)
-        .map(|k| {
-            let node = subscriber(root.path(), &format!("sub{k}"), &publisher, 0.03);
-            let path = node.dir.join("ldm7.toml");
-            let settings = std::fs::read_to_string(&path).expect("settings");
-            std::fs::write(&path, format!("{settings}parity = \"64/16\"\n")).expect("settings");
-            node
-        })
-        .collect();
+    let mut subscribers = vec![lossy("sub0", &publisher, ""), lossy("sub1", &publisher, "parity = \"off\"\n")];
     all_by_fmtp(&publisher, &mut subscribers, &trace, 300, 13);
+    said(&subscribers[0], "parity repair 256/16 on port");
+    said(&subscribers[1], "unicast repairs (no parity)");
     for node in &subscribers {
         assert!(retransmitted_blocks(node) > 0, "the lossy subscriber's repaired blocks: {}", tail(&node.log()));
     }
     let text = get_metrics(publisher_metrics);
     let parity = metric(&text, "ldm7_fmtp_parity_bytes_total{feed=\"EXP\"}").unwrap_or(0.0);
-    let retransmitted = metric(&text, "ldm7_fmtp_retransmitted_bytes_total{feed=\"EXP\"}").unwrap_or(0.0);
     assert!(parity > 0.0, "{text}");
-    // Repair connections carry requests' answers of other kinds only (BOP, EOP), and blocks
-    // of groups that lost more than the shards can repair: little next to the parity.
-    assert!(retransmitted < parity, "{text}");
+    for node in &mut subscribers {
+        node.stop();
+    }
+    publisher.stop();
+
+    // The publisher refusing it: unicast repairs only.
+    let settings = "[multicast]\nrate = \"400 Mbit/s\"\nparity = \"off\"\n";
+    let mut publisher = publisher_in(root.path(), "pub-off", 14, settings);
+    let publisher_metrics = support::free_port();
+    publisher.extra = vec!["--metrics".into(), format!("127.0.0.1:{publisher_metrics}")];
+    publisher.start();
+    let mut subscribers = vec![lossy("sub2", &publisher, "")];
+    all_by_fmtp(&publisher, &mut subscribers, &trace, 300, 14);
+    said(&subscribers[0], "unicast repairs (no parity)");
+    let text = get_metrics(publisher_metrics);
+    assert_eq!(metric(&text, "ldm7_fmtp_parity_bytes_total{feed=\"EXP\"}"), Some(0.0), "{text}");
+    assert!(metric(&text, "ldm7_fmtp_retransmitted_bytes_total{feed=\"EXP\"}").unwrap_or(0.0) > 0.0, "{text}");
     for node in &mut subscribers {
         node.stop();
     }

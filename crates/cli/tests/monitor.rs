@@ -69,6 +69,7 @@ fn fmtp_sums(
         backstop: 0,
         backlog: 0,
         latency_max_us,
+        host_drops: 0,
     }
 }
 

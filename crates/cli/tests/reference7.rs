@@ -87,6 +87,52 @@ fn every_product_by_multicast(direction: Direction, form: Form, mac: u8) {
     pairing.insert(0..40);
     let outcome = pairing.check_delivered(0..40);
     assert_eq!(outcome.count(DeliveryMode::Received), 40, "every product by multicast: {outcome}");
+    if direction == Direction::ReferenceToLdm7 {
+        // The reference publisher skipped the offer of parity and answered nothing of it.
+        let log = pairing.subscriber.log();
+        assert!(log.contains("unicast repairs (the publisher is not ldm7)"), "{}", tail(&log));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parity between ldm7 peers, plain FMTP for the reference on the same feed.
+
+/// An ldm7 publisher, a reference subscriber beside it and an ldm7 subscriber on a neighboring
+/// host at 5% receive loss: the ldm7 pair negotiates parity and its shards are multicast; the
+/// reference subscriber gets every product by multicast and never sees a shard (they go to the
+/// group's next port, which it does not bind: it would log each one it saw).
+#[test]
+fn parity_between_ldm7_peers_leaves_a_reference_subscriber_of_the_feed_unchanged() {
+    let setup = Setup { direction: Direction::Ldm7ToReference, linked: true, ..Setup::new(0) };
+    let Some(mut pairing) = Pairing::new(setup) else { return };
+    let neighbor = pairing.neighbor.take().expect("linked");
+    let mut peer = pairing.node_in(&neighbor, Kind::Ldm7, "peer", Role::Subscriber { port: SUBSCRIBER_PORT }, 0);
+    neighbor.lose_datagrams(GROUP_PORT, 0.05).expect("iptables");
+    pairing.publisher.start();
+    peer.start();
+    pairing.subscriber.start();
+    pairing.insert(0..60);
+    let expected: HashSet<Signature> = (0..60).map(|k| pairing.products.signature(k)).collect();
+    peer.wait_for_all(&expected, DELIVERY_WAIT);
+    let outcome = pairing.check_delivered(0..60);
+    assert_eq!(outcome.count(DeliveryMode::Received), 60, "every product by multicast at the reference: {outcome}");
+    let peer_log = peer.log();
+    let granted = peer_log
+        .lines()
+        .find(|line| line.contains("parity repair") && line.contains(&format!("on port {}", GROUP_PORT + 1)))
+        .unwrap_or_else(|| panic!("the ldm7 subscriber was granted parity:\n{}", tail(&peer_log)));
+    eprintln!("ldm7 subscriber: {granted}");
+    let reference_log = pairing.subscriber.log();
+    assert!(
+        !reference_log.contains("Ignoring invalid message type"),
+        "the reference subscriber saw parity datagrams:\n{}",
+        tail(&reference_log)
+    );
+    assert!(
+        !reference_log.contains("parity") && !reference_log.contains("0x1000"),
+        "the reference subscriber heard nothing of parity:\n{}",
+        tail(&reference_log)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

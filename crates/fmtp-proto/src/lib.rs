@@ -130,7 +130,7 @@ pub mod wire;
 
 pub use index::ProductIndex;
 pub use pacing::Pacing;
-pub use parity::{ParityConfig, ParityEncoder};
+pub use parity::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig, ParityEncoder};
 pub use receiver::{
     Assembly, BlockRun, Delivery, InFlight, IndexTrust, MissReason, ReceiveTimer, Receiver, ReceiverBound,
     ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint, sampled_block_fingerprint,

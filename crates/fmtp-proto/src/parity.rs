@@ -54,7 +54,29 @@ impl Default for ParityConfig {
     }
 }
 
+/// The loss a publisher plans parity for when its settings name none (the design's 1%).
+pub const PLANNED_LOSS_DEFAULT: f64 = 0.01;
+/// The data blocks per group a publisher chooses (docs/parity.md "Defaults").
+pub const GROUP_BLOCKS_DEFAULT: u32 = 256;
+/// The fewest parity shards a publisher chooses per group.
+pub const SHARDS_MIN: u32 = 8;
+/// How sure the chosen shard count is to cover the most unlucky subscriber's losses in a group.
+pub const SHARDS_CONFIDENCE: f64 = 0.999;
+
 impl ParityConfig {
+    /// The coding a publisher chooses for a feed of `subscribers`, each losing `loss` of the
+    /// datagrams independently (docs/parity.md "Defaults"): groups of [`GROUP_BLOCKS_DEFAULT`]
+    /// blocks; as shards, the smallest power of two from [`SHARDS_MIN`] to 256 that covers the
+    /// largest loss count of any subscriber in a group with probability [`SHARDS_CONFIDENCE`]
+    /// (the count's distribution: the largest of `subscribers` binomial(group, loss) draws).
+    /// A group that loses more at a subscriber is repaired by RETX_REQ, as without parity.
+    pub fn for_feed(subscribers: u32, loss: f64) -> Self {
+        let group_blocks = GROUP_BLOCKS_DEFAULT;
+        let needed = largest_loss_quantile(group_blocks, loss, subscribers.max(1), SHARDS_CONFIDENCE);
+        let shards = needed.max(SHARDS_MIN).checked_next_power_of_two().unwrap_or(256).min(256);
+        Self { group_blocks, shards, ..Self::default() }
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !self.group_blocks.is_power_of_two() || !(64..=32_768).contains(&self.group_blocks) {
@@ -239,6 +261,94 @@ impl std::str::FromStr for ParityConfig {
     }
 }
 
+/// Subscribers a publisher plans parity for when its settings name no count (its default
+/// `subscribers_max`).
+pub const PLANNED_SUBSCRIBERS_DEFAULT: u32 = 256;
+
+/// Whether and how to repair by parity, as settings and flags write it: `off`, `auto` (the
+/// publisher's rule, [`ParityConfig::for_feed`]) or `GROUP/SHARDS`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ParityChoice {
+    /// No parity: every loss is repaired by RETX_REQ.
+    Off,
+    /// Chosen by the rule from the planned subscribers and loss.
+    #[default]
+    Auto,
+    /// This coding.
+    Fixed(ParityConfig),
+}
+
+impl ParityChoice {
+    /// The coding, given the subscribers and loss the rule plans for.
+    pub fn resolve(self, subscribers: u32, loss: f64) -> Option<ParityConfig> {
+        match self {
+            Self::Off => None,
+            Self::Auto => Some(ParityConfig::for_feed(subscribers, loss)),
+            Self::Fixed(config) => Some(config),
+        }
+    }
+
+    /// The coding when nothing is known of the subscribers: the rule at
+    /// [`PLANNED_SUBSCRIBERS_DEFAULT`] and [`PLANNED_LOSS_DEFAULT`] (what a publisher with
+    /// default settings chooses; `ldm7 fmtp send` and `recv` both take it, as they cannot
+    /// negotiate).
+    pub fn resolve_default(self) -> Option<ParityConfig> {
+        self.resolve(PLANNED_SUBSCRIBERS_DEFAULT, PLANNED_LOSS_DEFAULT)
+    }
+}
+
+impl std::str::FromStr for ParityChoice {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "off" | "none" => Ok(Self::Off),
+            "auto" | "on" => Ok(Self::Auto),
+            other => other.parse().map(Self::Fixed).map_err(|ConfigError(message)| {
+                ConfigError(format!("{message}; or \"auto\" (the default) or \"off\""))
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for ParityChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(config) => write!(f, "{}/{}", config.group_blocks, config.shards),
+        }
+    }
+}
+
+/// The smallest `k` such that the largest of `draws` independent binomial(`n`, `p`) counts is at
+/// most `k` with probability ≥ `confidence`.
+fn largest_loss_quantile(n: u32, p: f64, draws: u32, confidence: f64) -> u32 {
+    if p.is_nan() || p <= 0.0 {
+        return 0;
+    }
+    let p = p.min(0.5);
+    // P(max ≤ k) = F(k)^draws ≥ confidence ⇔ F(k) ≥ confidence^(1/draws).
+    let wanted = (confidence.ln() / f64::from(draws)).exp();
+    let pmf: Vec<f64> = {
+        let mut pmf = Vec::with_capacity(n as usize + 1);
+        let mut term = (1.0 - p).powi(n as i32);
+        for k in 0..=n {
+            pmf.push(term);
+            term *= f64::from(n - k) / f64::from(k + 1) * p / (1.0 - p);
+        }
+        pmf
+    };
+    // The upper tail summed from the top, for precision near 1.
+    let mut tail = 0.0;
+    let mut tails = vec![0.0; n as usize + 2];
+    for k in (0..=n as usize).rev() {
+        tail += pmf[k];
+        tails[k] = tail;
+    }
+    (0..=n).find(|&k| 1.0 - tails[k as usize + 1] >= wanted).unwrap_or(n)
+}
+
 /// Reed–Solomon coding failed (shard counts or lengths the code does not take, or too few
 /// shards): a bug or a datagram that lies about its coding.
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +358,29 @@ pub struct CodingError(#[from] reed_solomon_simd::Error);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_publisher_rule_covers_the_most_unlucky_subscriber() {
+        // At 1%: 256 blocks, the largest of 570 counts is ≤ 13 with probability 0.999.
+        assert_eq!(largest_loss_quantile(256, 0.01, 570, SHARDS_CONFIDENCE), 13);
+        let chosen = |n, p| {
+            let config = ParityConfig::for_feed(n, p);
+            config.validate().unwrap();
+            (config.group_blocks, config.shards)
+        };
+        assert_eq!(chosen(570, 0.01), (256, 16));
+        assert_eq!(chosen(8, 0.01), (256, 16));
+        assert_eq!(chosen(1, 0.0), (256, 8));
+        assert_eq!(chosen(570, 0.05), (256, 32));
+        assert_eq!(chosen(100_000, 0.5), (256, 256));
+        // More subscribers or more loss never choose fewer shards.
+        let mut last = 0;
+        for n in [1, 2, 8, 32, 128, 570, 5000] {
+            let (_, shards) = chosen(n, 0.02);
+            assert!(shards >= last, "{n}: {shards} < {last}");
+            last = shards;
+        }
+    }
 
     fn config() -> ParityConfig {
         ParityConfig { group_blocks: 64, shards: 8, block_len: 16, ..ParityConfig::default() }

@@ -43,7 +43,7 @@ pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
 use crate::receiver::{ConnectionState, FmtpReceiver, ReceiveError, ReceiverNotice, ReceiverOptions, ReceiverReport};
 use crate::sender::{FmtpSender, ProductSender, SenderDriverCounters, SenderNotice, SenderOptions};
 use crate::stream::ConnectError;
-use crate::udp::{MulticastConfig, buffer_bytes_for_rate};
+use crate::udp::{MulticastConfig, RECEIVE_GAP_DEFAULT, parity_group_of, receive_buffer_bytes};
 
 /// On-the-wire overhead paced per message, as tc HTB counts it: Ethernet (14), IPv4 (20) and
 /// UDP (8) headers.
@@ -404,6 +404,7 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
     sender_options.mac_level = options.mac_level;
     sender_options.identity = options.identity.clone();
     sender_options.mac_rotation = options.mac_rotation;
+    sender_options.parity_group = options.parity.map(|_| parity_group_of(options.group));
     sender_options.bounds.product_inputs_max = PRODUCT_INPUTS_MAX;
     let mut sender = FmtpSender::start(sender_options).await.map_err(AppError::Start)?;
     let retx = sender.retx_addr();
@@ -510,6 +511,7 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
     receiver_options.mac_level = options.mac_level;
     receiver_options.pin = options.pin;
     receiver_options.proto.parity = options.parity;
+    receiver_options.parity_group = options.parity.map(|_| parity_group_of(options.group));
     let mut receiver = FmtpReceiver::start(receiver_options).map_err(AppError::Receive)?;
     let mut connection = receiver.connection();
     let (mut connected, mut said_waiting) = (false, false);
@@ -642,7 +644,7 @@ fn multicast_config(group: SocketAddr, interface: IpAddr, ttl: u32, rate: Rate) 
         interface_index: 0,
         ttl,
         loopback: interface.is_loopback(),
-        buffer_bytes: buffer_bytes_for_rate(rate.bits_per_s()),
+        buffer_bytes: receive_buffer_bytes(rate.bits_per_s(), RECEIVE_GAP_DEFAULT),
     })
 }
 

@@ -10,6 +10,8 @@
 //!   flight).
 //! * [`stream`] — the TCP connection's key exchange, connect with back-off, RTT (`TCP_INFO`).
 //! * [`udp`] — multicast sockets (GSO/GRO, `recvmmsg`).
+//! * [`reader`] — the receiving end's reader thread (reads the multicast sockets and nothing
+//!   else; counts the kernel's drops).
 //! * [`app`] — the FMTP transport as a tool (`ldm7 fmtp send | recv`): products streamed from
 //!   files or a trace (read back by offset, never held), waiting for receivers, lingering for
 //!   releases, receiving into a directory with MD5 checks (waiting for a sender not yet up),
@@ -22,14 +24,15 @@
 
 pub mod app;
 pub mod keys;
+pub mod reader;
 pub mod receiver;
 pub mod sender;
 pub mod spool;
 pub mod stream;
 pub mod udp;
 
-pub use ldm7_fmtp_proto::ParityConfig;
 pub use ldm7_fmtp_proto::mac::MacLevel;
+pub use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, ParityChoice, ParityConfig};
 pub use receiver::{
     ConnectionState, FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters,
     ReceiverNotice, ReceiverOptions, ReceiverReport,
@@ -38,4 +41,4 @@ pub use sender::{
     Authorizer, Departure, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender, RateHandle, SendError,
     SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions, SetRateError, TrySendError,
 };
-pub use spool::{SpoolSink, SpooledProduct};
+pub use spool::{SpoolSink, SpooledProduct, Taken};

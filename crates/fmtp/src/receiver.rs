@@ -19,7 +19,7 @@
 //! repairs.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSliceMut};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,9 +39,10 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::spool::{SpoolSink, SpooledProduct};
+use crate::reader::{Batch, DatagramReader, ReaderCounterHandle, ReaderOptions};
+use crate::spool::{SpoolSink, SpooledProduct, Taken};
 use crate::stream::{ConnectError, HandshakeError, READ_CHUNK_BYTES, connect_with_backoff, offer_handshake, read_more};
-use crate::udp::{MulticastConfig, MulticastReceiver, SocketError, datagrams};
+use crate::udp::{MulticastConfig, MulticastReceiver, SocketError};
 use ed25519_dalek::VerifyingKey;
 use ldm7_fmtp_proto::mac::{KeyOffer, KeyRing, MacError, MacLevel, Verifier};
 
@@ -49,6 +50,9 @@ use ldm7_fmtp_proto::mac::{KeyOffer, KeyRing, MacError, MacLevel, Verifier};
 pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(20);
 /// Longest pause between attempts.
 pub const CONNECT_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Longest time the protocol's timer waits for the datagrams already read to be handled.
+const TIMER_HELD_MAX: Duration = Duration::from_secs(1);
 
 /// How long a receiver asked to stop still writes the requests it has queued.
 const FLUSH_ON_STOP: Duration = Duration::from_secs(1);
@@ -58,20 +62,6 @@ pub const CONNECT_DEADLINE_DEFAULT: Duration = Duration::from_secs(120);
 /// A protocol bound hit is logged at most this often (per bound), with the count.
 const BOUND_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Largest FMTP datagram (12-byte header + 1448 bytes).
-const DATAGRAM_LEN_MAX: usize = 1460;
-/// Receive buffers per `recvmmsg`.
-const RECV_BATCH: usize = 32;
-
-/// Buffers for [`MulticastReceiver::recv_batch`], each large enough for the datagrams GRO
-/// coalesces into one read: a smaller one would cut the coalesced datagrams short (the kernel
-/// truncates), failing the check of the cut one and losing those after it.
-fn recv_buffers(udp: &MulticastReceiver) -> (Vec<Vec<u8>>, Vec<quinn_udp::RecvMeta>) {
-    let gro = udp.gro_segments().max(1);
-    let len = 65535.min(DATAGRAM_LEN_MAX * gro).max(DATAGRAM_LEN_MAX);
-    (vec![vec![0u8; len]; RECV_BATCH], vec![quinn_udp::RecvMeta::default(); RECV_BATCH])
-}
-
 /// The driver's own bounds (the protocol's are in [`ReceiverConfig`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReceiverBounds {
@@ -79,11 +69,15 @@ pub struct ReceiverBounds {
     pub notices_max: usize,
     /// Request bytes waiting for the socket; beyond it requests stay queued in the protocol.
     pub request_queue_bytes_max: usize,
+    /// Multicast bytes read by the reader thread and not yet taken by the receiver task; beyond
+    /// it the thread stops reading and the socket buffer fills (`None`: the multicast socket
+    /// buffer's size, [`MulticastConfig::buffer_bytes`]).
+    pub read_queue_bytes_max: Option<usize>,
 }
 
 impl Default for ReceiverBounds {
     fn default() -> Self {
-        Self { notices_max: 1024, request_queue_bytes_max: 64 << 10 }
+        Self { notices_max: 1024, request_queue_bytes_max: 64 << 10, read_queue_bytes_max: None }
     }
 }
 
@@ -104,6 +98,8 @@ pub struct ReceiverOptions {
     /// Write products into spool files in a fresh directory under this one instead of
     /// assembling them in memory.
     pub spool: Option<PathBuf>,
+    /// With a spool, products smaller than this are still assembled in memory (0: none).
+    pub spool_memory_below: u32,
     /// How long to keep trying to connect to the retransmission server.
     pub connect_deadline: Duration,
     /// Receive-side loss filter for tests and demos: drop this fraction (0 ≤ p < 1) of
@@ -119,6 +115,9 @@ pub struct ReceiverOptions {
     /// The publisher's identity key: the key answer must be signed by it (an ldm7 extension;
     /// `None` accepts any answer, as the reference does).
     pub pin: Option<VerifyingKey>,
+    /// Where the sender multicasts parity shards, when not to the group itself (joined on the
+    /// same interface, from the same source; see `SenderOptions::parity_group`).
+    pub parity_group: Option<SocketAddr>,
 }
 
 impl ReceiverOptions {
@@ -131,12 +130,14 @@ impl ReceiverOptions {
             local_addr: None,
             proto: ReceiverConfig::default(),
             spool: None,
+            spool_memory_below: crate::spool::MEMORY_BELOW_DEFAULT,
             connect_deadline: CONNECT_DEADLINE_DEFAULT,
             drop_probability: 0.0,
             seed: 1,
             bounds: ReceiverBounds::default(),
             mac_level: MacLevel::None,
             pin: None,
+            parity_group: None,
         }
     }
 }
@@ -251,6 +252,11 @@ pub struct ReceiverDriverCounters {
     /// Key updates refused: not signed by the pinned publisher, not decryptable, a replayed
     /// epoch, another level (logged).
     pub key_updates_refused: u64,
+    /// Multicast datagrams the kernel dropped at this host's sockets because their buffer was
+    /// full ("dropped at this host", apart from the path's loss; `SO_MEMINFO`).
+    pub host_drops: u64,
+    /// Times the reader thread's queue was at its bound (the receiver task fell behind).
+    pub read_queue_full: u64,
 }
 
 /// What a receiver totals at its end.
@@ -327,9 +333,11 @@ impl FmtpReceiver {
             return Err(ReceiveError::DropProbability(options.drop_probability));
         }
         let spool = match &options.spool {
-            Some(parent) => {
-                Some(SpoolSink::new(parent).map_err(|source| ReceiveError::Spool { path: parent.clone(), source })?)
-            }
+            Some(parent) => Some(
+                SpoolSink::new(parent)
+                    .map_err(|source| ReceiveError::Spool { path: parent.clone(), source })?
+                    .with_memory_below(options.spool_memory_below),
+            ),
             None => None,
         };
         let mut proto = options.proto.clone();
@@ -342,7 +350,18 @@ impl FmtpReceiver {
             None => Receiver::new(proto)?,
         };
         let udp = MulticastReceiver::join(&options.multicast, options.source)?;
-        let shared = Arc::new(Shared::default());
+        let group = options.multicast.group;
+        let socket_error = |call| move |source| ReceiveError::Multicast(SocketError::Io { call, group, source });
+        let queue_bytes_max = options.bounds.read_queue_bytes_max.unwrap_or(options.multicast.buffer_bytes);
+        let mut sockets = vec![udp.into_reader_socket().map_err(socket_error("socket"))?];
+        if let Some(parity_group) = options.parity_group.filter(|to| *to != group) {
+            let config = MulticastConfig { group: parity_group, ..options.multicast.clone() };
+            let parity = MulticastReceiver::join(&config, options.source)?;
+            sockets.push(parity.into_reader_socket().map_err(socket_error("socket"))?);
+        }
+        let reader =
+            DatagramReader::spawn(sockets, ReaderOptions { queue_bytes_max }).map_err(socket_error("reader thread"))?;
+        let shared = Arc::new(Shared { reader: Some(reader.counter_handle()), ..Shared::default() });
         let (notice_tx, notices) = mpsc::channel(options.bounds.notices_max.max(1));
         let (stop, stop_rx) = watch::channel(false);
         let (counters_tx, counters) = watch::channel(ReceiverCounters::default());
@@ -361,7 +380,7 @@ impl FmtpReceiver {
             offer: None,
             key_acks: Vec::new(),
         };
-        let task = tokio::spawn(task.run(udp, stop_rx));
+        let task = tokio::spawn(task.run(reader, stop_rx));
         Ok(Self { notices, stop, task, counters, connection, shared })
     }
 
@@ -416,11 +435,15 @@ struct Shared {
     bad_mac: AtomicU64,
     key_updates: AtomicU64,
     key_updates_refused: AtomicU64,
+    reader: Option<ReaderCounterHandle>,
 }
 
 impl Shared {
     fn snapshot(&self) -> ReceiverDriverCounters {
+        let reader = self.reader.as_ref().map(ReaderCounterHandle::counters).unwrap_or_default();
         ReceiverDriverCounters {
+            host_drops: reader.host_drops,
+            read_queue_full: reader.queue_full,
             connect_attempts: self.connect_attempts.load(Ordering::Relaxed),
             notices_full: self.notices.count(),
             request_queue_full: self.request_queue.count(),
@@ -491,7 +514,7 @@ enum Stopped {
 impl ReceiverTask {
     async fn run(
         mut self,
-        udp: MulticastReceiver,
+        mut reader: DatagramReader,
         mut stop: watch::Receiver<bool>,
     ) -> Result<ReceiverCounters, ReceiveError> {
         let addr = self.options.sender_retx;
@@ -526,22 +549,15 @@ impl ReceiverTask {
             // products): the newest datagrams are kept, up to a bound, and taken once the key is
             // known.
             let mut early = EarlyDatagrams::default();
-            let (mut storage, mut meta) = recv_buffers(&udp);
             let (verifier, stream_buffer, offer) = loop {
                 tokio::select! {
                     answer = &mut handshake => break answer.map_err(|error| match error {
                         HandshakeError::Io(source) => ReceiveError::Connection { addr, source },
                         HandshakeError::Key(source) => ReceiveError::Key { addr, source },
                     })?,
-                    received = async {
-                        let mut buffers: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-                        udp.recv_batch(&mut buffers, &mut meta).await
-                    } => {
-                        let count = received.map_err(connection)?;
-                        for (buffer, meta) in storage.iter().zip(&meta).take(count) {
-                            for datagram in datagrams(buffer, meta) {
-                                early.push(datagram);
-                            }
+                    received = reader.next() => {
+                        for datagram in read_batch(received).map_err(connection)?.datagrams() {
+                            early.push(datagram);
                         }
                     }
                     () = stopped(&mut stop) => return Ok(self.receiver.counters().clone()),
@@ -572,7 +588,7 @@ impl ReceiverTask {
         }
         self.keys = Some(keys);
         self.offer = Some(offer);
-        let result = self.receive(&udp, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
+        let result = self.receive(&mut reader, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
         if matches!(result, Ok(Stopped::Asked)) {
             // What the stop leaves unfinished is said, each with where it stands.
             let unfinished = self.receiver.in_flight();
@@ -612,14 +628,13 @@ impl ReceiverTask {
     /// The receive loop.
     async fn receive(
         &mut self,
-        udp: &MulticastReceiver,
+        reader: &mut DatagramReader,
         read: &mut tokio::net::tcp::OwnedReadHalf,
         stream_buffer: &mut Vec<u8>,
         requests: &mpsc::UnboundedSender<Vec<u8>>,
         queue: &RequestQueue,
         stop: &mut watch::Receiver<bool>,
     ) -> io::Result<Stopped> {
-        let (mut storage, mut meta) = recv_buffers(udp);
         let request_bytes_max = self.options.bounds.request_queue_bytes_max.max(1);
         // Frames that came with the key exchange's answer.
         self.handle_stream(stream_buffer)?;
@@ -664,27 +679,28 @@ impl ReceiverTask {
                 }
                 changed
             });
-            // 3. Wait for a datagram, a repair, the timer, room for requests, or the stop.
-            let sleep_until = self.receiver.poll_timeout().map(|at| tokio::time::Instant::from_std(Clock::to_std(at)));
+            // 3. Wait for a datagram, a repair, the timer, room for requests, or the stop. The
+            // timer waits while datagrams already read wait too (up to TIMER_HELD_MAX): a
+            // receiver behind the multicast would otherwise take the blocks still queued for
+            // lost and ask for them again.
+            let timer = self.receiver.poll_timeout().map(Clock::to_std);
+            let overdue =
+                timer.is_some_and(|at| std::time::Instant::now().saturating_duration_since(at) >= TIMER_HELD_MAX);
+            let sleep_until = timer.filter(|_| reader.is_idle() || overdue).map(tokio::time::Instant::from_std);
             tokio::select! {
-                received = async {
-                    let mut buffers: Vec<IoSliceMut<'_>> = storage.iter_mut().map(|b| IoSliceMut::new(b)).collect();
-                    udp.recv_batch(&mut buffers, &mut meta).await
-                } => {
-                    let count = received?;
+                received = reader.next() => {
+                    let batch = read_batch(received)?;
                     let now = Clock::now();
-                    for (buffer, meta) in storage.iter().zip(&meta).take(count) {
-                        for datagram in datagrams(buffer, meta) {
-                            if self.drop_filter.as_mut().is_some_and(DropFilter::drops) {
-                                self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                            let Some(keys) = &mut self.keys else { continue };
-                            match keys.verify(now, datagram) {
-                                Ok(message) => self.receiver.handle_datagram(now, message),
-                                Err(_) => {
-                                    self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
-                                }
+                    for datagram in batch.datagrams() {
+                        if self.drop_filter.as_mut().is_some_and(DropFilter::drops) {
+                            self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        let Some(keys) = &mut self.keys else { continue };
+                        match keys.verify(now, datagram) {
+                            Ok(message) => self.receiver.handle_datagram(now, message),
+                            Err(_) => {
+                                self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     }
@@ -767,7 +783,8 @@ impl ReceiverTask {
         };
         let product = match (self.receiver_assembly(), &self.spool) {
             (Assembly::Sink, Some(spool)) => match spool.take(delivery.index) {
-                Some(spooled) => ReceivedProduct::Spooled(spooled),
+                Some(Taken::File(spooled)) => ReceivedProduct::Spooled(spooled),
+                Some(Taken::Memory(bytes, _)) => ReceivedProduct::Memory(bytes),
                 None => {
                     tracing::error!(index = delivery.index.0, "FMTP receiver: a delivered product is not in the spool");
                     let index = delivery.index;
@@ -812,6 +829,11 @@ impl Notices {
             }
         }
     }
+}
+
+/// A batch from the reader thread, or why it ended.
+fn read_batch(received: Option<io::Result<Batch>>) -> io::Result<Batch> {
+    received.unwrap_or_else(|| Err(io::Error::other("the multicast reader thread ended")))
 }
 
 /// Resolves when `stop` is set (or its sender is gone).

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ldm7_fmtp_proto::wire::{self, Body, Message, Split};
+use ldm7_fmtp_proto::wire::{self, Body, Message, MessageType, Split};
 use ldm7_fmtp_proto::{
     ConfigError, Destination, EnqueueError, Instant, Product, ProductIndex, ReceiverId, Sender, SenderBound,
     SenderConfig, SenderCounters, SenderEvent,
@@ -143,6 +143,10 @@ pub struct SenderOptions {
     /// all acknowledged it (KEY_ACK) or [`KEY_SWITCH_DEADLINE`] passed. An ldm7 extension: every
     /// receiver must be ldm7. At least [`MAC_ROTATION_MIN`]; ignored at MAC level 0.
     pub mac_rotation: Option<Duration>,
+    /// Where parity shards are multicast (`None`: to the group with the data). LDM-7 sends
+    /// them to a port of their own, so that a reference receiver on the group never sees a
+    /// message type it does not know (docs/parity.md).
+    pub parity_group: Option<SocketAddr>,
 }
 
 /// The shortest [`SenderOptions::mac_rotation`].
@@ -167,6 +171,7 @@ impl SenderOptions {
             mac_level: MacLevel::None,
             identity: None,
             mac_rotation: None,
+            parity_group: None,
         }
     }
 }
@@ -429,6 +434,8 @@ impl FmtpSender {
             max_segments,
             segment_len: 0,
             segments: 0,
+            parity_group: options.parity_group,
+            batch_to: None,
             bound_log: Throttle::new(BOUND_LOG_INTERVAL),
             mac,
             mac_epoch: 0,
@@ -677,6 +684,10 @@ struct SenderTask {
     max_segments: usize,
     segment_len: usize,
     segments: usize,
+    /// Where parity shards go (`None`: the group).
+    parity_group: Option<SocketAddr>,
+    /// Where the batch being filled goes (`None`: the group).
+    batch_to: Option<SocketAddr>,
     /// Protocol bound hits: logged once, then at most once a minute per bound with the count.
     bound_log: Throttle<SenderBound>,
     /// Signs each multicast datagram (§3.6).
@@ -1016,9 +1027,13 @@ impl SenderTask {
                 Destination::Multicast => {
                     self.mac.sign_in_place(&mut self.message);
                     let len = self.message.len();
-                    if self.segments > 0 && (len > self.segment_len || self.batch.len() % self.segment_len != 0) {
+                    let to = if transmit.message_type == MessageType::Parity { self.parity_group } else { None };
+                    if self.segments > 0
+                        && (len > self.segment_len || self.batch.len() % self.segment_len != 0 || to != self.batch_to)
+                    {
                         self.flush_multicast().await;
                     }
+                    self.batch_to = to;
                     if self.segments == 0 {
                         self.segment_len = len;
                     }
@@ -1059,7 +1074,7 @@ impl SenderTask {
     }
 
     async fn flush_multicast(&mut self) {
-        match self.udp.send_segments(&self.batch, self.segment_len).await {
+        match self.udp.send_segments(&self.batch, self.segment_len, self.batch_to).await {
             Ok(()) => {
                 self.shared.multicast_send_errors.relieved();
             }

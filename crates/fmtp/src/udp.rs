@@ -48,6 +48,27 @@ pub fn buffer_bytes_for_rate(rate_bits_per_s: u64) -> usize {
     usize::try_from(quarter_second.clamp(1 << 20, 256 << 20)).unwrap_or(256 << 20)
 }
 
+/// The longest time a receiving host is planned not to read its multicast socket (the reader
+/// thread not scheduled, a burst beyond the path's share): its buffer takes what arrives
+/// meanwhile ([`receive_buffer_bytes`]).
+pub const RECEIVE_GAP_DEFAULT: Duration = Duration::from_millis(500);
+
+/// A receiving socket's buffer for a rate: what arrives at `rate_bits_per_s` during `gap`, at
+/// least 4 MiB, at most 1 GiB. Beyond `net.core.rmem_max` it takes CAP_NET_ADMIN
+/// (`SO_RCVBUFFORCE`); without it the receiver warns at start with the sysctl to set.
+pub fn receive_buffer_bytes(rate_bits_per_s: u64, gap: Duration) -> usize {
+    let bytes = (rate_bits_per_s as f64 / 8.0 * gap.as_secs_f64()) as u64;
+    usize::try_from(bytes.clamp(4 << 20, 1 << 30)).unwrap_or(1 << 30)
+}
+
+/// Where parity shards of a feed multicast to `group` go: the same address, the next port (the
+/// one before when the group's is the last). A reference receiver, bound to the group's port,
+/// never sees them (docs/parity.md).
+pub fn parity_group_of(group: SocketAddr) -> SocketAddr {
+    let port = group.port().checked_add(1).unwrap_or(group.port() - 1);
+    SocketAddr::new(group.ip(), port)
+}
+
 /// Why a multicast socket could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
@@ -160,12 +181,13 @@ impl MulticastSender {
         self.state.max_gso_segments()
     }
 
-    /// Sends `contents` to the group as datagrams of `segment_size` bytes (the last may be
-    /// shorter): one system call with GSO. `contents` must hold at most
-    /// [`max_segments`](Self::max_segments) segments.
-    pub async fn send_segments(&self, contents: &[u8], segment_size: usize) -> io::Result<()> {
+    /// Sends `contents` to the group (or to `to`, another port of it) as datagrams of
+    /// `segment_size` bytes (the last may be shorter): one system call with GSO. `contents`
+    /// must hold at most [`max_segments`](Self::max_segments) segments.
+    pub async fn send_segments(&self, contents: &[u8], segment_size: usize, to: Option<SocketAddr>) -> io::Result<()> {
         let segment_size = (contents.len() > segment_size).then_some(segment_size);
-        let transmit = Transmit { destination: self.group, ecn: None, contents, segment_size, src_ip: None };
+        let destination = to.unwrap_or(self.group);
+        let transmit = Transmit { destination, ecn: None, contents, segment_size, src_ip: None };
         loop {
             self.socket.writable().await?;
             match self
@@ -198,7 +220,11 @@ impl MulticastReceiver {
         socket.set_reuse_address(true).map_err(io("SO_REUSEADDR"))?;
         socket.set_reuse_port(true).map_err(io("SO_REUSEPORT"))?;
         socket.set_recv_buffer_size(config.buffer_bytes).map_err(io("SO_RCVBUF"))?;
-        let granted = socket.recv_buffer_size().map_err(io("SO_RCVBUF"))?;
+        let mut granted = socket.recv_buffer_size().map_err(io("SO_RCVBUF"))?;
+        if granted < config.buffer_bytes && force_recv_buffer(&socket, config.buffer_bytes).is_ok() {
+            // Beyond `net.core.rmem_max`: a process with CAP_NET_ADMIN may.
+            granted = socket.recv_buffer_size().map_err(io("SO_RCVBUF"))?;
+        }
         let buffer = BufferSize::checked(config.buffer_bytes, granted, "receive", "rmem_max");
         socket.bind(&group.into()).map_err(io("bind"))?;
         match (group.ip(), config.interface, source) {
@@ -230,6 +256,13 @@ impl MulticastReceiver {
         self.state.gro_segments()
     }
 
+    /// The socket, for a [`DatagramReader`](crate::reader::DatagramReader)'s thread (no
+    /// longer tokio's; still non-blocking).
+    pub(crate) fn into_reader_socket(self) -> io::Result<crate::reader::ReaderSocket> {
+        let gro_segments = self.state.gro_segments();
+        Ok(crate::reader::ReaderSocket { socket: self.socket.into_std()?, state: self.state, gro_segments })
+    }
+
     /// Waits for datagrams and reads up to `buffers.len()` batches in one system call. Each
     /// `meta[i]` tells how many bytes `buffers[i]` holds and the datagram `stride` (with GRO a
     /// buffer may hold several datagrams, split at `stride`); see [`datagrams`].
@@ -255,6 +288,24 @@ impl MulticastReceiver {
     ) -> io::Result<usize> {
         tokio::time::timeout(timeout, self.recv_batch(buffers, meta)).await.unwrap_or(Ok(0))
     }
+}
+
+/// `SO_RCVBUFFORCE`: a receive buffer beyond `net.core.rmem_max` (needs CAP_NET_ADMIN).
+#[allow(unsafe_code)]
+fn force_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the option value is a live `c_int` of the length given.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// The datagrams of one received buffer: `len` bytes split every `stride` bytes.
@@ -306,7 +357,7 @@ mod tests {
             contents.extend(std::iter::repeat_n(index as u8, length));
         }
         let segment = if segments > 1 { 1460 } else { contents.len() };
-        sender.send_segments(&contents, segment).await.expect("send");
+        sender.send_segments(&contents, segment, None).await.expect("send");
         let mut seen = Vec::new();
         let mut storage = vec![vec![0u8; 65535 * receiver.gro_segments().max(1)]; 4];
         while seen.len() < segments {

@@ -278,6 +278,8 @@ async fn spooled_receivers_hold_no_product_in_memory_and_get_every_byte() {
         options.drop_probability = 0.05;
         options.seed = seed + 10;
         options.spool = Some(spool.path().join(format!("r{seed}")));
+        // Every product in a file (small ones are otherwise assembled in memory).
+        options.spool_memory_below = 0;
         let receiver = FmtpReceiver::start(options).expect("start receiver");
         receivers.push(tokio::spawn(collect(receiver, products.len())));
     }

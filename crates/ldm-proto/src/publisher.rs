@@ -60,6 +60,8 @@ pub enum PublisherEvent {
         feed: FeedType,
         /// The downstream's circuit end ([`VcEndPoint::unused`] without one).
         vc_end: VcEndPoint,
+        /// What an ldm7 downstream offers (the extension; `None` from the reference).
+        offer: Option<ldm7::SubscribeOffer>,
     },
     /// A REQUEST_PRODUCT: answer (in order) with [`Publisher::deliver_missed_product`] or
     /// [`Publisher::no_such_product`].
@@ -84,7 +86,7 @@ pub enum PublisherEvent {
 #[derive(Debug)]
 enum State {
     AwaitSubscribe { deadline: Instant },
-    Deciding { xid: u32 },
+    Deciding { xid: u32, offered: bool },
     Subscribed,
     Closed,
 }
@@ -130,12 +132,18 @@ impl Publisher {
 
     /// Answers the pending SUBSCRIBE. `LDM7_OK` starts the session; a refusal is sent and the
     /// session closes.
-    pub fn answer_subscribe(&mut self, now: Instant, reply: SubscriptionReply) -> Result<(), SessionError> {
-        let State::Deciding { xid } = self.state else {
+    /// The extension's answer goes only to a downstream that offered (a reference downstream
+    /// gets the reference's reply exactly), and always to one that did (without parity if the
+    /// driver gave none: it then knows it talks to an ldm7 publisher that declined).
+    pub fn answer_subscribe(&mut self, now: Instant, mut reply: SubscriptionReply) -> Result<(), SessionError> {
+        let State::Deciding { xid, offered } = self.state else {
             return Err(SessionError::Usage("no SUBSCRIBE is waiting for an answer"));
         };
         if reply == SubscriptionReply::Refused(Ldm7Status::Ok) {
             return Err(SessionError::Usage("a refusal needs a status other than LDM7_OK"));
+        }
+        if let SubscriptionReply::Ok(info) = &mut reply {
+            info.answer = if offered { Some(info.answer.unwrap_or_default()) } else { None };
         }
         let refused = matches!(reply, SubscriptionReply::Refused(_));
         self.peer.send_reply(now, |out| ldm7::encode_reply(out, xid, &ReplyBody::Subscribe(reply)));
@@ -151,7 +159,7 @@ impl Publisher {
     /// Answers the pending SUBSCRIBE with SYSTEM_ERR (an internal failure, as the reference
     /// does); the session closes.
     pub fn answer_subscribe_system_error(&mut self, now: Instant) -> Result<(), SessionError> {
-        let State::Deciding { xid } = self.state else {
+        let State::Deciding { xid, .. } = self.state else {
             return Err(SessionError::Usage("no SUBSCRIBE is waiting for an answer"));
         };
         let body = ReplyBody::Error(AcceptStat::SystemErr);
@@ -340,8 +348,12 @@ impl Receiving7 for Publisher {
     fn on_call(&mut self, now: Instant, call: Call) -> Result<(), SessionError> {
         match (&self.state, call.call) {
             (State::AwaitSubscribe { .. }, Ldm7Call::Subscribe(request)) => {
-                self.state = State::Deciding { xid: call.xid };
-                self.events.push_back(PublisherEvent::Subscribe { feed: request.feed, vc_end: request.vc_end });
+                self.state = State::Deciding { xid: call.xid, offered: request.offer.is_some() };
+                self.events.push_back(PublisherEvent::Subscribe {
+                    feed: request.feed,
+                    vc_end: request.vc_end,
+                    offer: request.offer,
+                });
             }
             (_, Ldm7Call::TestConnection) => self.events.push_back(PublisherEvent::TestConnection),
             (State::Subscribed, Ldm7Call::RequestProduct(index)) => {

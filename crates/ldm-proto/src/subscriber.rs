@@ -71,6 +71,9 @@ pub struct SubscriberConfig {
     pub subscribe_timeout: Duration,
     /// TEST_CONNECTION after this long without sending (reference: `interval`, 30 s).
     pub heartbeat: Duration,
+    /// What the SUBSCRIBE offers beyond the reference (the ldm7 extension; `None`: the
+    /// reference's record exactly).
+    pub offer: Option<ldm7::SubscribeOffer>,
 }
 
 impl SubscriberConfig {
@@ -82,6 +85,7 @@ impl SubscriberConfig {
             upstream_host: None,
             subscribe_timeout: SUBSCRIBE_TIMEOUT,
             heartbeat: INTERVAL,
+            offer: None,
         }
     }
 }
@@ -169,7 +173,7 @@ impl Subscriber {
     /// A session on a connection just opened; the SUBSCRIBE is queued for output.
     pub fn new(now: Instant, config: SubscriberConfig) -> Self {
         let mut peer = Peer::new(now, 0x6c37_0001);
-        let request = McastSubReq { feed: config.feed, vc_end: config.vc_end.clone() };
+        let request = McastSubReq { feed: config.feed, vc_end: config.vc_end.clone(), offer: config.offer };
         let xid =
             peer.send_call(now, |out, xid| ldm7::encode_call(out, &Call { xid, call: Ldm7Call::Subscribe(request) }));
         let deadline = now + config.subscribe_timeout;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use ldm7_ldm_proto::{
     BacklogSpec, CidrAddr, HEARD_NOTHING_LIMIT, Inbound, InboundEvent, Ldm7Status, McastInfo, McastSubInfo,
-    OUTPUT_HIGH_WATER, Publisher, PublisherEvent, SessionError, Subscriber, SubscriberConfig, SubscriberEvent,
-    SubscriptionReply, Upstream, UpstreamEvent, VcEndPoint,
+    OUTPUT_HIGH_WATER, ParityAnswer, Publisher, PublisherEvent, SessionError, SubscribeAnswer, SubscribeOffer,
+    Subscriber, SubscriberConfig, SubscriberEvent, SubscriptionReply, Upstream, UpstreamEvent, VcEndPoint,
 };
 use ldm7_testkit::capture_streams;
 use ldm7_types::{FeedType, Instant, ProdInfo, Signature, Timestamp};
@@ -42,6 +42,7 @@ fn sub_info(server: &str) -> McastSubInfo {
     McastSubInfo {
         mcast_info: McastInfo { feed: FeedType::ANY, group: "224.0.55.1:38801".into(), server: server.into() },
         fmtp_addr: CidrAddr { addr: Ipv4Addr::new(10, 77, 0, 2), prefix_len: 32 },
+        answer: None,
     }
 }
 
@@ -69,9 +70,10 @@ fn subscribed(now: Instant) -> (Subscriber, Publisher) {
     let mut up = Publisher::new(now);
     pump(now, &mut down, &mut up);
     match up.poll_event() {
-        Some(PublisherEvent::Subscribe { feed, vc_end }) => {
+        Some(PublisherEvent::Subscribe { feed, vc_end, offer }) => {
             assert_eq!(feed, FeedType::ANY);
             assert_eq!(vc_end, VcEndPoint::unused());
+            assert_eq!(offer, None);
         }
         other => panic!("{other:?}"),
     }
@@ -85,6 +87,39 @@ fn subscribed(now: Instant) -> (Subscriber, Publisher) {
     }
     assert!(up.ready());
     (down, up)
+}
+
+#[test]
+fn an_offer_gets_the_publishers_answer_and_only_an_offer_does() {
+    let now = start();
+    let parity = ParityAnswer { group_blocks: 256, shards: 16, port: 38801 };
+    for (offer, given, expected) in [
+        // An ldm7 subscriber offering parity, a publisher granting it.
+        (Some(SubscribeOffer { parity: true }), Some(SubscribeAnswer { parity: Some(parity) }), Some(Some(parity))),
+        // A publisher declining (parity = "off"): the subscriber still learns it talks to ldm7.
+        (Some(SubscribeOffer { parity: true }), None, Some(None)),
+        // A subscriber not offering (the reference's SUBSCRIBE): the reference's reply.
+        (None, Some(SubscribeAnswer { parity: Some(parity) }), None),
+    ] {
+        let mut config = SubscriberConfig::new(FeedType::ANY);
+        config.offer = offer;
+        let mut down = Subscriber::new(now, config);
+        let mut up = Publisher::new(now);
+        pump(now, &mut down, &mut up);
+        match up.poll_event() {
+            Some(PublisherEvent::Subscribe { offer: seen, .. }) => assert_eq!(seen, offer),
+            other => panic!("{other:?}"),
+        }
+        let info = McastSubInfo { answer: given, ..sub_info("10.77.0.1:42263") };
+        up.answer_subscribe(now, SubscriptionReply::Ok(info)).unwrap();
+        pump(now, &mut down, &mut up);
+        match down.poll_event() {
+            Some(SubscriberEvent::Subscribed { info }) => {
+                assert_eq!(info.answer.map(|answer| answer.parity), expected, "{offer:?} {given:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 /// Splits a byte stream into records (the bytes after each record mark).
@@ -490,7 +525,7 @@ fn calls_not_served_follow_the_rpc_rules_and_the_session_goes_on() {
     }
     // SUBSCRIBE expects a reply: the subscriber answers it PROC_UNAVAIL.
     let mut bytes = Vec::new();
-    let request = ldm7::McastSubReq { feed: FeedType::EXP, vc_end: VcEndPoint::unused() };
+    let request = ldm7::McastSubReq { feed: FeedType::EXP, vc_end: VcEndPoint::unused(), offer: None };
     ldm7::encode_call(&mut bytes, &Call { xid: 5, call: Ldm7Call::Subscribe(request) });
     down.handle_input(now, &bytes);
     assert!(matches!(down.poll_event(), Some(SubscriberEvent::Unserved(_))));
@@ -550,7 +585,7 @@ fn one_inbound_session_serves_ldm6_and_ldm7_first_calls() {
     ldm7_xdr::ldm::encode_call(&mut bytes, &v5);
     let null = ldm7_xdr::ldm::Call { xid: 2, version: 6, call: ldm7_xdr::ldm::LdmCall::Nullproc };
     ldm7_xdr::ldm::encode_call(&mut bytes, &null);
-    let request = ldm7::McastSubReq { feed: FeedType::EXP, vc_end: VcEndPoint::unused() };
+    let request = ldm7::McastSubReq { feed: FeedType::EXP, vc_end: VcEndPoint::unused(), offer: None };
     ldm7::encode_call(&mut bytes, &Call { xid: 3, call: Ldm7Call::Subscribe(request) });
     inbound.handle_input(now, &bytes);
     assert!(
@@ -666,13 +701,16 @@ fn our_publisher_answers_the_captured_subscribe_and_sends_the_captured_backlog()
     let mut inbound = Inbound::new(now);
     inbound.handle_input(now, &framed(&client[0]));
     match inbound.poll_event() {
-        Some(InboundEvent::Ldm7(PublisherEvent::Subscribe { feed, vc_end })) => {
-            assert_eq!((feed, vc_end), (FeedType::ANY, VcEndPoint::unused()));
+        Some(InboundEvent::Ldm7(PublisherEvent::Subscribe { feed, vc_end, offer })) => {
+            assert_eq!((feed, vc_end, offer), (FeedType::ANY, VcEndPoint::unused(), None));
         }
         other => panic!("{other:?}"),
     }
     let publisher = inbound.publisher().unwrap();
-    publisher.answer_subscribe(now, SubscriptionReply::Ok(sub_info("10.77.0.1:42263"))).unwrap();
+    // An answer to an offer the reference never makes is not sent to it.
+    let parity = ParityAnswer { group_blocks: 256, shards: 16, port: 38801 };
+    let info = McastSubInfo { answer: Some(SubscribeAnswer { parity: Some(parity) }), ..sub_info("10.77.0.1:42263") };
+    publisher.answer_subscribe(now, SubscriptionReply::Ok(info)).unwrap();
     let mut bytes = Vec::new();
     publisher.take_output(&mut bytes);
     assert_eq!(records(&bytes), [server[0].clone()], "the captured reply, byte for byte");

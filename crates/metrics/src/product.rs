@@ -8,10 +8,11 @@
 //!
 //! ```text
 //! ldm7-stats 1
-//! feed=NGRID publisher=pub.example.edu subscriber=sub.example.edu n=52 n_fmtp=52 n_mc=50 s_all=91234567 s_fmtp=91234567 s_mc=88000000 l_all_us=5200000 l_fmtp_us=5200000 l_mc_us=4900000 retx_blocks=31 backstop=0 backlog=0 latency_max_us=412000
+//! feed=NGRID publisher=pub.example.edu subscriber=sub.example.edu n=52 n_fmtp=52 n_mc=50 s_all=91234567 s_fmtp=91234567 s_mc=88000000 l_all_us=5200000 l_fmtp_us=5200000 l_mc_us=4900000 retx_blocks=31 backstop=0 backlog=0 latency_max_us=412000 host_drops=0
 //! ```
 //!
-//! Every key of [`MinuteSums`] is required; keys a reader does not know are ignored (a later
+//! Every key of [`MinuteSums`] is required but `host_drops` (added later: an older server's
+//! report leaves it out, read as 0); keys a reader does not know are ignored (a later
 //! version may add some); a different version number is refused. The minute comes from the
 //! identifier. Host names and feed names hold no blanks or `=`.
 
@@ -132,9 +133,13 @@ impl StatsProduct {
                 publisher: text_field("publisher")?,
                 subscriber: text_field("subscriber")?,
             };
-            let mut numbers = [0i128; 13];
+            let mut numbers = [0i128; 14];
             for (slot, key) in numbers.iter_mut().zip(MinuteSums::NAMES) {
-                let value = fields.get(key).ok_or_else(|| error(format!("no {key}")))?;
+                let value = match fields.get(key) {
+                    Some(value) => value,
+                    None if MinuteSums::OPTIONAL.contains(&key) => "0",
+                    None => return Err(error(format!("no {key}"))),
+                };
                 *slot = value.parse().map_err(|_| error(format!("{key}={value} is not an integer")))?;
             }
             let sums = MinuteSums::from_values(numbers)
@@ -167,6 +172,7 @@ mod tests {
             backstop: 0,
             backlog: 0,
             latency_max_us: 412_000,
+            host_drops: 0,
         };
         let minute = Minute::parse("202611232137").unwrap();
         let link =
@@ -183,12 +189,15 @@ mod tests {
             body,
             "ldm7-stats 1\nfeed=NGRID publisher=pub.example.edu subscriber=sub.example.edu n=52 n_fmtp=52 n_mc=50 \
              s_all=91234567 s_fmtp=91234567 s_mc=88000000 l_all_us=5200000 l_fmtp_us=5200000 l_mc_us=4900000 \
-             retx_blocks=31 backstop=0 backlog=0 latency_max_us=412000\n"
+             retx_blocks=31 backstop=0 backlog=0 latency_max_us=412000 host_drops=0\n"
         );
         assert_eq!(StatsProduct::parse(&product.ident(), body.as_bytes()).unwrap(), product);
         // Keys a later version adds are ignored.
         let extended = body.replace("backlog=0", "backlog=0 future_key=7");
         assert_eq!(StatsProduct::parse(&product.ident(), extended.as_bytes()).unwrap(), product);
+        // An older server's report, without host_drops, reads as none dropped.
+        let older = body.replace(" host_drops=0", "");
+        assert_eq!(StatsProduct::parse(&product.ident(), older.as_bytes()).unwrap(), product);
     }
 
     #[test]

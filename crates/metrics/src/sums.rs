@@ -11,6 +11,7 @@
 //! | ΣS | summed sizes of all products received |
 //! | B | blocks retransmitted (over the repair connection) |
 //! | backstop, backlog | products that came by the backstop or the backlog |
+//! | host_drops | multicast datagrams dropped at the subscriber's host (its socket buffer was full): not path loss |
 //!
 //! Derived, as the research defines them: T^fmtp = S′/L′, T^mc = S″/L″,
 //! T^retx = (S′−S″)/(L′−L″) (harmonic means of per-product size/latency); FFDR by count N′/N
@@ -149,12 +150,15 @@ pub struct MinuteSums {
     pub backlog: u64,
     /// The largest latency, µs (merged by maximum; 0 when nothing was received).
     pub latency_max_us: i64,
+    /// Multicast datagrams dropped at the subscriber's host (the receiving socket's buffer was
+    /// full), apart from the path's loss. Absent from reports of older servers (read as 0).
+    pub host_drops: u64,
 }
 
 impl MinuteSums {
     /// The sums' names, in the order of [`MinuteSums::values`]: the statistics product's keys
     /// and the monitor's columns.
-    pub const NAMES: [&'static str; 13] = [
+    pub const NAMES: [&'static str; 14] = [
         "n",
         "n_fmtp",
         "n_mc",
@@ -168,10 +172,15 @@ impl MinuteSums {
         "backstop",
         "backlog",
         "latency_max_us",
+        "host_drops",
     ];
 
+    /// Names of [`MinuteSums::NAMES`] a report may leave out (read as 0): added after the
+    /// first servers reported.
+    pub const OPTIONAL: [&'static str; 1] = ["host_drops"];
+
     /// The sums, in the order of [`MinuteSums::NAMES`].
-    pub fn values(&self) -> [i128; 13] {
+    pub fn values(&self) -> [i128; 14] {
         [
             self.n.into(),
             self.n_fmtp.into(),
@@ -186,12 +195,13 @@ impl MinuteSums {
             self.backstop.into(),
             self.backlog.into(),
             self.latency_max_us.into(),
+            self.host_drops.into(),
         ]
     }
 
     /// Sums from values in the order of [`MinuteSums::NAMES`]; `Err(index)` names the first
     /// value out of its field's range (negative counts, or beyond 64 bits).
-    pub fn from_values(values: [i128; 13]) -> Result<Self, usize> {
+    pub fn from_values(values: [i128; 14]) -> Result<Self, usize> {
         let unsigned = |index: usize| u64::try_from(values[index]).map_err(|_| index);
         let signed = |index: usize| i64::try_from(values[index]).map_err(|_| index);
         Ok(Self {
@@ -208,6 +218,7 @@ impl MinuteSums {
             backstop: unsigned(10)?,
             backlog: unsigned(11)?,
             latency_max_us: signed(12)?,
+            host_drops: unsigned(13)?,
         })
     }
 
@@ -253,6 +264,7 @@ impl MinuteSums {
         self.retx_blocks += other.retx_blocks;
         self.backstop += other.backstop;
         self.backlog += other.backlog;
+        self.host_drops += other.host_drops;
         self.latency_max_us = max;
     }
 
@@ -338,6 +350,16 @@ impl Aggregator {
             }
         }
         self.open.entry((minute, event.link.clone())).or_default().add(event);
+    }
+
+    /// Adds `count` datagrams dropped at the subscriber's host at `at` to the link's minute (as
+    /// [`Aggregator::record`] places a late one).
+    pub fn record_host_drops(&mut self, link: &Link, at: Timestamp, count: u64) {
+        let mut minute = Minute::of(at);
+        if let Some(first_open) = self.closed_before {
+            minute = minute.max(first_open);
+        }
+        self.open.entry((minute, link.clone())).or_default().host_drops += count;
     }
 
     /// Events that arrived after their minute was handed out.

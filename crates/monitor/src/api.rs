@@ -8,7 +8,8 @@
 //!
 //! Metrics: `throughput_fmtp`, `throughput_mc`, `throughput_retx` (bit/s), `ffdr_count`,
 //! `ffdr_size`, `mplr`, `latency_mean`, `latency_max` (seconds), `products` (N), `bytes` (ΣS),
-//! `backstop`, `backlog`. A step with no product, or a metric undefined in it, is `null`. An
+//! `backstop`, `backlog`, `host_drops` (multicast datagrams dropped at the subscriber's host: its
+//! socket buffer was full; not path loss). A step with no product, or a metric undefined in it, is `null`. An
 //! `ldm6` link has hourly points (`step_minutes` 60) of `products`, `bytes`, `latency_mean` and
 //! `latency_max`, as its host's rtstats reported them.
 
@@ -27,7 +28,7 @@ pub const GREEN_SECS: i64 = 600;
 pub const YELLOW_SECS: i64 = 3600;
 
 /// The metrics a series can show.
-pub const METRICS: [&str; 12] = [
+pub const METRICS: [&str; 13] = [
     "throughput_fmtp",
     "throughput_mc",
     "throughput_retx",
@@ -40,6 +41,7 @@ pub const METRICS: [&str; 12] = [
     "bytes",
     "backstop",
     "backlog",
+    "host_drops",
 ];
 
 /// A node with its color.
@@ -73,6 +75,10 @@ pub fn color(age_s: Option<i64>) -> &'static str {
 
 /// One metric's value of a set of sums.
 pub fn metric_value(metric: &str, sums: &MinuteSums) -> Option<f64> {
+    if metric == "host_drops" {
+        // Counted whether or not a product arrived in the step.
+        return Some(sums.host_drops as f64);
+    }
     if sums.n == 0 {
         return None;
     }
@@ -265,10 +271,12 @@ mod tests {
             backstop: 0,
             backlog: 0,
             latency_max_us: 1_500_000,
+            host_drops: 0,
         };
         assert_eq!(metric_value("throughput_fmtp", &sums), Some(12_000.0));
         assert_eq!(metric_value("latency_max", &sums), Some(1.5));
         assert_eq!(metric_value("latency_mean", &sums), Some(1.0));
         assert_eq!(metric_value("products", &MinuteSums::default()), None);
+        assert_eq!(metric_value("host_drops", &MinuteSums { host_drops: 7, ..MinuteSums::default() }), Some(7.0));
     }
 }

@@ -22,6 +22,7 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 const MIGRATIONS: Embedded = Embedded(&[
     (20261123000001, "initial", include_str!("../migrations/20261123000001_initial.sql")),
     (20261123000002, "ingested", include_str!("../migrations/20261123000002_ingested.sql")),
+    (20261127000003, "host_drops", include_str!("../migrations/20261127000003_host_drops.sql")),
 ]);
 
 /// Migrations compiled in (sqlx's `migrate!` macro does the same at the cost of a second
@@ -108,12 +109,12 @@ pub struct Store {
 }
 
 /// The sums as the columns hold them (64-bit integers; a larger count is stored as the largest).
-fn sums_values(sums: &MinuteSums) -> [i64; 13] {
+fn sums_values(sums: &MinuteSums) -> [i64; 14] {
     sums.values().map(|value| i64::try_from(value).unwrap_or(i64::MAX))
 }
 
 fn sums_from(row: &sqlx::any::AnyRow) -> Result<MinuteSums, sqlx::Error> {
-    let mut values = [0i128; 13];
+    let mut values = [0i128; 14];
     for (value, column) in values.iter_mut().zip(MinuteSums::NAMES) {
         *value = row.try_get::<i64, _>(column)?.into();
     }

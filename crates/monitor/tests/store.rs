@@ -26,6 +26,7 @@ fn sums(n: u64, n_mc: u64, s: u64, latency_us: i64, retx_blocks: u64) -> MinuteS
         backstop: 0,
         backlog: 0,
         latency_max_us: latency_us / n.max(1) as i64,
+        host_drops: retx_blocks / 2,
     }
 }
 

@@ -15,6 +15,7 @@
 //! | `ldm7_malformed_total` | | malformed records and mismatched products |
 //! | `ldm7_delivered_products_total` | `receive`, `mode` = `multicast`, `retransmitted`, `backstop`, `backlog` | LDM-7 subscriber deliveries |
 //! | `ldm7_receive_retransmitted_blocks_total` | `receive` | FMTP blocks repaired over TCP |
+//! | `ldm7_receive_host_dropped_datagrams_total` | `receive` | multicast datagrams the kernel dropped at this host (the receiving socket's buffer was full; not path loss) |
 //! | `ldm7_receive_subscriptions_total`, `ldm7_receive_backstop_requests_total`, `ldm7_receive_corrupt_total`, `ldm7_receive_duplicates_total` | `receive` | |
 //! | `ldm7_publisher_subscriptions_total`, `ldm7_publisher_refusals_total`, `ldm7_publisher_products_multicast_total`, `ldm7_publisher_backstop_products_sent_total`, `ldm7_publisher_backlog_products_sent_total` | | publisher side |
 //! | `ldm7_fmtp_multicast_bytes_total`, `ldm7_fmtp_retransmitted_blocks_total`, `ldm7_fmtp_retransmitted_bytes_total`, `ldm7_fmtp_retransmission_requests_total`, `ldm7_fmtp_rejections_total`, `ldm7_fmtp_parity_bytes_total`, `ldm7_fmtp_subscribers` | `feed` | each multicast feed's FMTP sender |
@@ -154,6 +155,11 @@ pub(crate) fn render(shared: &Shared) -> String {
         ("ldm7_receive_backstop_requests_total", "Products asked for by the backstop.", 2),
         ("ldm7_receive_corrupt_total", "FMTP products that failed their check.", 3),
         ("ldm7_receive_duplicates_total", "Products that came twice.", 4),
+        (
+            "ldm7_receive_host_dropped_datagrams_total",
+            "Multicast datagrams dropped at this host: the receiving socket's buffer was full (not path loss).",
+            5,
+        ),
     ] {
         out.family(metric, "counter", help);
         for (name, counters) in &receives {
@@ -162,7 +168,8 @@ pub(crate) fn render(shared: &Shared) -> String {
                 1 => load(&counters.subscriptions),
                 2 => load(&counters.requested),
                 3 => load(&counters.corrupt),
-                _ => load(&counters.duplicates),
+                4 => load(&counters.duplicates),
+                _ => load(&counters.host_drops),
             };
             out.sample(metric, &[("receive", name)], value);
         }

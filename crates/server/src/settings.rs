@@ -25,8 +25,11 @@
 //!                                 # subscribers that pin it (ldm7 subscribers only)
 //! mac_rotation = "1h"             # a new MAC key this often, handed to every subscriber over
 //!                                 # its repair connection (ldm7 subscribers only; off by default)
-//! parity = "256/32"               # repair by parity multicast, GROUP/SHARDS (ldm7 subscribers
-//!                                 # with the same value only; off by default; docs/parity.md)
+//! parity = "auto"                 # repair by parity multicast for ldm7 subscribers, who offer it
+//!                                 # when they subscribe: "auto" chooses GROUP/SHARDS from
+//!                                 # subscribers_max and parity_loss (docs/parity.md), "256/32"
+//!                                 # names them, "off" refuses (unicast repairs only)
+//! parity_loss = 0.01              # the loss "auto" plans for (each subscriber's, independent)
 //!
 //! [multicast.feeds.NGRID]         # per-feed overrides of the keys above, and:
 //! rate = "40 Mbit/s"
@@ -62,7 +65,10 @@
 //! drop = 0.0                      # test knob: drop this share of multicast datagrams on receipt
 //! mac_level = 0                   # the publisher's MAC level
 //! pin = "publisher.key.pub"       # accept only a key exchange signed by this publisher key
-//! parity = "256/32"               # ask for lost blocks as parity: the publisher's value
+//! parity = "auto"                 # offer parity repair when subscribing ("off": don't); the
+//!                                 # publisher's answer decides the coding
+//! receive_gap = "500ms"           # longest time the host may not read the multicast socket:
+//!                                 # its buffer holds rate × this (docs/ldm7.md "Receive path")
 //!
 //! [receive.feeds.NGRID]           # per-feed overrides of the keys above
 //! drop = 0.02
@@ -81,7 +87,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ldm7_fmtp::{MacLevel, ParityConfig};
+use ldm7_fmtp::{MacLevel, ParityChoice, ParityConfig};
 
 use ldm7_types::units::{ByteSize, Rate, parse_duration};
 use ldm7_types::{FeedType, QuantityError};
@@ -220,8 +226,18 @@ pub struct MulticastSettings {
     pub identity: Option<PathBuf>,
     /// A new MAC key this often (`None`: one key for the sender's life).
     pub mac_rotation: Option<Duration>,
-    /// Repair by parity multicast (an ldm7 extension; subscribers need the same value).
-    pub parity: Option<ParityConfig>,
+    /// Repair by parity multicast for ldm7 subscribers that offer it (an ldm7 extension).
+    pub parity: ParityChoice,
+    /// The loss [`ParityChoice::Auto`] plans for.
+    pub parity_loss: f64,
+}
+
+impl MulticastSettings {
+    /// The feed's parity coding: the choice, `auto` planned for `subscribers_max` subscribers at
+    /// `parity_loss`.
+    pub fn parity_config(&self) -> Option<ParityConfig> {
+        self.parity.resolve(u32::try_from(self.subscribers_max).unwrap_or(u32::MAX), self.parity_loss)
+    }
 }
 
 impl Default for MulticastSettings {
@@ -240,7 +256,8 @@ impl Default for MulticastSettings {
             mac_level: MacLevel::None,
             identity: None,
             mac_rotation: None,
-            parity: None,
+            parity: ParityChoice::Auto,
+            parity_loss: ldm7_fmtp::PLANNED_LOSS_DEFAULT,
         }
     }
 }
@@ -297,8 +314,11 @@ pub struct ReceiveSettings {
     pub mac_level: MacLevel,
     /// The publisher's identity public key: the key exchange must be signed by it.
     pub pin: Option<PathBuf>,
-    /// Ask for lost blocks as parity (the publisher's `parity`).
-    pub parity: Option<ParityConfig>,
+    /// Offer parity repair when subscribing (anything but [`ParityChoice::Off`]; the
+    /// publisher's answer gives the coding).
+    pub parity: ParityChoice,
+    /// The longest time the host may not read the multicast socket (sizes its buffer).
+    pub receive_gap: Duration,
 }
 
 impl Default for ReceiveSettings {
@@ -313,7 +333,8 @@ impl Default for ReceiveSettings {
             drop: 0.0,
             mac_level: MacLevel::None,
             pin: None,
-            parity: None,
+            parity: ParityChoice::Auto,
+            receive_gap: ldm7_fmtp::udp::RECEIVE_GAP_DEFAULT,
         }
     }
 }
@@ -526,6 +547,7 @@ mod raw {
         identity: Option<PathBuf>,
         mac_rotation: Option<String>,
         parity: Option<String>,
+        parity_loss: Option<f64>,
     }
 
     /// `rate_control` of a multicast section.
@@ -568,6 +590,7 @@ mod raw {
         mac_level: Option<u8>,
         pin: Option<PathBuf>,
         parity: Option<String>,
+        receive_gap: Option<String>,
     }
 
     type Value<'a> = &'a dyn Fn(String, String) -> SettingsError;
@@ -581,10 +604,10 @@ mod raw {
         })
     }
 
-    /// A `parity = "GROUP/SHARDS"` value.
-    fn parity(text: &Option<String>, key: &str, value: Value<'_>) -> Result<Option<ParityConfig>, SettingsError> {
+    /// A `parity = "auto" | "off" | "GROUP/SHARDS"` value.
+    fn parity(text: &Option<String>, key: &str, value: Value<'_>) -> Result<Option<ParityChoice>, SettingsError> {
         text.as_deref()
-            .map(|text| text.parse::<ParityConfig>().map_err(|error| value(format!("{key}.parity"), error.0)))
+            .map(|text| text.parse::<ParityChoice>().map_err(|error| value(format!("{key}.parity"), error.0)))
             .transpose()
     }
 
@@ -696,8 +719,14 @@ mod raw {
                 }
                 settings.mac_rotation = Some(every);
             }
-            if let Some(config) = parity(&self.parity, key, value)? {
-                settings.parity = Some(config);
+            if let Some(choice) = parity(&self.parity, key, value)? {
+                settings.parity = choice;
+            }
+            if let Some(loss) = self.parity_loss {
+                if !(0.0..0.5).contains(&loss) {
+                    return Err(value(format!("{key}.parity_loss"), "give a share in [0, 0.5), e.g. 0.01".into()));
+                }
+                settings.parity_loss = loss;
             }
             if let Some(keys) = &self.rate_control {
                 settings.rate_control =
@@ -871,8 +900,14 @@ mod raw {
                 ldm7_fmtp::keys::read_pin(path).map_err(|error| value(format!("{key}.pin"), error.to_string()))?;
                 settings.pin = Some(path.clone());
             }
-            if let Some(config) = parity(&self.parity, key, value)? {
-                settings.parity = Some(config);
+            if let Some(choice) = parity(&self.parity, key, value)? {
+                settings.parity = choice;
+            }
+            if let Some(gap) = quantity(&self.receive_gap, key, "receive_gap", parse_duration, value)? {
+                if gap.is_zero() || gap > Duration::from_secs(60) {
+                    return Err(value(format!("{key}.receive_gap"), "give more than 0 and at most 60s".into()));
+                }
+                settings.receive_gap = gap;
             }
             Ok(settings)
         }
@@ -928,6 +963,11 @@ parity = "128/16"
 [multicast.feeds.EXP]
 deadline = "proportional"
 deadline_factor = 20
+[multicast.feeds.IDS]
+parity = "off"
+[multicast.feeds.HDS]
+subscribers_max = 570
+parity_loss = 0.05
 [path]
 driver = "linux-bridge"
 netns = "lab-core"
@@ -942,9 +982,15 @@ drop = 0.02
         assert_eq!(settings.multicast(feed("NGRID")).rate, Rate::from_megabits_per_s(500));
         assert_eq!(settings.multicast(feed("NGRID")).deadline, Deadline::Constant(Duration::from_secs(120)));
         assert_eq!(settings.multicast(feed("NGRID")).path.as_deref(), Some("ngrid"));
-        let parity = settings.multicast(feed("NGRID")).parity.expect("parity for NGRID");
+        let parity = settings.multicast(feed("NGRID")).parity_config().expect("parity for NGRID");
         assert_eq!((parity.group_blocks, parity.shards), (128, 16));
-        assert_eq!(settings.multicast(feed("IDS")).parity, None);
+        assert_eq!(settings.multicast(feed("IDS")).parity_config(), None);
+        // Parity is on unless refused: "auto" plans for subscribers_max at parity_loss.
+        let auto = settings.multicast(feed("EXP")).parity_config().expect("parity for EXP");
+        assert_eq!((auto.group_blocks, auto.shards), (256, 16));
+        let planned = settings.multicast(feed("HDS")).parity_config().expect("parity for HDS");
+        assert_eq!((planned.group_blocks, planned.shards), (256, 32));
+        assert_eq!(settings.receive(feed("NGRID")).parity, ParityChoice::Auto);
         assert_eq!(settings.multicast(feed("IDS")).rate, Rate::from_megabits_per_s(40));
         assert_eq!(
             settings.multicast(feed("EXP")).deadline,
@@ -1010,9 +1056,12 @@ enabled = false
             ("[multicast.feeds.EXP]\nidentity = \"/nonexistent/publisher.key\"\n", "multicast.feeds.EXP.identity"),
             ("[receive]\npin = \"/nonexistent/publisher.key.pub\"\n", "receive.pin"),
             ("[multicast]\nparity = \"100/32\"\n", "multicast.parity"),
+            ("[multicast]\nparity_loss = 0.7\n", "multicast.parity_loss"),
+            ("[receive]\nreceive_gap = \"0s\"\n", "receive.receive_gap"),
             (
                 "[receive.feeds.EXP]\nparity = \"256\"\n",
-                "receive.feeds.EXP.parity: parity \"256\": expected GROUP/SHARDS",
+                "receive.feeds.EXP.parity: parity \"256\": expected GROUP/SHARDS, data blocks and parity shards per \
+                 group (e.g. 256/32); or \"auto\" (the default) or \"off\"",
             ),
             ("[multicast]\nretx_timeout = \"inf\"\n", "multicast.retx_timeout"),
             ("[multicast]\ndeadline = \"sometimes\"\n", "deadline policy"),

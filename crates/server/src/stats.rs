@@ -60,6 +60,11 @@ impl StatsPublisher {
         self.aggregator().record(event);
     }
 
+    /// Records multicast datagrams dropped at this host on a link.
+    pub fn record_host_drops(&self, link: &ldm7_metrics::Link, at: Timestamp, count: u64) {
+        self.aggregator().record_host_drops(link, at, count);
+    }
+
     /// Publishes every minute that ended at least [`GRACE`] before `now`; with `heartbeat`,
     /// each such minute since the first call, delivered to or not.
     pub fn publish_due(&self, queue: &Queue, now: Timestamp, heartbeat: bool) {

@@ -5,10 +5,12 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example idd -- [--receivers 570] [--loss 0.01] [--rtt-ms 30]
 //!     [--set idd2018|paper] [--only FEED]... [--duration 1h] [--seed N] [--wait 1s]
-//!     [--retx-factor 1] [--jobs 2] [--parity [--parity-group 256] [--parity-shards 32]]
+//!     [--retx-factor 1] [--jobs 2] [--parity auto|off|GROUP/SHARDS]
 //! ```
 //!
-//! `--parity`: repairs by parity multicast (the ldm7 extension) rather than unicast.
+//! Repairs are by parity multicast (the ldm7 extension, as ldm7 peers agree by default: the
+//! publisher's rule for these receivers and this loss); `--parity off` repairs by unicast, as the
+//! reference's FMTP.
 //!
 //! Feeds are independent simulations (as LDM-7 multicasts each on its own group and path) and
 //! run side by side on `--jobs` threads, largest first. Prints a line per feed, the totals, the
@@ -189,7 +191,7 @@ fn simulate_feed(args: &Args, name: &'static str, workload: Workload) -> FeedRun
     let mut config = SimConfig::new(args.seed, receivers);
     config.sender = SenderConfig::with_rate(rate_bps);
     config.sender.retx_pacing = Some(ldm7_fmtp_proto::Pacing::new((rate_bps as f64 * args.retx_factor) as u64));
-    config = args.parity.apply(config);
+    config = args.parity.apply(config, args.receivers, args.loss);
     config.content = ContentMode::Pattern;
     let (products, bytes) = (workload.products.len(), workload.total_bytes());
     let result = Simulation::new(config, workload)

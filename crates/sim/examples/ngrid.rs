@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example ngrid -- [--receivers 100] [--loss 0.01] [--rtt-ms 30]
 //!     [--rate 40M] [--retx-rate R] [--trace PATH] [--seed N] [--memory]
-//!     [--parity [--parity-group 256] [--parity-shards 32]]
+//!     [--parity auto|off|GROUP/SHARDS]
 //! ```
 //!
 //! Prints the run's report, the wall time and the virtual/wall speed-up. Exits non-zero if a
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
     if let Some(retx_rate) = args.retx_rate {
         config.sender.retx_pacing = Some(ldm7_fmtp_proto::Pacing::new(retx_rate.bits_per_s()));
     }
-    config = args.parity.apply(config);
+    config = args.parity.apply(config, args.receivers, args.loss);
     config.content = if args.memory { ContentMode::Memory } else { ContentMode::Pattern };
     config.whole_products = !args.visit_all;
     println!(

@@ -6,11 +6,12 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example unicast_vs_multicast -- [--subscribers 1,8,100]
 //!     [--loss 0.01] [--rtt-ms 30] [--rate 40M] [--limit 2000] [--top-fanout 20] [--relay-fanout 10]
-//!     [--parity [--parity-group 256] [--parity-shards 32]]
+//!     [--parity auto|off|GROUP/SHARDS]
 //! ```
 //!
-//! With `--parity`, LDM-7 runs a second time with parity repair (the ldm7 extension,
-//! `ldm7_fmtp_proto::parity`): lost blocks repaired by parity shards multicast once for all.
+//! LDM-7 runs as the reference's FMTP (unicast repairs), then a second time with parity repair
+//! as ldm7 peers agree by default (the ldm7 extension, `ldm7_fmtp_proto::parity`): lost blocks
+//! repaired by parity shards multicast once for all; `--parity off` skips that run.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,7 +81,7 @@ fn run_ldm7(
     let mut config = SimConfig::new(seed, receivers);
     config.sender = SenderConfig::with_rate(args.rate.bits_per_s());
     if parity {
-        config = args.parity.apply(config);
+        config = args.parity.apply(config, subscribers, args.loss);
     }
     config.content = ContentMode::Pattern;
     let report = Simulation::new(config, workload.clone())
@@ -157,7 +158,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        let parity = if args.parity.parity {
+        let parity = if args.parity.is_on() {
             match run_ldm7(&args, &workload, subscribers, seed, true) {
                 Ok(outcome) => Some(outcome),
                 Err(error) => {

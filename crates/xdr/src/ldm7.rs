@@ -164,6 +164,45 @@ pub struct McastSubReq {
     pub feed: FeedType,
     /// The subscriber's circuit end.
     pub vc_end: VcEndPoint,
+    /// What an ldm7 subscriber offers beyond the reference (an ldm7 extension: words after the
+    /// argument, which a reference publisher's RPC layer skips with the rest of the record).
+    pub offer: Option<SubscribeOffer>,
+}
+
+/// The first word of the ldm7 extension that may follow a SUBSCRIBE argument or an `LDM7_OK`
+/// reply body: `"ldm7"` in ASCII.
+pub const EXTENSION_MAGIC: u32 = 0x6c64_6d37;
+/// The extension's version; a peer reads the fields of the versions it knows and skips the rest.
+pub const EXTENSION_VERSION: u32 = 1;
+/// Flag of [`SubscribeOffer`]: the subscriber can repair by parity (docs/parity.md).
+const OFFER_PARITY: u32 = 1;
+
+/// What an ldm7 subscriber offers in its SUBSCRIBE (after the `McastSubReq`):
+/// `EXTENSION_MAGIC`, `EXTENSION_VERSION`, `uint32 flags` (bit 0: parity repair).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubscribeOffer {
+    /// It can ask for lost blocks as parity and take parity shards.
+    pub parity: bool,
+}
+
+/// What an ldm7 publisher answers to an offer (after the `McastSubInfo` of an `LDM7_OK`
+/// reply, only when the SUBSCRIBE offered): `EXTENSION_MAGIC`, `EXTENSION_VERSION`, then
+/// `uint32 groupBlocks`, `uint32 shards`, `uint32 parityPort` (all 0: no parity).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubscribeAnswer {
+    /// The parity coding the feed uses, and where its shards are multicast.
+    pub parity: Option<ParityAnswer>,
+}
+
+/// A feed's parity coding, as the subscription answer carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParityAnswer {
+    /// Data blocks per group.
+    pub group_blocks: u32,
+    /// Parity shards a group can have.
+    pub shards: u32,
+    /// The UDP port of the feed's multicast group the shards go to (the group's address).
+    pub port: u16,
 }
 
 /// `BacklogSpec`: the REQUEST_BACKLOG argument (§2.4).
@@ -233,6 +272,9 @@ pub struct McastSubInfo {
     pub mcast_info: McastInfo,
     /// The address the subscriber's FMTP receiver must connect from.
     pub fmtp_addr: CidrAddr,
+    /// An ldm7 publisher's answer to the subscriber's offer (`None` for a reference publisher,
+    /// or when nothing was offered).
+    pub answer: Option<SubscribeAnswer>,
 }
 
 /// `SubscriptionReply`: `LDM7_OK` with the subscription, or another status and nothing.
@@ -572,7 +614,9 @@ fn decode_call(decoder: &mut Decoder<'_>, proc: Proc) -> Result<Args, XdrError> 
                 port_id: decoder.string(STRING_LEN_MAX, "portId")?,
                 vlan_id: decode_ushort(decoder, "vlanId")?,
             };
-            Args::Done(Ldm7Call::Subscribe(McastSubReq { feed, vc_end }))
+            let offer = decode_extension(decoder)?
+                .map(|words| SubscribeOffer { parity: words.first().is_some_and(|flags| flags & OFFER_PARITY != 0) });
+            Args::Done(Ldm7Call::Subscribe(McastSubReq { feed, vc_end, offer }))
         }
         Proc::RequestProduct => Args::Done(Ldm7Call::RequestProduct(decoder.u32("McastProdIndex")?)),
         Proc::RequestBacklog => {
@@ -614,7 +658,47 @@ fn decode_subscription_reply(decoder: &mut Decoder<'_>) -> Result<SubscriptionRe
         return Err(XdrError::Invalid { field: "prefixLen", value: prefix_len.into() });
     }
     let fmtp_addr = CidrAddr { addr: quirk_addr(addr), prefix_len: prefix_len as u8 };
-    Ok(SubscriptionReply::Ok(McastSubInfo { mcast_info, fmtp_addr }))
+    let answer = decode_extension(decoder)?.map(|words| match words[..] {
+        [group_blocks, shards, port, ..] if group_blocks != 0 && shards != 0 => SubscribeAnswer {
+            parity: u16::try_from(port).ok().filter(|port| *port != 0).map(|port| ParityAnswer {
+                group_blocks,
+                shards,
+                port,
+            }),
+        },
+        _ => SubscribeAnswer::default(),
+    });
+    Ok(SubscriptionReply::Ok(McastSubInfo { mcast_info, fmtp_addr, answer }))
+}
+
+/// The ldm7 extension's words after its magic and version, if the record goes on with it
+/// (`None` at the record's end). Anything else after a reference body is refused, as before.
+fn decode_extension(decoder: &mut Decoder<'_>) -> Result<Option<Vec<u32>>, XdrError> {
+    if decoder.remaining() == 0 {
+        return Ok(None);
+    }
+    let magic = decoder.u32("extension magic")?;
+    if magic != EXTENSION_MAGIC {
+        return Err(XdrError::Invalid { field: "extension magic", value: magic.into() });
+    }
+    let version = decoder.u32("extension version")?;
+    if version == 0 {
+        return Err(XdrError::Invalid { field: "extension version", value: 0 });
+    }
+    let mut words = Vec::new();
+    while decoder.remaining() >= 4 && words.len() < 64 {
+        words.push(decoder.u32("extension word")?);
+    }
+    Ok(Some(words))
+}
+
+/// Appends the extension: magic, version, words.
+fn encode_extension(encoder: &mut Encoder<'_>, words: &[u32]) {
+    encoder.u32(EXTENSION_MAGIC);
+    encoder.u32(EXTENSION_VERSION);
+    for word in words {
+        encoder.u32(*word);
+    }
 }
 
 /// The address in a `CidrAddr` word: its little-endian bytes are the dotted quad (see
@@ -688,6 +772,9 @@ pub fn encode_call(out: &mut Vec<u8>, call: &Call) {
             encoder.string(&request.vc_end.switch_id);
             encoder.string(&request.vc_end.port_id);
             encoder.u32(u32::from(request.vc_end.vlan_id));
+            if let Some(offer) = request.offer {
+                encode_extension(encoder, &[if offer.parity { OFFER_PARITY } else { 0 }]);
+            }
         }),
         Ldm7Call::RequestProduct(index) => call_record(out, xid, Proc::RequestProduct, |encoder| encoder.u32(*index)),
         Ldm7Call::RequestBacklog(spec) => call_record(out, xid, Proc::RequestBacklog, |encoder| {
@@ -748,6 +835,12 @@ pub fn encode_reply(out: &mut Vec<u8>, xid: u32, body: &ReplyBody) {
                 encoder.string(&info.mcast_info.server);
                 encoder.u32(quirk_word(info.fmtp_addr.addr));
                 encoder.u32(u32::from(info.fmtp_addr.prefix_len));
+                if let Some(answer) = info.answer {
+                    let parity = answer
+                        .parity
+                        .map_or([0; 3], |parity| [parity.group_blocks, parity.shards, u32::from(parity.port)]);
+                    encode_extension(&mut encoder, &parity);
+                }
             }
         }
     }
@@ -763,6 +856,7 @@ mod tests {
         let info = McastSubInfo {
             mcast_info: McastInfo { feed: FeedType::ANY, group: "g:1".into(), server: "s:2".into() },
             fmtp_addr: CidrAddr { addr: Ipv4Addr::new(10, 0, 0, 5), prefix_len: 24 },
+            answer: None,
         };
         let mut out = Vec::new();
         encode_reply(&mut out, 7, &ReplyBody::Subscribe(SubscriptionReply::Ok(info.clone())));
@@ -786,7 +880,10 @@ mod tests {
     fn out_of_range_shorts_and_prefixes_are_invalid() {
         let mut out = Vec::new();
         let vc_end = VcEndPoint { switch_id: String::new(), port_id: String::new(), vlan_id: 0 };
-        encode_call(&mut out, &Call { xid: 1, call: Ldm7Call::Subscribe(McastSubReq { feed: FeedType::EXP, vc_end }) });
+        encode_call(
+            &mut out,
+            &Call { xid: 1, call: Ldm7Call::Subscribe(McastSubReq { feed: FeedType::EXP, vc_end, offer: None }) },
+        );
         let at = out.len() - 4;
         out[at..].copy_from_slice(&0x1_0000u32.to_be_bytes());
         assert!(matches!(
@@ -796,12 +893,74 @@ mod tests {
         let info = McastSubInfo {
             mcast_info: McastInfo { feed: FeedType::ANY, group: String::new(), server: String::new() },
             fmtp_addr: CidrAddr { addr: Ipv4Addr::LOCALHOST, prefix_len: 33 },
+            answer: None,
         };
         let mut out = Vec::new();
         encode_reply(&mut out, 1, &ReplyBody::Subscribe(SubscriptionReply::Ok(info)));
         assert!(matches!(
             decode_message(out[4..].to_vec(), |_| Some(Proc::Subscribe)),
             Err(XdrError::Invalid { field: "prefixLen", value: 33 })
+        ));
+    }
+
+    #[test]
+    fn the_ldm7_extension_round_trips_and_leaves_reference_records_unchanged() {
+        let vc_end = VcEndPoint::unused();
+        let plain = McastSubReq { feed: FeedType::EXP, vc_end: vc_end.clone(), offer: None };
+        let offered = McastSubReq { offer: Some(SubscribeOffer { parity: true }), ..plain.clone() };
+        let (mut plain_bytes, mut offered_bytes) = (Vec::new(), Vec::new());
+        encode_call(&mut plain_bytes, &Call { xid: 3, call: Ldm7Call::Subscribe(plain) });
+        encode_call(&mut offered_bytes, &Call { xid: 3, call: Ldm7Call::Subscribe(offered.clone()) });
+        // The reference's record, then three words: magic, version, flags.
+        assert_eq!(offered_bytes.len(), plain_bytes.len() + 12);
+        assert_eq!(offered_bytes[4..plain_bytes.len()], plain_bytes[4..]);
+        assert_eq!(offered_bytes[plain_bytes.len()..plain_bytes.len() + 4], *b"ldm7");
+        let decoded = decode_message(offered_bytes[4..].to_vec(), |_| None).unwrap();
+        assert_eq!(decoded, Message::Call(Call { xid: 3, call: Ldm7Call::Subscribe(offered) }));
+
+        let info = |answer| McastSubInfo {
+            mcast_info: McastInfo {
+                feed: FeedType::EXP,
+                group: "239.0.0.1:38800".into(),
+                server: "10.0.0.1:38801".into(),
+            },
+            fmtp_addr: CidrAddr { addr: Ipv4Addr::new(10, 0, 0, 5), prefix_len: 32 },
+            answer,
+        };
+        for answer in [
+            None,
+            Some(SubscribeAnswer::default()),
+            Some(SubscribeAnswer { parity: Some(ParityAnswer { group_blocks: 256, shards: 16, port: 38801 }) }),
+        ] {
+            let mut out = Vec::new();
+            encode_reply(&mut out, 3, &ReplyBody::Subscribe(SubscriptionReply::Ok(info(answer))));
+            let decoded = decode_message(out[4..].to_vec(), |_| Some(Proc::Subscribe)).unwrap();
+            let expected = ReplyBody::Subscribe(SubscriptionReply::Ok(info(answer)));
+            assert_eq!(decoded, Message::Reply(Reply { xid: 3, body: expected }), "{answer:?}");
+        }
+
+        // A later version's extra words are skipped; what is not the extension is refused.
+        let mut later = Vec::new();
+        encode_call(
+            &mut later,
+            &Call { xid: 4, call: Ldm7Call::Subscribe(McastSubReq { feed: FeedType::EXP, vc_end, offer: None }) },
+        );
+        later.extend_from_slice(&EXTENSION_MAGIC.to_be_bytes());
+        later.extend_from_slice(&2u32.to_be_bytes());
+        later.extend_from_slice(&1u32.to_be_bytes());
+        later.extend_from_slice(&7u32.to_be_bytes());
+        let mut junk = later.clone();
+        let Message::Call(Call { call: Ldm7Call::Subscribe(request), .. }) =
+            decode_message(later[4..].to_vec(), |_| None).unwrap()
+        else {
+            panic!("not a SUBSCRIBE")
+        };
+        assert_eq!(request.offer, Some(SubscribeOffer { parity: true }));
+        let at = junk.len() - 16;
+        junk[at..at + 4].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+        assert!(matches!(
+            decode_message(junk[4..].to_vec(), |_| None),
+            Err(XdrError::Invalid { field: "extension magic", .. })
         ));
     }
 }

@@ -107,7 +107,7 @@ fn every_ldm7_record_of_the_capture_round_trips_byte_for_byte() {
         client[0],
         Message::Call(Call {
             xid: 0x6a08_636d,
-            call: Ldm7Call::Subscribe(McastSubReq { feed: FeedType::ANY, vc_end: VcEndPoint::unused() })
+            call: Ldm7Call::Subscribe(McastSubReq { feed: FeedType::ANY, vc_end: VcEndPoint::unused(), offer: None })
         })
     );
 
@@ -119,6 +119,7 @@ fn every_ldm7_record_of_the_capture_round_trips_byte_for_byte() {
             server: "10.77.0.1:42263".into(),
         },
         fmtp_addr: CidrAddr { addr: Ipv4Addr::new(10, 77, 0, 2), prefix_len: 32 },
+        answer: None,
     };
     assert_eq!(
         server[0],
@@ -221,6 +222,7 @@ fn call() -> impl Strategy<Value = Ldm7Call> {
             Ldm7Call::Subscribe(McastSubReq {
                 feed: FeedType(feed),
                 vc_end: VcEndPoint { switch_id, port_id, vlan_id },
+                offer: None,
             })
         }),
         any::<u32>().prop_map(Ldm7Call::RequestProduct),
@@ -248,6 +250,7 @@ fn reply_body() -> impl Strategy<Value = ReplyBody> {
             SubscriptionReply::Ok(McastSubInfo {
                 mcast_info: McastInfo { feed: FeedType(feed), group, server },
                 fmtp_addr: CidrAddr { addr: Ipv4Addr::from(octets), prefix_len },
+                answer: None,
             })
         },
     );
@@ -372,8 +375,11 @@ fn bounds_are_enforced_before_allocating() {
     // A switch id over the bound.
     let long = "x".repeat(STRING_LEN_MAX + 1);
     let mut record = Vec::new();
-    let request =
-        McastSubReq { feed: FeedType::EXP, vc_end: VcEndPoint { switch_id: long, port_id: String::new(), vlan_id: 1 } };
+    let request = McastSubReq {
+        feed: FeedType::EXP,
+        vc_end: VcEndPoint { switch_id: long, port_id: String::new(), vlan_id: 1 },
+        offer: None,
+    };
     encode_call(&mut record, &Call { xid: 1, call: Ldm7Call::Subscribe(request) });
     assert!(matches!(decode_message(record[4..].to_vec(), |_| None), Err(XdrError::TooLong { field: "switchId", .. })));
 

@@ -57,13 +57,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate};
+use ldm7_fmtp::udp::{MulticastConfig, receive_buffer_bytes};
 use ldm7_fmtp::{FmtpReceiver, ReceivedProduct, ReceiverNotice, ReceiverOptions};
-use ldm7_fmtp_proto::{ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
+use ldm7_fmtp_proto::{ParityChoice, ParityConfig, ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
 use ldm7_io::log_target::PRODUCT;
 use ldm7_io::{Backoff, Clock};
 use ldm7_ldm_proto::{
-    BacklogSpec, McastSubInfo, SessionError, Subscriber, SubscriberConfig, SubscriberEvent, VcEndPoint,
+    BacklogSpec, McastSubInfo, SessionError, SubscribeAnswer, SubscribeOffer, Subscriber, SubscriberConfig,
+    SubscriberEvent, VcEndPoint,
 };
 use ldm7_pq::{InsertError, InsertOutcome, Queue};
 use ldm7_types::{ProdInfo, Signature, Timestamp};
@@ -91,6 +92,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound: resolved products remembered beyond the resume prefix (it holds when one product stays
 /// unresolved for long).
 const RESUME_RESOLVED_MAX: usize = 1 << 20;
+/// Drops at this host are logged at most this often.
+const HOST_DROPS_LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// How long the FMTP receiver keeps trying to reach the repair server.
 const REPAIR_CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -119,6 +123,9 @@ pub struct SubscriberCounters {
     pub corrupt: AtomicU64,
     /// Products that could not be inserted (too big for the queue, storage failure).
     pub insert_errors: AtomicU64,
+    /// Multicast datagrams the kernel dropped at this host (the receiving socket's buffer was
+    /// full): "dropped at this host", apart from the path's loss.
+    pub host_drops: AtomicU64,
 }
 
 /// What a subscriber needs from the server.
@@ -262,6 +269,8 @@ impl Session<'_> {
         let mut config = SubscriberConfig::new(self.receive.feedtype);
         config.vc_end = vc_end(self.receive);
         config.upstream_host = Some(self.receive.host.clone());
+        // The ldm7 extension: offered to every publisher (a reference one skips it).
+        config.offer = Some(SubscribeOffer { parity: self.settings.parity != ParityChoice::Off });
         let session = Subscriber::new(Clock::now(), config);
         match self.drive(stream, session).await {
             Ok(()) => SessionEnd::Closed,
@@ -283,18 +292,30 @@ impl Session<'_> {
         let mut newest_index: Option<u32> = None;
         let mut last_save = Clock::now();
         let mut unsaved = false;
+        // The kernel's drop count of this session's receiver, as last accounted.
+        let mut host_drops_seen = 0u64;
+        let mut host_drops_logged: Option<ldm7_types::Instant> = None;
         let result = 'session: loop {
             // Events of the control session.
             while let Some(event) = session.poll_event() {
                 match event {
                     SubscriberEvent::Subscribed { info } => {
                         receiver = Some(self.start_receiver(&info)?);
+                        host_drops_seen = 0;
                         self.counters.subscriptions.fetch_add(1, Ordering::Relaxed);
                         if std::mem::take(self.in_outage) {
                             tracing::info!("{}: resubscribed", self.name);
                         }
+                        let repair = match info.answer {
+                            None => "unicast repairs (the publisher is not ldm7)".to_owned(),
+                            Some(SubscribeAnswer { parity: None }) => "unicast repairs (no parity)".to_owned(),
+                            Some(SubscribeAnswer { parity: Some(parity) }) => format!(
+                                "parity repair {}/{} on port {}",
+                                parity.group_blocks, parity.shards, parity.port
+                            ),
+                        };
                         tracing::info!(
-                            "{}: subscribed: group {}, FMTP server {}, FMTP address {}",
+                            "{}: subscribed: group {}, FMTP server {}, FMTP address {}, {repair}",
                             self.name,
                             info.mcast_info.group,
                             info.mcast_info.server,
@@ -347,6 +368,13 @@ impl Session<'_> {
                     }
                     SubscriberEvent::Unserved(call) => tracing::warn!("{}: {call}", self.name),
                     SubscriberEvent::Closed(result) => break 'session result.map_err(SessionEnd::from),
+                }
+            }
+            if let Some(receiver) = &receiver {
+                let drops = receiver.driver_counters().host_drops;
+                if drops > host_drops_seen {
+                    self.on_host_drops(drops - host_drops_seen, &mut host_drops_logged);
+                    host_drops_seen = drops;
                 }
             }
             if unsaved && Clock::now() - last_save >= SAVE_EVERY {
@@ -464,6 +492,32 @@ impl Session<'_> {
         }
     }
 
+    /// Accounts datagrams the kernel dropped at this host since the last look, and says so at
+    /// most once a minute with what to do.
+    fn on_host_drops(&self, new: u64, logged: &mut Option<ldm7_types::Instant>) {
+        let total = self.counters.host_drops.fetch_add(new, Ordering::Relaxed) + new;
+        let stats = &self.context.stats;
+        stats.record_host_drops(
+            &ldm7_metrics::Link::new(
+                self.receive.feedtype,
+                crate::stats::node_name(&self.receive.host, self.port),
+                stats.name(),
+            ),
+            Timestamp::from_system_time(SystemTime::now()),
+            new,
+        );
+        let now = Clock::now();
+        if logged.is_none_or(|at| now - at >= HOST_DROPS_LOG_EVERY) {
+            *logged = Some(now);
+            tracing::warn!(
+                "{}: {total} multicast datagrams dropped at this host so far (the receiving socket's buffer was full; \
+                 each is repaired): give the subscriber more CPU, or a larger buffer (receive_gap in ldm7.toml, \
+                 net.core.rmem_max); docs/ldm7.md \"Receive path\"",
+                self.name
+            );
+        }
+    }
+
     /// Starts the FMTP receiver for a subscription.
     fn start_receiver(&mut self, info: &McastSubInfo) -> Result<FmtpReceiver, SessionEnd> {
         let reply = |why: String| SessionEnd::Reply(why);
@@ -505,9 +559,12 @@ impl Session<'_> {
             interface_index: 0,
             ttl: 1,
             loopback: true,
-            buffer_bytes: buffer_bytes_for_rate(rate),
+            buffer_bytes: receive_buffer_bytes(rate, self.settings.receive_gap),
         };
+        // Parity as the publisher answered (never offered with `parity = "off"`).
+        let parity = info.answer.and_then(|answer| answer.parity).filter(|_| self.settings.parity != ParityChoice::Off);
         let mut options = ReceiverOptions::new(multicast, server);
+        options.parity_group = parity.map(|answer| SocketAddr::new(group.ip(), answer.port));
         options.mac_level = self.settings.mac_level;
         if let Some(path) = &self.settings.pin {
             // Never without the pin it asks for: a file unreadable now ends the session.
@@ -519,7 +576,11 @@ impl Session<'_> {
             receive_timer: ReceiveTimer { rate_bits_per_s: rate, ..ReceiveTimer::default() },
             in_flight_bytes_max: in_flight,
             product_size_max: u32::try_from(in_flight.min(u64::from(u32::MAX))).unwrap_or(u32::MAX),
-            parity: self.settings.parity,
+            parity: parity.map(|answer| ParityConfig {
+                group_blocks: answer.group_blocks,
+                shards: answer.shards,
+                ..ParityConfig::default()
+            }),
             ..ReceiverConfig::default()
         };
         let spool = if self.settings.spool_dir.is_absolute() {

@@ -44,11 +44,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate};
-use ldm7_fmtp::{FmtpSender, SenderNotice, SenderOptions};
+use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate, parity_group_of};
+use ldm7_fmtp::{FmtpSender, ParityConfig, SenderNotice, SenderOptions};
 use ldm7_fmtp_proto::{DeadlinePolicy, Pacing, Product, ProductIndex, SenderConfig, SenderEvent, WallClock};
 use ldm7_io::Clock;
-use ldm7_ldm_proto::{CidrAddr, Ldm7Status, McastInfo, McastSubInfo, VcEndPoint};
+use ldm7_ldm_proto::{
+    CidrAddr, Ldm7Status, McastInfo, McastSubInfo, ParityAnswer, SubscribeAnswer, SubscribeOffer, VcEndPoint,
+};
 use ldm7_net::hostcfg::Ipv4Cidr;
 use ldm7_net::path::{Endpoint, Leg, PathError, PathService};
 use ldm7_pq::Queue;
@@ -279,8 +281,9 @@ impl Multicaster {
         peer: &PeerHost,
         feed: FeedType,
         vc_end: &VcEndPoint,
+        offer: Option<SubscribeOffer>,
     ) -> Result<Subscription, Refusal> {
-        let result = self.try_subscribe(config, peer, feed, vc_end);
+        let result = self.try_subscribe(config, peer, feed, vc_end, offer);
         match &result {
             Ok(_) => self.counters.subscriptions.fetch_add(1, Ordering::Relaxed),
             Err(_) => self.counters.refusals.fetch_add(1, Ordering::Relaxed),
@@ -294,6 +297,7 @@ impl Multicaster {
         peer: &PeerHost,
         feed: FeedType,
         vc_end: &VcEndPoint,
+        offer: Option<SubscribeOffer>,
     ) -> Result<Subscription, Refusal> {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(Refusal::ShuttingDown);
@@ -337,6 +341,28 @@ impl Multicaster {
         // the address on its interface); else the subscriber keeps its own address.
         let wants_pool = entry.attachment.is_set() || names_attachment(vc_end);
         let (fmtp_addr, from_pool) = feed.admit(subscriber, wants_pool)?;
+        // Parity for an ldm7 subscriber that offers it, unless another feed's group has the
+        // port its shards go to (they would reach that feed's receivers).
+        let parity = match feed.parity {
+            Some((parity, to)) if offer.is_some_and(|offer| offer.parity) => {
+                let taken = config.multicasts.iter().any(|other| {
+                    other.feedtype != entry.feedtype
+                        && other.group == *to.ip()
+                        && other.group_port.unwrap_or(self.server_port) == to.port()
+                });
+                if taken {
+                    tracing::warn!(
+                        "{}: no parity repair: its shards would go to {to}, another feed's group; give that feed \
+                         another port",
+                        feed.name
+                    );
+                    None
+                } else {
+                    Some(ParityAnswer { group_blocks: parity.group_blocks, shards: parity.shards, port: to.port() })
+                }
+            }
+            _ => None,
+        };
         let mut subscription = Subscription {
             multicaster: self.clone(),
             feed: feed.clone(),
@@ -350,6 +376,7 @@ impl Multicaster {
                     server: feed.retx_addr.to_string(),
                 },
                 fmtp_addr,
+                answer: offer.map(|_| SubscribeAnswer { parity }),
             },
             filter,
         };
@@ -683,6 +710,8 @@ pub struct Feed {
     rate_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Receivers that left right after their key exchange, and the hosts held off for it.
     key_refusals: Arc<Mutex<KeyRefusals>>,
+    /// The parity coding, and where shards go (`None`: parity off).
+    parity: Option<(ParityConfig, SocketAddrV4)>,
 }
 
 impl Feed {
@@ -747,11 +776,16 @@ impl Feed {
             Deadline::Constant(duration) => DeadlinePolicy::Constant(duration),
             Deadline::Proportional { factor, min } => DeadlinePolicy::Proportional { f_snd: factor, min },
         };
-        proto.parity = settings.parity;
+        let parity = settings.parity_config().map(|config| {
+            let SocketAddr::V4(to) = parity_group_of(SocketAddr::V4(group)) else { unreachable!("an IPv4 group") };
+            (config, to)
+        });
+        proto.parity = parity.map(|(config, _)| config);
         let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
         let mut options = SenderOptions::new(multicast, retx_listen, proto);
         options.mac_level = settings.mac_level;
         options.mac_rotation = settings.mac_rotation;
+        options.parity_group = parity.map(|(_, to)| SocketAddr::V4(to));
         if let Some(path) = &settings.identity {
             // Checked when the settings were read; a file changed since is an error now.
             let identity =
@@ -807,6 +841,7 @@ impl Feed {
             rate_control: violation_monitor.clone(),
             rate_task: Mutex::new(None),
             key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
+            parity,
         });
         if let (Some(control), Some(settings)) = (&violation_monitor, &feed.settings.rate_control) {
             let shaped_interface = rate_control::shaped_interface(interface);

@@ -71,10 +71,10 @@ pub(crate) fn serve(
                     tracing::warn!("{peer}: {call}; answered as RPC does");
                 }
                 InboundEvent::Ldm6(other) => tracing::debug!("{peer}: LDM-6 event before LDM-7: {other:?}"),
-                InboundEvent::Ldm7(PublisherEvent::Subscribe { feed, vc_end }) => {
+                InboundEvent::Ldm7(PublisherEvent::Subscribe { feed, vc_end, offer }) => {
                     tracing::info!("Incoming subscription request from {peer} for feed {feed}");
                     let config = shared.config();
-                    match shared.multicaster.subscribe(&config, peer, feed, &vc_end) {
+                    match shared.multicaster.subscribe(&config, peer, feed, &vc_end, offer) {
                         Ok(admitted) => {
                             let info = &admitted.info;
                             tracing::info!(
