@@ -52,6 +52,60 @@ pub struct PlanArgs {
     /// Draw rate and buffer against time into this PNG file.
     #[arg(long, value_name = "FILE")]
     pub png: Option<PathBuf>,
+    /// Subscribers the repairs are planned for (the publisher's `subscribers_max`).
+    #[arg(long, default_value_t = ldm7_fmtp::PLANNED_SUBSCRIBERS_DEFAULT)]
+    pub subscribers: u32,
+    /// Each subscriber's loss, a share (the publisher's `parity_loss`).
+    #[arg(long, default_value_t = ldm7_fmtp::PLANNED_LOSS_DEFAULT)]
+    pub loss: f64,
+    /// How losses are repaired: `auto` (parity as ldm7 peers negotiate it), GROUP/SHARDS, or
+    /// `off` (unicast retransmissions, as with reference subscribers).
+    #[arg(long, value_name = "auto|off|GROUP/SHARDS", default_value = "auto")]
+    pub parity: ldm7_fmtp::ParityChoice,
+    /// The longest time a subscriber's host may not read the multicast (its `receive_gap`).
+    #[arg(long, default_value = "500ms", value_parser = crate::common::duration_arg)]
+    pub receive_gap: Duration,
+}
+
+impl PlanArgs {
+    /// The repair budget of the planned subscribers at the planned loss.
+    fn repairs(&self) -> (String, ldm7_plan::RepairBudget) {
+        let repair = match self.parity.resolve(self.subscribers, self.loss) {
+            Some(parity) => ldm7_plan::Repair::Parity { group_blocks: parity.group_blocks, shards: parity.shards },
+            None => ldm7_plan::Repair::Unicast,
+        };
+        let how = match repair {
+            ldm7_plan::Repair::Parity { group_blocks, shards } => format!("parity {group_blocks}/{shards}"),
+            ldm7_plan::Repair::Unicast => "unicast retransmissions".to_owned(),
+        };
+        (how, ldm7_plan::repair_budget(self.subscribers, self.loss, repair))
+    }
+
+    /// What repairs add to a data rate, and the receive buffer a subscriber needs at the
+    /// resulting path rate (docs/planning.md "Repairs").
+    fn repair_lines(&self, data_rate_bps: f64) -> String {
+        let (how, budget) = self.repairs();
+        let path_rate = data_rate_bps * (1.0 + budget.share);
+        let buffer = ldm7_plan::repair::receive_buffer_bytes(path_rate, self.receive_gap.as_secs_f64())
+            .max(4.0 * 1024.0 * 1024.0);
+        format!(
+            "repairs   {} subscribers at {}% loss, {how}: {:.2}% of the data ({:.2}% by unicast); the path needs \
+             {} Mbit/s for {} of data; HTB repair share (lab retx_share) {:.3}\n\
+             receive   each subscriber's buffer for a {} gap at {} Mbit/s: {:.1} MB (receive_gap in ldm7.toml; \
+             above net.core.rmem_max it needs root, else `sysctl -w net.core.rmem_max={}`)\n",
+            self.subscribers,
+            self.loss * 100.0,
+            budget.share * 100.0,
+            budget.unicast_share * 100.0,
+            mbit(path_rate),
+            mbit(data_rate_bps),
+            budget.path_share(),
+            ldm7_types::units::format_duration(self.receive_gap),
+            mbit(path_rate),
+            buffer / 1e6,
+            buffer.ceil() as u64
+        )
+    }
 }
 
 /// The products to plan for, in time order.
@@ -95,6 +149,8 @@ pub fn run(args: &PlanArgs) -> CmdResult {
     let rates: Vec<f64> = args.sweep.iter().map(|rate| rate.bits_per_s() as f64).collect();
     let sweep = ldm7_plan::sweep(&offered.arrivals, &rates).map_err(bad_input)?;
     print!("{}", summary(&offered, args, &plans, &sweep));
+    let busiest = plans.iter().map(|plan| plan.held_rate_bps).fold(0.0, f64::max);
+    print!("{}", args.repair_lines(busiest));
     if let Some(path) = &args.csv {
         write_csv(path, &[(None, offered.start, &plans)]).map_err(runtime)?;
         println!("intervals written to {}", path.display());
@@ -229,6 +285,8 @@ fn plan_feeds(args: &PlanArgs, config: &PlanConfig, feeds: &[Offered]) -> CmdRes
             args.rate_max
         );
     }
+    // Each feed is its own group and path: the repairs scale each; summed here.
+    print!("{}", args.repair_lines(rate_sum));
     if let Some(path) = &args.csv {
         let rows: Vec<(Option<&str>, Timestamp, &[IntervalPlan])> =
             feeds.iter().zip(&planned).map(|(feed, plans)| (feed.feed, feed.start, plans.as_slice())).collect();

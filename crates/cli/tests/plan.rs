@@ -104,3 +104,24 @@ fn bad_settings_and_inputs_are_refused_clearly() {
     refused(&["plan", "--trace", path(&dir.path().join("absent.txt"))], "cannot read trace");
     refused(&["plan"], "--trace");
 }
+
+#[test]
+fn the_repair_budget_and_the_receive_buffer_are_planned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("t.txt");
+    // 8 Mbit/s of data: 1 MB a second for ten seconds.
+    let lines: String = (0..10).map(|second| format!("1000000 2024010100000{second}.000\n")).collect();
+    std::fs::write(&trace, lines).expect("write");
+    let base = ["plan", "--trace", path(&trace), "--interval", "1h", "--wait", "1s", "--rate-step", "1000000"];
+    let parity = ok(&[&base[..], &["--subscribers", "570", "--loss", "0.01"]].concat());
+    assert!(parity.contains("570 subscribers at 1% loss, parity 256/16: 3.38% of the data"), "{parity}");
+    assert!(parity.contains("HTB repair share (lab retx_share) 0.033"), "{parity}");
+    let unicast = ok(&[&base[..], &["--subscribers", "570", "--parity", "off"]].concat());
+    assert!(unicast.contains("unicast retransmissions: 570.00% of the data"), "{unicast}");
+    let buffer = ok(&[&base[..], &["--receive-gap", "2s", "--rate-max", "400M", "--rate-min", "400M"]].concat());
+    // 400 Mbit/s × 1.0x for 2 s: about 100 MB.
+    assert!(buffer.contains("each subscriber's buffer for a 2s gap at 4"), "{buffer}");
+    let bad = ldm7(&[&base[..], &["--parity", "100/3"]].concat());
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("power of two"), "{}", String::from_utf8_lossy(&bad.stderr));
+}

@@ -108,9 +108,12 @@ fn parity_between_ldm7_peers_leaves_a_reference_subscriber_of_the_feed_unchanged
     let neighbor = pairing.neighbor.take().expect("linked");
     let mut peer = pairing.node_in(&neighbor, Kind::Ldm7, "peer", Role::Subscriber { port: SUBSCRIBER_PORT }, 0);
     neighbor.lose_datagrams(GROUP_PORT, 0.05).expect("iptables");
-    pairing.publisher.start();
+    pairing.start();
     peer.start();
-    pairing.subscriber.start();
+    wait_for(DELIVERY_WAIT, "the ldm7 subscriber's repair connection", || {
+        Ok(peer.log().contains("FMTP repair connection to").then_some(()))
+    })
+    .unwrap_or_else(|error| panic!("{error}\n{}", tail(&peer.log())));
     pairing.insert(0..60);
     let expected: HashSet<Signature> = (0..60).map(|k| pairing.products.signature(k)).collect();
     peer.wait_for_all(&expected, DELIVERY_WAIT);
@@ -122,6 +125,14 @@ fn parity_between_ldm7_peers_leaves_a_reference_subscriber_of_the_feed_unchanged
         .find(|line| line.contains("parity repair") && line.contains(&format!("on port {}", GROUP_PORT + 1)))
         .unwrap_or_else(|| panic!("the ldm7 subscriber was granted parity:\n{}", tail(&peer_log)));
     eprintln!("ldm7 subscriber: {granted}");
+    pairing.publisher.stop();
+    let publisher_log = pairing.publisher.log();
+    let totals = publisher_log
+        .lines()
+        .find(|line| line.contains("FMTP totals"))
+        .unwrap_or_else(|| panic!("the publisher's totals:\n{}", tail(&publisher_log)));
+    eprintln!("ldm7 publisher: {totals}");
+    assert!(!totals.contains(" 0 parity shards multicast"), "shards were multicast: {totals}");
     let reference_log = pairing.subscriber.log();
     assert!(
         !reference_log.contains("Ignoring invalid message type"),

@@ -56,25 +56,19 @@ impl Default for ParityConfig {
 
 /// The loss a publisher plans parity for when its settings name none (the design's 1%).
 pub const PLANNED_LOSS_DEFAULT: f64 = 0.01;
-/// The data blocks per group a publisher chooses (docs/parity.md "Defaults").
-pub const GROUP_BLOCKS_DEFAULT: u32 = 256;
-/// The fewest parity shards a publisher chooses per group.
-pub const SHARDS_MIN: u32 = 8;
-/// How sure the chosen shard count is to cover the most unlucky subscriber's losses in a group.
-pub const SHARDS_CONFIDENCE: f64 = 0.999;
 
 impl ParityConfig {
     /// The coding a publisher chooses for a feed of `subscribers`, each losing `loss` of the
-    /// datagrams independently (docs/parity.md "Defaults"): groups of [`GROUP_BLOCKS_DEFAULT`]
-    /// blocks; as shards, the smallest power of two from [`SHARDS_MIN`] to 256 that covers the
-    /// largest loss count of any subscriber in a group with probability [`SHARDS_CONFIDENCE`]
-    /// (the count's distribution: the largest of `subscribers` binomial(group, loss) draws).
-    /// A group that loses more at a subscriber is repaired by RETX_REQ, as without parity.
+    /// datagrams independently (docs/parity.md "Defaults"; the rule is
+    /// [`ldm7_plan::repair::parity_for`]): groups of 256 blocks, and as shards the smallest
+    /// power of two from 8 to 256 that covers the largest loss count of any subscriber in a
+    /// group with probability 0.999. A group that loses more at a subscriber is repaired by
+    /// RETX_REQ, as without parity.
     pub fn for_feed(subscribers: u32, loss: f64) -> Self {
-        let group_blocks = GROUP_BLOCKS_DEFAULT;
-        let needed = largest_loss_quantile(group_blocks, loss, subscribers.max(1), SHARDS_CONFIDENCE);
-        let shards = needed.max(SHARDS_MIN).checked_next_power_of_two().unwrap_or(256).min(256);
-        Self { group_blocks, shards, ..Self::default() }
+        match ldm7_plan::repair::parity_for(subscribers, loss) {
+            ldm7_plan::Repair::Parity { group_blocks, shards } => Self { group_blocks, shards, ..Self::default() },
+            ldm7_plan::Repair::Unicast => Self::default(),
+        }
     }
 
     /// Checks the settings.
@@ -321,34 +315,6 @@ impl std::fmt::Display for ParityChoice {
     }
 }
 
-/// The smallest `k` such that the largest of `draws` independent binomial(`n`, `p`) counts is at
-/// most `k` with probability ≥ `confidence`.
-fn largest_loss_quantile(n: u32, p: f64, draws: u32, confidence: f64) -> u32 {
-    if p.is_nan() || p <= 0.0 {
-        return 0;
-    }
-    let p = p.min(0.5);
-    // P(max ≤ k) = F(k)^draws ≥ confidence ⇔ F(k) ≥ confidence^(1/draws).
-    let wanted = (confidence.ln() / f64::from(draws)).exp();
-    let pmf: Vec<f64> = {
-        let mut pmf = Vec::with_capacity(n as usize + 1);
-        let mut term = (1.0 - p).powi(n as i32);
-        for k in 0..=n {
-            pmf.push(term);
-            term *= f64::from(n - k) / f64::from(k + 1) * p / (1.0 - p);
-        }
-        pmf
-    };
-    // The upper tail summed from the top, for precision near 1.
-    let mut tail = 0.0;
-    let mut tails = vec![0.0; n as usize + 2];
-    for k in (0..=n as usize).rev() {
-        tail += pmf[k];
-        tails[k] = tail;
-    }
-    (0..=n).find(|&k| 1.0 - tails[k as usize + 1] >= wanted).unwrap_or(n)
-}
-
 /// Reed–Solomon coding failed (shard counts or lengths the code does not take, or too few
 /// shards): a bug or a datagram that lies about its coding.
 #[derive(Debug, thiserror::Error)]
@@ -362,7 +328,6 @@ mod tests {
     #[test]
     fn the_publisher_rule_covers_the_most_unlucky_subscriber() {
         // At 1%: 256 blocks, the largest of 570 counts is ≤ 13 with probability 0.999.
-        assert_eq!(largest_loss_quantile(256, 0.01, 570, SHARDS_CONFIDENCE), 13);
         let chosen = |n, p| {
             let config = ParityConfig::for_feed(n, p);
             config.validate().unwrap();

@@ -32,7 +32,7 @@ pub mod stream;
 pub mod udp;
 
 pub use ldm7_fmtp_proto::mac::MacLevel;
-pub use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, ParityChoice, ParityConfig};
+pub use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig};
 pub use receiver::{
     ConnectionState, FmtpReceiver, ReceiveError, ReceivedProduct, ReceiverBounds, ReceiverDriverCounters,
     ReceiverNotice, ReceiverOptions, ReceiverReport,

@@ -13,11 +13,16 @@
 //!   `w'_i = q(a_i) / R_k`;
 //! * the ideal rate: the smallest `R_k` with `w'_i ≤ W` for every product of the interval.
 //!
+//! [`repair`] is the repair budget: what subscribers' losses cost on top of the data, by
+//! unicast or by parity, and the receive buffer a subscriber needs.
+//!
 //! [`violation`] is the research's online monitor: from the latencies subscribers see, whether
 //! the feed's path rate should step up for the next interval (or back down after calm ones).
 
 pub mod interval;
+pub mod repair;
 pub mod violation;
 
 pub use interval::{Arrival, IntervalPlan, Occupancy, PlanConfig, PlanError, occupancy, plan, sweep};
+pub use repair::{Repair, RepairBudget, repair_budget};
 pub use violation::{Decision, Delivery, MonitorConfig, ViolationMonitor};

@@ -539,7 +539,11 @@ impl RawLab {
         }
         let mut feeds: Vec<FeedSpec> = Vec::new();
         for (index, raw) in self.feeds.into_iter().enumerate() {
-            let feed = raw.validate(index, &host_names)?;
+            let share_given = raw.retx_share.is_some();
+            let mut feed = raw.validate(index, &host_names)?;
+            if !share_given {
+                feed.retx_share = planned_retx_share(&feed, &hosts);
+            }
             if feeds.iter().any(|f| f.name == feed.name) {
                 return Err(SpecError::DuplicateFeed { feed: feed.name });
             }
@@ -648,6 +652,20 @@ impl RawFeed {
     }
 }
 
+/// The share of a feed's path rate its repairs need, as `ldm7 plan` computes it
+/// (`ldm7_plan::repair`): parity repair as ldm7 peers negotiate it, for the feed's subscribers
+/// at the largest loss among them; at least [`crate::tc::DEFAULT_RETX_SHARE`].
+fn planned_retx_share(feed: &FeedSpec, hosts: &[HostSpec]) -> f64 {
+    let loss = hosts
+        .iter()
+        .filter(|host| feed.subscribers.contains(&host.name))
+        .map(|host| host.loss.percent() / 100.0)
+        .fold(0.0, f64::max);
+    let subscribers = u32::try_from(feed.subscribers.len()).unwrap_or(u32::MAX);
+    let budget = ldm7_plan::repair_budget(subscribers, loss, ldm7_plan::repair::parity_for(subscribers, loss));
+    budget.path_share().clamp(crate::tc::DEFAULT_RETX_SHARE, 0.99)
+}
+
 fn check_name(what: &'static str, name: &str, max_len: usize, letter_first: bool) -> Result<(), SpecError> {
     let valid = !name.is_empty()
         && name.len() <= max_len
@@ -691,6 +709,22 @@ multicast_group = "239.1.2.3"
 multicast_port = 38800
 delay = { pub = "20ms" }
 "#;
+
+    #[test]
+    fn the_repair_share_follows_the_plan_unless_given() {
+        let spec = LabSpec::from_toml_str(SPEC).unwrap();
+        // ngrid: two subscribers, the lossier at 5%: parity shards for the worse of two
+        // binomial(256, 0.05) counts per group of 256, about 5.6%.
+        let planned = spec.feed("ngrid").unwrap().retx_share;
+        let budget = ldm7_plan::repair_budget(2, 0.05, ldm7_plan::repair::parity_for(2, 0.05));
+        assert!((planned - budget.path_share()).abs() < 1e-12, "{planned} {budget:?}");
+        assert!((0.05..0.07).contains(&planned), "{planned}");
+        // conduit: no loss, the floor.
+        assert_eq!(spec.feed("conduit").unwrap().retx_share, crate::tc::DEFAULT_RETX_SHARE);
+        let given =
+            LabSpec::from_toml_str(&SPEC.replace("rate = \"40 Mbit/s\"", "rate = \"40 Mbit/s\"\nretx_share = 0.5"));
+        assert_eq!(given.unwrap().feed("ngrid").unwrap().retx_share, 0.5);
+    }
 
     #[test]
     fn a_valid_spec_gets_defaults_and_derived_names() {

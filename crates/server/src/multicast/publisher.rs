@@ -1001,6 +1001,20 @@ impl Feed {
 
     fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        let counters = self.sender_counters.borrow().clone();
+        tracing::info!(
+            "{}: FMTP totals: {} products multicast ({} bytes); repairs: {} blocks retransmitted ({} bytes), \
+             {} parity shards multicast ({} bytes, {:.2}% of the multicast), {} rejections",
+            self.name,
+            counters.products_sent,
+            counters.multicast_bytes,
+            counters.retx_data_blocks,
+            counters.retx_bytes,
+            counters.parity_datagrams,
+            counters.parity_bytes,
+            counters.parity_bytes as f64 * 100.0 / counters.multicast_bytes.max(1) as f64,
+            counters.rejects
+        );
         if let Some(task) = self.rate_task.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }
