@@ -62,6 +62,16 @@ impl Batch {
         })
     }
 
+    /// Datagrams held.
+    pub fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+
     /// Bytes held.
     pub fn len_bytes(&self) -> usize {
         self.bytes.len()

@@ -691,13 +691,19 @@ impl ReceiverTask {
                 received = reader.next() => {
                     let batch = read_batch(received)?;
                     let now = Clock::now();
+                    // The datagrams of a read are checked together (at level 2, as Ed25519
+                    // batches: about half the work of checking each alone).
+                    let mut kept: Vec<&[u8]> = Vec::with_capacity(batch.len());
                     for datagram in batch.datagrams() {
                         if self.drop_filter.as_mut().is_some_and(DropFilter::drops) {
                             self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }
-                        let Some(keys) = &mut self.keys else { continue };
-                        match keys.verify(now, datagram) {
+                        kept.push(datagram);
+                    }
+                    let results = self.keys.as_mut().map(|keys| keys.verify_batch(now, &kept)).unwrap_or_default();
+                    for result in results {
+                        match result {
                             Ok(message) => self.receiver.handle_datagram(now, message),
                             Err(_) => {
                                 self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
