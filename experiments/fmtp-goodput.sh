@@ -5,6 +5,7 @@
 # receiver), measures iperf3 -u at full speed to the first receiver (goodput at the receiver),
 # then multicasts PRODUCTS products of 10 MB with `ldm7 fmtp send --rate RATE` and reports the
 # sender's goodput (product bytes / time until every product is released) and the ratio.
+# FMTP_ARGS: more arguments for both `fmtp send` and `fmtp recv` (e.g. "--parity off").
 set -uo pipefail
 receivers=${1:-1}; loss=${2:-0}; rate=${3:-500}; products=${4:-30}
 cd "$(dirname "$0")/.."
@@ -35,12 +36,12 @@ iperf=$("$ldm7" lab exec pub --name "$name" -- iperf3 -u -c "$r1" -p 5201 -b "$(
 mkdir -p "$work/products"
 for i in $(seq 1 "$products"); do head -c 10000000 /dev/urandom > "$work/products/p$i"; done
 "$ldm7" lab exec pub --name "$name" -- "$ldm7" fmtp send --group 239.255.90.1:38800 --iface "$pub" \
-  --retx-listen "$pub:38801" --rate "${rate}M" --receivers "$receivers" --linger 60 "$work"/products/* > "$work/send.txt" 2>&1 &
+  --retx-listen "$pub:38801" --rate "${rate}M" --receivers "$receivers" --linger 60 ${FMTP_ARGS:-} "$work"/products/* > "$work/send.txt" 2>&1 &
 sleep 1
 for i in $(seq 1 "$receivers"); do
   a=$(addr "r$i")
   "$ldm7" lab exec "r$i" --name "$name" -- "$ldm7" fmtp recv --group 239.255.90.1:38800 --iface "$a" \
-    --sender "$pub:38801" --count "$products" --timeout 60 --rate "${rate}M" > "$work/recv$i.txt" 2>&1 &
+    --sender "$pub:38801" --count "$products" --timeout 60 --rate "${rate}M" ${FMTP_ARGS:-} > "$work/recv$i.txt" 2>&1 &
 done
 wait; sleep 0
 fmtp=$(sed -n 's/.*(\([0-9.]*\) Mbit\/s goodput).*/\1/p' "$work/send.txt")

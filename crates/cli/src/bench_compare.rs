@@ -69,9 +69,14 @@ pub struct BenchCompareArgs {
     #[arg(long)]
     pub lossy_neighbour: bool,
     /// Share of the path rate HTB assures to FMTP repairs (the lab's `retx_share`; the
-    /// multicast class is assured the rest, and either may borrow up to the whole rate).
-    #[arg(long, default_value_t = ldm7_net::tc::DEFAULT_RETX_SHARE)]
-    pub retx_share: f64,
+    /// multicast class is assured the rest, and either may borrow up to the whole rate)
+    /// [default: the plan's for the subscribers and their loss, at least 0.02].
+    #[arg(long)]
+    pub retx_share: Option<f64>,
+    /// The LDM-7 publisher's parity repair (`parity` in its ldm7.toml): auto, off or
+    /// GROUP/SHARDS.
+    #[arg(long, value_name = "auto|off|GROUP/SHARDS", default_value = "auto")]
+    pub parity: ldm7_fmtp::ParityChoice,
     /// The lossy neighbour's loss, percent.
     #[arg(long, default_value_t = 20.0)]
     pub neighbour_loss: f64,
@@ -272,12 +277,14 @@ fn lab_spec(name: &str, args: &BenchCompareArgs, plan: &RunPlan) -> String {
     let _ = write!(
         spec,
         "[[feeds]]\nname = \"{FEED}\"\npublisher = \"pub\"\nsubscribers = [{}]\nrate = \"{}\"\nbuffer = \"600 MB\"\n\
-         multicast_port = 38800\nretx_port = 38801\nretx_share = {:?}\nsubscriber_addresses = {}\n",
+         multicast_port = 38800\nretx_port = 38801\nsubscriber_addresses = {}\n",
         subscribers.join(", "),
         args.rate,
-        args.retx_share,
         plan.protocol == Protocol::Ldm6
     );
+    if let Some(share) = args.retx_share {
+        let _ = writeln!(spec, "retx_share = {share:?}");
+    }
     spec
 }
 
@@ -303,9 +310,9 @@ fn measure(exe: &Path, args: &BenchCompareArgs, trace: &Path, plan: &RunPlan, ru
             "ALLOW NGRID ^10\\.76\\.0\\.[0-9]+$\nMULTICAST NGRID 239.77.1.1:38800 10.77.1.1:38801 24 0 dummy dummy\n"
                 .to_string(),
             Some(format!(
-                "[multicast]\nrate = \"{}\"\n[multicast.feeds.NGRID]\npath = \"{FEED}\"\n\
+                "[multicast]\nrate = \"{}\"\nparity = \"{}\"\n[multicast.feeds.NGRID]\npath = \"{FEED}\"\n\
                  [path]\ndriver = \"linux-bridge\"\nnetns = \"{name}-core\"\n",
-                args.rate
+                args.rate, args.parity
             )),
         ),
     };
@@ -667,7 +674,8 @@ mod tests {
             repeat: 1,
             modes: vec![Protocol::Ldm6, Protocol::Ldm7],
             lossy_neighbour: false,
-            retx_share: ldm7_net::tc::DEFAULT_RETX_SHARE,
+            retx_share: None,
+            parity: ldm7_fmtp::ParityChoice::Auto,
             neighbour_loss: 20.0,
             trace: None,
             out: PathBuf::from("out"),

@@ -184,6 +184,15 @@ pub fn create_veth(netns: &str, name: &str, peer_netns: &str, peer: &str) -> Res
     Ok(())
 }
 
+/// Makes `dev` hand the network one datagram at a time: the kernel segments a GSO batch (up to
+/// 64 datagrams in one buffer) before the device rather than after it (`gso_max_segs 1`). A
+/// lab's loss rule (iptables `statistic`) at a receiver otherwise sees a batch whole and drops
+/// up to 64 datagrams at once, a loss pattern no real path has (its packets travel one by one).
+pub fn one_datagram_at_a_time(netns: &str, dev: &str) -> Result<(), CommandError> {
+    Cmd::new("ip").args(["-n", netns, "link", "set", "dev", dev, "gso_max_segs", "1"]).run()?;
+    Ok(())
+}
+
 /// Creates a persistent TAP device `name` in `netns` (VDE legs attach to it and detach from it).
 pub fn create_tap(netns: &str, name: &str) -> Result<(), CommandError> {
     Cmd::new("ip").args(["-n", netns, "tuntap", "add", "dev", name, "mode", "tap"]).run()?;

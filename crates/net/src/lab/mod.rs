@@ -558,6 +558,9 @@ fn build(spec: &LabSpec, state: &mut LabState, progress: &mut dyn FnMut(&str)) -
             } else {
                 let port = spec.bridge_port(&feed.name, host).expect("members are validated hosts");
                 hostcfg::create_veth(&netns, &feed.name, &spec.core_netns(), &port)?;
+                // Loss at a receiver then drops datagrams one by one, as on a real path (a TAP
+                // for VDE gets them one by one already).
+                hostcfg::one_datagram_at_a_time(&netns, &feed.name)?;
             }
             configure_host(spec, feed, host)?;
             let leg = leg_of(spec, feed, host);
