@@ -150,7 +150,7 @@ pub fn run(args: &PlanArgs) -> CmdResult {
     let sweep = ldm7_plan::sweep(&offered.arrivals, &rates).map_err(bad_input)?;
     print!("{}", summary(&offered, args, &plans, &sweep));
     let busiest = plans.iter().map(|plan| plan.held_rate_bps).fold(0.0, f64::max);
-    print!("{}", args.repair_lines(busiest));
+    print!("\n{}", args.repair_lines(busiest));
     if let Some(path) = &args.csv {
         write_csv(path, &[(None, offered.start, &plans)]).map_err(runtime)?;
         println!("intervals written to {}", path.display());

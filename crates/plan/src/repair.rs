@@ -23,7 +23,8 @@ fn upper_tails(n: u32, p: f64) -> Vec<f64> {
     let mut tail = 0.0;
     for k in (0..n as usize).rev() {
         tail += pmf[k + 1];
-        tails[k] = tail;
+        // A probability, whatever the rounding of the sum.
+        tails[k] = tail.clamp(0.0, 1.0);
     }
     tails
 }
@@ -144,6 +145,20 @@ mod tests {
         let e570 = expected_largest_loss(256, 0.01, 570);
         assert!((8.0..9.5).contains(&e570), "{e570}");
         assert!(expected_largest_loss(256, 0.01, 8) < e570);
+    }
+
+    #[test]
+    fn heavy_loss_gives_finite_figures() {
+        for loss in [0.05, 0.2, 0.3, 0.5, 0.9] {
+            for subscribers in [1, 2, 8, 570] {
+                let budget = repair_budget(subscribers, loss, parity_for(subscribers, loss));
+                assert!(
+                    budget.share.is_finite() && budget.path_share().is_finite(),
+                    "{subscribers} {loss}: {budget:?}"
+                );
+                assert!(expected_largest_loss(256, loss, subscribers) <= 256.0);
+            }
+        }
     }
 
     #[test]

@@ -663,7 +663,8 @@ fn planned_retx_share(feed: &FeedSpec, hosts: &[HostSpec]) -> f64 {
         .fold(0.0, f64::max);
     let subscribers = u32::try_from(feed.subscribers.len()).unwrap_or(u32::MAX);
     let budget = ldm7_plan::repair_budget(subscribers, loss, ldm7_plan::repair::parity_for(subscribers, loss));
-    budget.path_share().clamp(crate::tc::DEFAULT_RETX_SHARE, 0.99)
+    let share = budget.path_share();
+    if share.is_finite() { share.clamp(crate::tc::DEFAULT_RETX_SHARE, 0.99) } else { crate::tc::DEFAULT_RETX_SHARE }
 }
 
 fn check_name(what: &'static str, name: &str, max_len: usize, letter_first: bool) -> Result<(), SpecError> {
