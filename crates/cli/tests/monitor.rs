@@ -91,7 +91,8 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
         let queue = Queue::open(Path::new(&node.queue_path())).expect("queue");
         for (back, n) in [(3, 10u64), (2, 20)] {
             let minute = Minute(Minute::of(now).0 - back);
-            let sums = fmtp_sums(n, 1000, 10_000, 10_000, 1, 20_000);
+            // Datagrams dropped at the subscriber's host: half the products' count.
+            let sums = MinuteSums { host_drops: n / 2, ..fmtp_sums(n, 1000, 10_000, 10_000, 1, 20_000) };
             insert_stats(&queue, "sub.example:2", &link, minute, sums, now);
         }
         insert(&queue, "ldm7-stats/1/sub.example:2/209901010000", b"not a statistics product", now);
@@ -154,6 +155,11 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
     let values: Vec<Option<f64>> =
         series["points"].as_array().expect("points").iter().map(|point| point[1].as_f64()).collect();
     assert_eq!(values[..5], [None, None, Some(10.0), Some(20.0), None], "{series}");
+    // What the subscriber's host dropped, through the statistics product and the database.
+    let drops = json(port, &query.replace("metric=products", "metric=host_drops"));
+    let drops: Vec<Option<f64>> =
+        drops["points"].as_array().expect("points").iter().map(|point| point[1].as_f64()).collect();
+    assert_eq!(drops[2..4], [Some(5.0), Some(10.0)], "{drops:?}");
     // Two-minute steps: each the sum of its minutes.
     let series = json(port, &format!("{query}&step=2").replace("metric=products", "metric=ffdr_count"));
     assert_eq!(series["points"][1][1].as_f64(), Some(1.0), "{series}");
