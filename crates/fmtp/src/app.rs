@@ -43,7 +43,7 @@ pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
 use crate::receiver::{ConnectionState, FmtpReceiver, ReceiveError, ReceiverNotice, ReceiverOptions, ReceiverReport};
 use crate::sender::{FmtpSender, ProductSender, SenderDriverCounters, SenderNotice, SenderOptions};
 use crate::stream::ConnectError;
-use crate::udp::{MulticastConfig, RECEIVE_GAP_DEFAULT, parity_group_of, receive_buffer_bytes};
+use crate::udp::{MulticastConfig, RECEIVE_GAP_DEFAULT, buffer_bytes_for_rate, parity_group_of, receive_buffer_bytes};
 
 /// On-the-wire overhead paced per message, as tc HTB counts it: Ethernet (14), IPv4 (20) and
 /// UDP (8) headers.
@@ -388,7 +388,12 @@ impl AppError {
 /// Multicasts the products, serving repairs, and waits for their release. See the module doc.
 pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress)) -> Result<SendSummary, AppError> {
     let plan = inputs::plan(&options.source)?;
-    let multicast = multicast_config(options.group, options.interface, options.ttl, options.rate)?;
+    let multicast = multicast_config(
+        options.group,
+        options.interface,
+        options.ttl,
+        buffer_bytes_for_rate(options.rate.bits_per_s()),
+    )?;
     let total = plan.inputs.len();
     let mut proto = SenderConfig::with_rate(options.rate.bits_per_s());
     for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
@@ -497,7 +502,8 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
 /// sender is reached, the connect deadline applies instead of the idle timeout, and the first
 /// failed attempt is reported ([`RecvProgress::Waiting`]). See the module doc.
 pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress)) -> Result<RecvSummary, AppError> {
-    let multicast = multicast_config(options.group, options.interface, 1, options.rate)?;
+    let buffer_bytes = receive_buffer_bytes(options.rate.bits_per_s(), RECEIVE_GAP_DEFAULT);
+    let multicast = multicast_config(options.group, options.interface, 1, buffer_bytes)?;
     if let Some(out) = &options.out {
         std::fs::create_dir_all(out)
             .map_err(|error| AppError::Input(format!("cannot create --out {}: {error}", out.display())))?;
@@ -634,18 +640,18 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-fn multicast_config(group: SocketAddr, interface: IpAddr, ttl: u32, rate: Rate) -> Result<MulticastConfig, AppError> {
+/// The multicast settings of either end, with its socket buffer (the sender's for its rate, the
+/// receiver's for its rate and the scheduling gap it rides out).
+fn multicast_config(
+    group: SocketAddr,
+    interface: IpAddr,
+    ttl: u32,
+    buffer_bytes: usize,
+) -> Result<MulticastConfig, AppError> {
     if !group.ip().is_multicast() {
         return Err(AppError::Input(format!("--group {group} is not a multicast address (224.0.0.0/4 or ff00::/8)")));
     }
-    Ok(MulticastConfig {
-        group,
-        interface,
-        interface_index: 0,
-        ttl,
-        loopback: interface.is_loopback(),
-        buffer_bytes: receive_buffer_bytes(rate.bits_per_s(), RECEIVE_GAP_DEFAULT),
-    })
+    Ok(MulticastConfig { group, interface, interface_index: 0, ttl, loopback: interface.is_loopback(), buffer_bytes })
 }
 
 #[cfg(test)]
@@ -668,13 +674,8 @@ mod tests {
 
     #[test]
     fn a_unicast_group_is_refused_as_input() {
-        let error = multicast_config(
-            "127.0.0.1:5000".parse().expect("addr"),
-            IpAddr::from([127, 0, 0, 1]),
-            1,
-            Rate::from_megabits_per_s(1),
-        )
-        .expect_err("unicast");
+        let error = multicast_config("127.0.0.1:5000".parse().expect("addr"), IpAddr::from([127, 0, 0, 1]), 1, 1 << 20)
+            .expect_err("unicast");
         assert!(error.is_input() && error.to_string().contains("not a multicast address"), "{error}");
     }
 }

@@ -142,11 +142,8 @@ impl ProductSink for SpoolSink {
         };
         match &mut entry.backing {
             Backing::Memory(held) => {
-                let start = offset as usize;
-                let Some(place) = held.get_mut(start..start + bytes.len()) else {
-                    return Err(SinkError::new(format!("product {index}: a write beyond its end at {offset}")));
-                };
-                place.copy_from_slice(bytes);
+                let range = span(index, offset, bytes.len(), held.len())?;
+                held[range].copy_from_slice(bytes);
                 Ok(())
             }
             Backing::File(path, file) => match file.write_all_at(bytes, u64::from(offset)) {
@@ -170,11 +167,7 @@ impl ProductSink for SpoolSink {
         };
         match &entry.backing {
             Backing::Memory(held) => {
-                let start = offset as usize;
-                let Some(bytes) = held.get(start..start + out.len()) else {
-                    return Err(SinkError::new(format!("product {index}: a read beyond its end at {offset}")));
-                };
-                out.copy_from_slice(bytes);
+                out.copy_from_slice(&held[span(index, offset, out.len(), held.len())?]);
                 Ok(())
             }
             Backing::File(path, file) => file
@@ -192,6 +185,15 @@ impl ProductSink for SpoolSink {
         } else if let Backing::File(path, _) = &entry.backing {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// The bytes `[offset, offset + len)` of a product of `size` bytes held in memory, or why not.
+fn span(index: ProductIndex, offset: u32, len: usize, size: usize) -> Result<std::ops::Range<usize>, SinkError> {
+    let start = offset as usize;
+    match start.checked_add(len) {
+        Some(end) if end <= size => Ok(start..end),
+        _ => Err(SinkError::new(format!("product {index}: {len} bytes at {offset} are beyond its end ({size})"))),
     }
 }
 

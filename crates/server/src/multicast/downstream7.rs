@@ -492,20 +492,17 @@ impl Session<'_> {
         }
     }
 
+    /// This subscription's link in the delivery statistics: feed, upstream, this server.
+    fn stats_link(&self) -> ldm7_metrics::Link {
+        let publisher = crate::stats::node_name(&self.receive.host, self.port);
+        ldm7_metrics::Link::new(self.receive.feedtype, publisher, self.context.stats.name())
+    }
+
     /// Accounts datagrams the kernel dropped at this host since the last look, and says so at
     /// most once a minute with what to do.
     fn on_host_drops(&self, new: u64, logged: &mut Option<ldm7_types::Instant>) {
         let total = self.counters.host_drops.fetch_add(new, Ordering::Relaxed) + new;
-        let stats = &self.context.stats;
-        stats.record_host_drops(
-            &ldm7_metrics::Link::new(
-                self.receive.feedtype,
-                crate::stats::node_name(&self.receive.host, self.port),
-                stats.name(),
-            ),
-            Timestamp::from_system_time(SystemTime::now()),
-            new,
-        );
+        self.context.stats.record_host_drops(&self.stats_link(), Timestamp::from_system_time(SystemTime::now()), new);
         let now = Clock::now();
         if logged.is_none_or(|at| now - at >= HOST_DROPS_LOG_EVERY) {
             *logged = Some(now);
@@ -760,13 +757,8 @@ impl Session<'_> {
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 // The product's line was logged by the inserter, right after the insertion.
-                let stats = &self.context.stats;
-                stats.record(&ldm7_metrics::DeliveryEvent {
-                    link: ldm7_metrics::Link::new(
-                        self.receive.feedtype,
-                        crate::stats::node_name(&self.receive.host, self.port),
-                        stats.name(),
-                    ),
+                self.context.stats.record(&ldm7_metrics::DeliveryEvent {
+                    link: self.stats_link(),
                     completed: Timestamp::from_system_time(SystemTime::now()),
                     mode: match mode {
                         DeliveryMode::Received => ldm7_metrics::Mode::fmtp(retransmitted_blocks.unwrap_or(0)),
