@@ -40,9 +40,11 @@ pub struct ParityConfig {
     pub shards: u32,
     /// Bytes of a data block and of a shard: the sender's block length (even).
     pub block_len: usize,
-    /// Receiver: how long to wait for the shards asked for before asking again (parity comes
+    /// Receiver: the longest wait for the shards asked for before asking again (parity comes
     /// by multicast and can be lost): at least the round-trip time plus the time to multicast
-    /// a group's shards.
+    /// a group's shards. It is the wait until a first answer was timed; from then on the
+    /// receiver waits about twice the time shards took to come, from
+    /// [`crate::PARITY_RETRY_MIN`] up to this.
     pub retry: Duration,
     /// Receiver: requests for one group before its blocks are asked for with RETX_REQ.
     pub rounds_max: u8,

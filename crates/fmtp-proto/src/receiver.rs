@@ -427,6 +427,13 @@ pub struct Receiver {
     fingerprint_source: Option<FingerprintSource>,
     /// Products whose `parity_waiting` is set (a simulator asks after every visit).
     parity_waiting_products: u32,
+    /// How long parity shards take to come after a PARITY_REQ here ([`ParityRtt`]).
+    parity_rtt: ParityRtt,
+    /// The driver holds datagrams read and not yet handed over ([`Receiver::set_backlog`]).
+    backlog: bool,
+    /// Parity requests held while [`Receiver::backlog`]: product key, group, whether a retry,
+    /// and since when.
+    deferred_parity: Vec<(i64, u16, bool, Instant)>,
 }
 
 /// [`Receiver::set_fingerprint_source`]'s function.
@@ -516,6 +523,9 @@ impl Receiver {
             eop_seen_last: false,
             fingerprint_source: None,
             parity_waiting_products: 0,
+            parity_rtt: ParityRtt::default(),
+            backlog: false,
+            deferred_parity: Vec::new(),
         })
     }
 
@@ -783,6 +793,36 @@ impl Receiver {
     /// Processes timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.advance(now);
+    }
+
+    /// The driver says whether datagrams it read wait to be handed over (`true`: this receiver
+    /// is behind the multicast). Parity requests wait meanwhile, at most
+    /// [`PARITY_DEFER_MAX`]: the shards the sender multicast for other receivers' requests
+    /// are likely among the waiting datagrams, and a request made before they are handled
+    /// asks for them again. On a host whose receivers lag by tens of milliseconds (four on two
+    /// vCPUs at 500 Mbit/s), such requests made the sender multicast half as many shards
+    /// again as any receiver needed (issue #37). A driver that never calls this (the
+    /// simulator) asks at once.
+    pub fn set_backlog(&mut self, now: Instant, backlog: bool) {
+        self.advance(now);
+        self.backlog = backlog;
+        if self.deferred_parity.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let deferred = std::mem::take(&mut self.deferred_parity);
+        for (key, group, retry, since) in deferred {
+            if backlog && now.saturating_duration_since(since) < PARITY_DEFER_MAX {
+                self.deferred_parity.push((key, group, retry, since));
+            } else {
+                self.send_parity_request(key, group, retry);
+            }
+        }
+    }
+
+    /// Whether the driver said it holds datagrams not yet handed over ([`Receiver::set_backlog`]).
+    pub fn backlog(&self) -> bool {
+        self.backlog
     }
 
     /// The TCP connection to the sender was re-established (after the driver's handshake):
@@ -1729,8 +1769,20 @@ impl Receiver {
     /// Asks for the parity shards a group still needs (on a new loss, or again when
     /// `retry`), falling back to RETX_REQ when parity cannot repair it.
     fn ask_parity(&mut self, key: i64, group: u16, retry: bool) {
+        if self.backlog {
+            if !self.deferred_parity.iter().any(|&(k, g, _, _)| (k, g) == (key, group)) {
+                self.deferred_parity.push((key, group, retry, self.now));
+            }
+            return;
+        }
+        self.send_parity_request(key, group, retry);
+    }
+
+    /// [`Receiver::ask_parity`], now.
+    fn send_parity_request(&mut self, key: i64, group: u16, retry: bool) {
         let Some(parity) = self.parity_in_use() else { return };
         let now = self.now;
+        let wait = self.parity_rtt.retry_after(parity.retry);
         let Some(product) = self.products.get_mut(&key) else { return };
         let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
         let (start, end, _) = parity.group_range(u32::from(group), size);
@@ -1762,7 +1814,9 @@ impl Receiver {
         }
         repair.asked_for = lost;
         repair.rounds = repair.rounds.saturating_add(1);
-        let retry_at = now + parity.retry;
+        // Only a first request times the answer: a shard after a second one may answer either.
+        repair.asked_at = (repair.rounds == 1).then_some(now);
+        let retry_at = now + wait;
         repair.retry_at = Some(retry_at);
         // need ≤ lost ≤ 32768 and from ≤ shards ≤ 256.
         self.transmits
@@ -1833,6 +1887,9 @@ impl Receiver {
             return;
         }
         repair.shards.insert(shard, (!discard).then_some(data));
+        if let Some(asked) = repair.asked_at.take() {
+            self.parity_rtt.sample(self.now.saturating_duration_since(asked));
+        }
         self.counters.parity_shards += 1;
         self.try_decode(key, group);
     }
@@ -2215,8 +2272,54 @@ struct GroupRepair {
     rounds: u8,
     /// When to ask again if the group is still incomplete.
     retry_at: Option<Instant>,
+    /// When its first request went out, until a shard came ([`ParityRtt`]).
+    asked_at: Option<Instant>,
     /// Its lost blocks were asked for with RETX_REQ.
     fallback: bool,
+}
+
+/// The time from a PARITY_REQ to its first shard, smoothed as TCP smooths its round trip
+/// (RFC 6298: gains 1/8 and 1/4), and the wait before asking again derived from it.
+///
+/// Shards come by multicast and can be lost like blocks. A fixed wait long enough for a slow
+/// path ([`ParityConfig::retry`], 250 ms by default) held every lost shard that long, and the
+/// last product of a burst with it (the sender releases it when every receiver has it): on a
+/// LAN where shards come in a millisecond or two, half the runs of a 200 MB burst to four
+/// receivers ended a quarter of a second late (docs/benchmarks.md, issue #37). The wait is
+/// now twice the smoothed time plus four deviations, from [`PARITY_RETRY_MIN`] up to the
+/// configured wait, which stays the wait until a first answer was timed.
+#[derive(Clone, Copy, Debug, Default)]
+struct ParityRtt {
+    /// Smoothed time and mean deviation, once one answer was timed.
+    smoothed: Option<(Duration, Duration)>,
+}
+
+/// The shortest wait for parity shards before asking again ([`ParityRtt`]): above the
+/// scheduling delays of a busy host, so that shards on their way are not asked for twice, and
+/// above the 20 ms during which the sender counts a shard it multicast as on its way to the
+/// receiver (a request sooner would get nothing).
+pub const PARITY_RETRY_MIN: Duration = Duration::from_millis(30);
+
+/// The longest a parity request waits for the driver to catch up ([`Receiver::set_backlog`]).
+pub const PARITY_DEFER_MAX: Duration = Duration::from_millis(100);
+
+impl ParityRtt {
+    fn sample(&mut self, rtt: Duration) {
+        self.smoothed = Some(match self.smoothed {
+            None => (rtt, rtt / 2),
+            Some((srtt, rttvar)) => {
+                let deviation = srtt.abs_diff(rtt);
+                (srtt * 7 / 8 + rtt / 8, rttvar * 3 / 4 + deviation / 4)
+            }
+        });
+    }
+
+    fn retry_after(&self, configured: Duration) -> Duration {
+        match self.smoothed {
+            None => configured,
+            Some((srtt, rttvar)) => (srtt * 2 + rttvar * 4).clamp(PARITY_RETRY_MIN.min(configured), configured),
+        }
+    }
 }
 
 /// A product's block groups under parity repair, by group (sorted; a product has few at once,

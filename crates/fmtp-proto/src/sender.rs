@@ -1198,8 +1198,8 @@ impl Sender {
         let round = receiver.rtt.max(REPAIR_ROUND_MIN);
         // A shard multicast less than this long ago may not have reached the receiver when it
         // asked: a round trip and a quarter more for queueing, and at least the time a busy
-        // host may take to hand a datagram to the receiver (a receiver asks again only after
-        // its `retry`, far longer).
+        // host may take to hand a datagram to the receiver (a receiver asks again after at
+        // least `PARITY_RETRY_MIN`, longer).
         let on_its_way = (round + round / 4).max(PARITY_IN_FLIGHT_MIN);
         let Some(product) = self.products.get_mut(&key) else { return };
         if u64::from(group) >= parity.groups(u64::from(product.size)) || need == 0 {

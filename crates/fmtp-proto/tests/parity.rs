@@ -228,3 +228,84 @@ proptest! {
         prop_assert_eq!(delivered + missed, receivers * sizes.len());
     }
 }
+
+/// The times receiver `n` sent its PARITY_REQs.
+fn parity_request_times(net: &Net, n: usize) -> Vec<ldm7_fmtp_proto::Instant> {
+    net.nodes[n]
+        .requests
+        .iter()
+        .filter(|(_, m)| m.message_type() == MessageType::ParityReq)
+        .map(|(at, _)| *at)
+        .collect()
+}
+
+#[test]
+fn a_lost_shard_is_asked_for_again_after_the_timed_round_trip_not_the_configured_wait() {
+    // The configured wait (250 ms) holds until a first answer was timed: afterwards the
+    // receiver asks again after about twice the time shards took to come (6 ms here).
+    let slow = ParityConfig { retry: Duration::from_millis(250), ..parity() };
+    let sender = SenderConfig { parity: Some(slow), ..SenderConfig::with_rate(100_000_000) };
+    let receiver = ReceiverConfig { parity: Some(slow), ..trusting() };
+    let mut net = Net::new(sender, vec![receiver]);
+    net.sender.set_rtt(net.nodes[0].id, Duration::from_millis(6));
+    let mut parity_seen = 0;
+    net.drop = Box::new(move |_, message| match message.body {
+        // Block 5 of each product; the shard answering the second product's first request.
+        Body::MemData { offset, .. } => offset == 5 * 1448,
+        Body::Parity { .. } => {
+            parity_seen += 1;
+            parity_seen == 2
+        }
+        _ => false,
+    });
+    net.enqueue(20 * 1448, 1);
+    net.settle(Duration::from_secs(5));
+    net.enqueue(20 * 1448, 2);
+    net.settle(Duration::from_secs(5));
+    assert_eq!(net.check_accounted(), (2, 0));
+    let times = parity_request_times(&net, 0);
+    assert_eq!(times.len(), 3, "one request for the first product, two for the second");
+    let wait = times[2].saturating_duration_since(times[1]);
+    assert!(
+        wait >= ldm7_fmtp_proto::PARITY_RETRY_MIN && wait < Duration::from_millis(60),
+        "asked again after {wait:?}"
+    );
+}
+
+#[test]
+fn parity_requests_wait_while_the_driver_holds_datagrams_then_go_when_it_caught_up() {
+    let mut net = net(1, true);
+    net.drop = Box::new(|_, message| matches!(message.body, Body::MemData { offset, .. } if offset == 5 * 1448));
+    net.nodes[0].receiver.set_backlog(net.now, true);
+    net.enqueue(20 * 1448, 1);
+    net.run_for(Duration::from_millis(30));
+    assert!(net.requests_of(0, MessageType::ParityReq).is_empty(), "asked while behind");
+    assert!(net.nodes[0].receiver.backlog());
+    let now = net.now;
+    net.nodes[0].receiver.set_backlog(now, false);
+    net.settle(Duration::from_secs(5));
+    assert_eq!(net.check_accounted(), (1, 0));
+    let times = parity_request_times(&net, 0);
+    assert_eq!(times, [now], "asked once, when the driver caught up");
+}
+
+#[test]
+fn a_receiver_that_stays_behind_asks_for_parity_after_the_longest_deferral() {
+    let mut net = net(1, true);
+    net.drop = Box::new(|_, message| matches!(message.body, Body::MemData { offset, .. } if offset == 5 * 1448));
+    net.nodes[0].receiver.set_backlog(net.now, true);
+    net.enqueue(20 * 1448, 1);
+    // The driver says it is behind at each read, for longer than the longest deferral.
+    let end = net.now + Duration::from_secs(1);
+    while net.now < end && net.requests_of(0, MessageType::ParityReq).is_empty() {
+        net.run_for(Duration::from_millis(5));
+        let now = net.now;
+        net.nodes[0].receiver.set_backlog(now, true);
+    }
+    let times = parity_request_times(&net, 0);
+    assert_eq!(times.len(), 1, "asked while still behind");
+    assert!(times[0].saturating_duration_since(ldm7_fmtp_proto::Instant::ZERO) >= ldm7_fmtp_proto::PARITY_DEFER_MAX);
+    net.nodes[0].receiver.set_backlog(net.now, false);
+    net.settle(Duration::from_secs(5));
+    assert_eq!(net.check_accounted(), (1, 0));
+}

@@ -710,6 +710,11 @@ impl ReceiverTask {
                             }
                         }
                     }
+                    drop(kept);
+                    reader.recycle(batch);
+                    // Parity requests wait while more datagrams do (the shards others asked
+                    // for may be among them).
+                    self.receiver.set_backlog(now, !reader.is_idle());
                 }
                 read_count = read_more(read, stream_buffer, READ_CHUNK_BYTES) => {
                     match read_count {

@@ -510,12 +510,20 @@ impl Drop for FmtpSender {
     }
 }
 
-/// Bucket depth that keeps the rate when the task wakes at the timer's granularity (about a
-/// millisecond, often more under load): two milliseconds of traffic, and at least one full GSO
-/// batch. A smaller bucket caps the rate at bucket ÷ wake-up interval.
+/// Bucket depth that keeps the rate when the task wakes late: the timer's granularity is about
+/// a millisecond, and on a busy host (receivers, decoders and pqact on the same cores) the task
+/// waits for a core for several more. Tokens beyond the depth are lost, so a depth of 2 ms
+/// held a 500 Mbit/s sender with four receivers on two vCPUs to about 460 Mbit/s
+/// (docs/benchmarks.md, issue #37). [`PACING_CATCH_UP`] of traffic, and at least one full GSO
+/// batch; the catch-up after a late wake-up is a burst of that much at most, which the host's
+/// HTB class (ARCHITECTURE.md, the host's traffic control) spreads at the feed's rate.
 fn timer_burst_bytes(rate_bits_per_s: u64) -> u64 {
-    (rate_bits_per_s / 8 / 500).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
+    let catch_up = u128::from(rate_bits_per_s) * PACING_CATCH_UP.as_millis() / 8 / 1000;
+    u64::try_from(catch_up).unwrap_or(u64::MAX).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
 }
+
+/// How late the sender task may wake without losing pacing tokens ([`timer_burst_bytes`]).
+const PACING_CATCH_UP: Duration = Duration::from_millis(20);
 
 /// Counters shared by the tasks (atomics; [`Shared::snapshot`] reads them).
 #[derive(Debug, Default)]
