@@ -371,7 +371,7 @@ impl FmtpReceiver {
             connection: connection_tx,
             receiver,
             spool,
-            notices: Notices { notices: notice_tx, shared: shared.clone() },
+            notices: Notices::new(notice_tx, shared.clone()),
             shared: shared.clone(),
             counters: counters_tx,
             drop_filter: None,
@@ -817,9 +817,27 @@ impl ReceiverTask {
 struct Notices {
     notices: mpsc::Sender<ReceiverNotice>,
     shared: Arc<Shared>,
+    /// When an episode of a full channel was last logged: an application that keeps up only
+    /// just starts one every few notices (a demo subscriber logged 114 lines in a minute).
+    logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Notices {
+    fn new(notices: mpsc::Sender<ReceiverNotice>, shared: Arc<Shared>) -> Self {
+        Self { notices, shared, logged: std::sync::Mutex::new(None) }
+    }
+
+    /// Whether a full channel may be logged now (the first time, then once a minute).
+    fn log_due(&self) -> bool {
+        let Ok(mut logged) = self.logged.lock() else { return false };
+        let now = std::time::Instant::now();
+        if logged.is_some_and(|at| now.saturating_duration_since(at) < BOUND_LOG_INTERVAL) {
+            return false;
+        }
+        *logged = Some(now);
+        true
+    }
+
     /// Hands a notice to the application, waiting while its channel is full; `Err` when the
     /// application went away.
     async fn send(&self, notice: ReceiverNotice) -> Result<(), ()> {
@@ -830,10 +848,12 @@ impl Notices {
             }
             Err(TrySendError::Closed(_)) => Err(()),
             Err(TrySendError::Full(notice)) => {
-                if self.shared.notices.hit() {
+                if self.shared.notices.hit() && self.log_due() {
                     tracing::info!(
                         bound = self.notices.max_capacity(),
-                        "FMTP receiver: the application is not reading notices; receiving waits"
+                        times = self.shared.notices.count(),
+                        "FMTP receiver: the application is not reading notices; receiving waits \
+                         (logged at most once a minute)"
                     );
                 }
                 self.notices.send(notice).await.map_err(|_| ())
