@@ -1887,8 +1887,12 @@ impl Receiver {
             return;
         }
         repair.shards.insert(shard, (!discard).then_some(data));
-        if let Some(asked) = repair.asked_at.take() {
-            self.parity_rtt.sample(self.now.saturating_duration_since(asked));
+        // Timed when the answer is whole (as many shards as blocks were lost): what a retry
+        // waits for is the last shard, which may queue behind data on a busy path.
+        if repair.shards.len() >= repair.asked_for as usize {
+            if let Some(asked) = repair.asked_at.take() {
+                self.parity_rtt.sample(self.now.saturating_duration_since(asked));
+            }
         }
         self.counters.parity_shards += 1;
         self.try_decode(key, group);
@@ -2272,13 +2276,13 @@ struct GroupRepair {
     rounds: u8,
     /// When to ask again if the group is still incomplete.
     retry_at: Option<Instant>,
-    /// When its first request went out, until a shard came ([`ParityRtt`]).
+    /// When its first request went out, until its answer was whole ([`ParityRtt`]).
     asked_at: Option<Instant>,
     /// Its lost blocks were asked for with RETX_REQ.
     fallback: bool,
 }
 
-/// The time from a PARITY_REQ to its first shard, smoothed as TCP smooths its round trip
+/// The time from a PARITY_REQ to the last shard it needed, smoothed as TCP smooths its round trip
 /// (RFC 6298: gains 1/8 and 1/4), and the wait before asking again derived from it.
 ///
 /// Shards come by multicast and can be lost like blocks. A fixed wait long enough for a slow
