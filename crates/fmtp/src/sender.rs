@@ -510,24 +510,24 @@ impl Drop for FmtpSender {
     }
 }
 
-/// Bucket depth that keeps the rate when the task wakes late: the timer's granularity is about
-/// a millisecond, and on a busy host the task waits for a core for a few more. Tokens beyond
-/// the depth are lost: with 2 ms, a 500 Mbit/s sender sharing two vCPUs with four receivers
-/// held about 430 Mbit/s (docs/benchmarks.md, issue #37). [`PACING_CATCH_UP`] of traffic, and
-/// at least one full GSO batch; the catch-up after a late wake-up is a burst of that much at
-/// most, which the host's HTB class spreads at the feed's rate.
+/// Bucket depth that keeps the rate when the task wakes at the timer's granularity (about a
+/// millisecond): [`PACING_CATCH_UP`] of traffic, and at least one full GSO batch. Tokens
+/// beyond the depth are lost, and a sender that wakes later than that sends below its rate.
 fn timer_burst_bytes(rate_bits_per_s: u64) -> u64 {
     let catch_up = u128::from(rate_bits_per_s) * PACING_CATCH_UP.as_millis() / 8 / 1000;
     u64::try_from(catch_up).unwrap_or(u64::MAX).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
 }
 
 /// How late the sender task may wake without losing pacing tokens ([`timer_burst_bytes`]).
-/// Not more: where the receivers share the sender's cores (the demo: three subscribers and the
-/// publisher at 1 Gbit/s on two vCPUs), the tokens a late sender loses are the slack that lets
-/// them keep up; with 20 ms a demo subscriber fell half a second behind and lost whole products
-/// to the backstop; with 6 ms the loss-free subscriber got 100%, 100% and 99.6% of them by
-/// FMTP in three runs (the lossy one 98.0%, 100% and 99.0%): still the demo's bars, barely.
-const PACING_CATCH_UP: Duration = Duration::from_millis(6);
+///
+/// Deliberately short. A deeper bucket holds the rate on a busy host (four receivers and the
+/// sender on two vCPUs at 500 Mbit/s: 0.84 of iperf3 with 2 ms, 0.90 with 6 ms, 0.95 with
+/// 20 ms; docs/benchmarks.md, issue #37), but where receivers share the sender's cores the
+/// tokens a late sender loses are the slack that lets them keep up: in `ldm7 demo` (three
+/// subscribers and the publisher at 1 Gbit/s on two vCPUs) a subscriber fell behind NGRID's
+/// bursts and took products from the backstop in 1 of 2 runs with 20 ms and 2 of 5 with 6 ms,
+/// none of 6 with 2 ms.
+const PACING_CATCH_UP: Duration = Duration::from_millis(2);
 
 /// Counters shared by the tasks (atomics; [`Shared::snapshot`] reads them).
 #[derive(Debug, Default)]
