@@ -1770,8 +1770,10 @@ impl Receiver {
     /// `retry`), falling back to RETX_REQ when parity cannot repair it.
     fn ask_parity(&mut self, key: i64, group: u16, retry: bool) {
         if self.backlog {
-            if !self.deferred_parity.iter().any(|&(k, g, _, _)| (k, g) == (key, group)) {
-                self.deferred_parity.push((key, group, retry, self.now));
+            // One entry per group; a retry held after a first ask stays a retry.
+            match self.deferred_parity.iter_mut().find(|(k, g, _, _)| (*k, *g) == (key, group)) {
+                Some((_, _, held_retry, _)) => *held_retry |= retry,
+                None => self.deferred_parity.push((key, group, retry, self.now)),
             }
             return;
         }
