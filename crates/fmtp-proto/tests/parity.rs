@@ -86,18 +86,23 @@ fn a_group_s_losses_are_asked_for_at_once_when_its_multicast_has_passed() {
     assert!(net.requests_of(0, MessageType::RetxReq).is_empty());
 }
 
-#[test]
-fn lost_parity_is_asked_for_again() {
-    let mut net = net(1, true);
+/// Drops block 5 of every product and the `nth` parity shard multicast (from 1).
+fn block_5_and_shard(nth: u32) -> support::DropFilter {
     let mut parity_seen = 0;
-    net.drop = Box::new(move |_, message| match message.body {
+    Box::new(move |_, message| match message.body {
         Body::MemData { offset, .. } => offset == 5 * 1448,
         Body::Parity { .. } => {
             parity_seen += 1;
-            parity_seen == 1
+            parity_seen == nth
         }
         _ => false,
-    });
+    })
+}
+
+#[test]
+fn lost_parity_is_asked_for_again() {
+    let mut net = net(1, true);
+    net.drop = block_5_and_shard(1);
     net.enqueue(20 * 1448, 2);
     net.settle(Duration::from_secs(5));
     assert_eq!(net.check_accounted(), (1, 0));
@@ -248,16 +253,8 @@ fn a_lost_shard_is_asked_for_again_after_the_timed_round_trip_not_the_configured
     let receiver = ReceiverConfig { parity: Some(slow), ..trusting() };
     let mut net = Net::new(sender, vec![receiver]);
     net.sender.set_rtt(net.nodes[0].id, Duration::from_millis(6));
-    let mut parity_seen = 0;
-    net.drop = Box::new(move |_, message| match message.body {
-        // Block 5 of each product; the shard answering the second product's first request.
-        Body::MemData { offset, .. } => offset == 5 * 1448,
-        Body::Parity { .. } => {
-            parity_seen += 1;
-            parity_seen == 2
-        }
-        _ => false,
-    });
+    // Block 5 of each product; the shard answering the second product's first request.
+    net.drop = block_5_and_shard(2);
     net.enqueue(20 * 1448, 1);
     net.settle(Duration::from_secs(5));
     net.enqueue(20 * 1448, 2);

@@ -17,8 +17,8 @@
 use std::io::{self, IoSliceMut};
 use std::net::UdpSocket as StdUdpSocket;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -37,8 +37,6 @@ const POLL_TIMEOUT_MS: i32 = 100;
 pub const DROPS_POLL: Duration = Duration::from_millis(100);
 /// How long the thread waits when its queue is at the bound before it looks again.
 const FULL_WAIT: Duration = Duration::from_millis(1);
-/// Emptied batches kept for reuse ([`DatagramReader::recycle`]).
-const SPARE_BATCHES_MAX: usize = 64;
 /// `SO_MEMINFO` (Linux `asm-generic/socket.h`).
 const SO_MEMINFO: libc::c_int = 55;
 /// Index of the drop count in `SO_MEMINFO`'s array (`SK_MEMINFO_DROPS`, `linux/sock_diag.h`).
@@ -110,9 +108,6 @@ struct Shared {
     datagrams: AtomicU64,
     host_drops: AtomicU64,
     queue_full: AtomicU64,
-    /// Batches the receiver handed back, emptied, for the thread to fill again
-    /// ([`DatagramReader::recycle`]).
-    spare: Mutex<Vec<Batch>>,
 }
 
 /// The reading thread and the queue of what it read. Dropping it stops the thread (within
@@ -150,19 +145,6 @@ impl DatagramReader {
             self.shared.queued_bytes.fetch_sub(batch.len_bytes(), Ordering::SeqCst);
         }
         Some(batch)
-    }
-
-    /// Gives back a batch whose datagrams were handled: the thread fills it again. A fresh
-    /// batch grows by reallocation to a read's size, and the pages of each were faulted in
-    /// and zeroed anew: a sixth of a receiver's CPU at 500 Mbit/s (issue #37's profile).
-    pub fn recycle(&self, mut batch: Batch) {
-        batch.bytes.clear();
-        batch.lens.clear();
-        if let Ok(mut spare) = self.shared.spare.lock() {
-            if spare.len() < SPARE_BATCHES_MAX {
-                spare.push(batch);
-            }
-        }
     }
 
     /// Whether nothing read waits to be taken (the receiver has caught up with the multicast).
@@ -259,7 +241,7 @@ fn read_loop(
                 return;
             }
         }
-        let mut batch = shared.spare.lock().ok().and_then(|mut spare| spare.pop()).unwrap_or_default();
+        let mut batch = Batch::default();
         for (socket, fd) in sockets.iter().zip(&fds) {
             if fd.revents == 0 {
                 continue;
@@ -289,9 +271,6 @@ fn read_loop(
             }
         }
         if batch.lens.is_empty() {
-            if let Ok(mut spare) = shared.spare.lock() {
-                spare.push(batch);
-            }
             continue;
         }
         shared.datagrams.fetch_add(batch.lens.len() as u64, Ordering::Relaxed);
@@ -359,16 +338,6 @@ mod tests {
         assert!(reader.is_idle());
         assert_eq!(reader.counters().datagrams, 50);
         assert_eq!(reader.counters().host_drops, 0);
-        // A batch handed back is filled again, its storage kept.
-        let mut batch = Batch::default();
-        batch.push(&[9; 1000]);
-        let capacity = batch.bytes.capacity();
-        reader.recycle(batch);
-        sender.send_segments(&[50; 100], 100, None).await.expect("send");
-        let batch = tokio::time::timeout(Duration::from_secs(5), reader.next()).await.expect("in time");
-        let batch = batch.expect("open").expect("read");
-        assert_eq!(batch.datagrams().collect::<Vec<_>>(), [&[50u8; 100][..]]);
-        assert!(batch.bytes.capacity() >= capacity, "a fresh batch, not the one handed back");
     }
 
     /// A receiver that takes nothing: the reader's queue reaches its bound, the thread stops

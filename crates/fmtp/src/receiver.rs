@@ -710,8 +710,6 @@ impl ReceiverTask {
                             }
                         }
                     }
-                    drop(kept);
-                    reader.recycle(batch);
                     // Parity requests wait while more datagrams do (the shards others asked
                     // for may be among them).
                     self.receiver.set_backlog(now, !reader.is_idle());
