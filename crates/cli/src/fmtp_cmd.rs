@@ -13,7 +13,7 @@ use ldm7_fmtp::app::{
     self, AppError, DropProbability, ProductSource, RecvOptions, RecvProgress, SendOptions, SendProgress, Speedup,
 };
 use ldm7_fmtp::keys;
-use ldm7_fmtp::{MacLevel, ParityChoice};
+use ldm7_fmtp::{MacLevel, MacSigning, ParityChoice};
 use ldm7_types::Rate;
 use ldm7_types::units::parse_duration;
 
@@ -87,6 +87,11 @@ pub struct SendArgs {
     /// (an ldm7 extension: every receiver must be ldm7; at least 1s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub mac_rotation: Option<Duration>,
+    /// At MAC level 2: `lists` signs a list of the digests of up to 32 datagrams at a time (an
+    /// ldm7 extension: every receiver must be ldm7; a thirty-second of the signing and
+    /// checking), `datagram` signs each datagram, as the reference does and requires.
+    #[arg(long, value_name = "lists|datagram", default_value = "lists")]
+    pub mac_signing: MacSigning,
     /// Repair by parity (an ldm7 extension, docs/parity.md): answer receivers' parity requests
     /// with parity shards multicast once for all of them, to the group's next port. `auto`:
     /// what an LDM-7 publisher with default settings chooses (256/16); GROUP/SHARDS: GROUP data
@@ -194,6 +199,7 @@ async fn send(args: &SendArgs) -> CmdResult {
         mac_level: args.mac_level,
         identity,
         mac_rotation: args.mac_rotation,
+        mac_signing: args.mac_signing,
         parity: args.parity.resolve_default(),
     };
     let summary = app::send(&options, |progress| match progress {
@@ -299,6 +305,7 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         ("index not believed", protocol.index_unbelieved),
         ("stale or replayed", protocol.stale),
         ("bad MAC", summary.report.driver.bad_mac),
+        ("named by no signed list", summary.report.driver.unlisted),
         ("past the product's end", protocol.out_of_range),
         ("parity coded otherwise", protocol.parity_mismatched),
     ];

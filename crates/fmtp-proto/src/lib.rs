@@ -118,6 +118,7 @@
 //! ```
 
 pub mod index;
+pub mod lists;
 pub mod mac;
 pub mod pacing;
 pub mod parity;

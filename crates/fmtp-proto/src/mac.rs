@@ -543,6 +543,8 @@ pub struct KeyRing {
     /// The last batch [`KeyRing::verify_batch`] checked held a refused datagram: the next one
     /// is checked datagram by datagram.
     batch_refused: bool,
+    /// Level 2's signed digest lists ([`crate::lists`]).
+    pub(crate) lists: crate::lists::ListedDatagrams,
 }
 
 impl KeyRing {
@@ -556,7 +558,15 @@ impl KeyRing {
 
     /// The ring of a connection's first key.
     pub fn new(current: Verifier) -> Self {
-        Self { current, epoch: None, next: None, previous: None, grace: Self::GRACE, batch_refused: false }
+        Self {
+            current,
+            epoch: None,
+            next: None,
+            previous: None,
+            grace: Self::GRACE,
+            batch_refused: false,
+            lists: crate::lists::ListedDatagrams::default(),
+        }
     }
 
     /// The current key's epoch (`None` before the first rotation).

@@ -69,6 +69,8 @@ pub enum MessageType {
     EopReq = 0x0200,
     /// Retransmitted EOP, also sent unsolicited at the sender's deadline (sender → receiver).
     RetxEop = 0x0400,
+    // 0x0800 is the ldm7 extension DIGESTS (multicast, MAC level 2): a signed list of datagram
+    // digests, taken by the MAC layer before the protocol (`crate::lists::DIGESTS_FLAGS`).
     /// ldm7 extension: the next MAC key, sealed to the receiver's offer (sender → receiver;
     /// `prodindex` carries the key's epoch). Sent only when key rotation is on.
     KeyUpdate = 0x4000,

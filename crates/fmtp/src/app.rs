@@ -156,6 +156,8 @@ pub struct SendOptions {
     pub identity: Option<Arc<SigningKey>>,
     /// A new MAC key this often (the ldm7 extension).
     pub mac_rotation: Option<Duration>,
+    /// At MAC level 2: a signature on each datagram or signed digest lists (ldm7 receivers only).
+    pub mac_signing: crate::MacSigning,
     /// Answer parity requests with parity multicast (the ldm7 extension; receivers need the
     /// same group size and shard count).
     pub parity: Option<ParityConfig>,
@@ -409,6 +411,7 @@ pub async fn send(options: &SendOptions, mut progress: impl FnMut(SendProgress))
     sender_options.mac_level = options.mac_level;
     sender_options.identity = options.identity.clone();
     sender_options.mac_rotation = options.mac_rotation;
+    sender_options.mac_signing = options.mac_signing;
     sender_options.parity_group = options.parity.map(|_| parity_group_of(options.group));
     sender_options.bounds.product_inputs_max = PRODUCT_INPUTS_MAX;
     let mut sender = FmtpSender::start(sender_options).await.map_err(AppError::Start)?;

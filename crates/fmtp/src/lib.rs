@@ -31,6 +31,7 @@ pub mod spool;
 pub mod stream;
 pub mod udp;
 
+pub use ldm7_fmtp_proto::lists::MacSigning;
 pub use ldm7_fmtp_proto::mac::MacLevel;
 pub use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig};
 pub use receiver::{
@@ -39,6 +40,6 @@ pub use receiver::{
 };
 pub use sender::{
     Authorizer, Departure, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender, RateHandle, SendError,
-    SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions, SetRateError, TrySendError,
+    SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions, SetRateError, SigningHandle, TrySendError,
 };
 pub use spool::{SpoolSink, SpooledProduct, Taken};

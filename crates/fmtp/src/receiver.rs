@@ -44,6 +44,7 @@ use crate::spool::{SpoolSink, SpooledProduct, Taken};
 use crate::stream::{ConnectError, HandshakeError, READ_CHUNK_BYTES, connect_with_backoff, offer_handshake, read_more};
 use crate::udp::{MulticastConfig, MulticastReceiver, SocketError};
 use ed25519_dalek::VerifyingKey;
+use ldm7_fmtp_proto::lists::Refused;
 use ldm7_fmtp_proto::mac::{KeyOffer, KeyRing, MacError, MacLevel, Verifier};
 
 /// First pause between attempts to connect to the retransmission server.
@@ -247,6 +248,10 @@ pub struct ReceiverDriverCounters {
     pub datagrams_dropped: u64,
     /// Datagrams dropped because their MAC did not verify (forged, damaged, another key).
     pub bad_mac: u64,
+    /// Unsigned datagrams of a sender signing digest lists (MAC level 2) dropped because no
+    /// verified list named them in time: their list was lost (the blocks are repaired), or they
+    /// were forged.
+    pub unlisted: u64,
     /// MAC keys taken from a rotating sender (KEY_UPDATE, acknowledged).
     pub key_updates: u64,
     /// Key updates refused: not signed by the pinned publisher, not decryptable, a replayed
@@ -433,12 +438,23 @@ struct Shared {
     request_queue: BoundHits,
     datagrams_dropped: AtomicU64,
     bad_mac: AtomicU64,
+    unlisted: AtomicU64,
     key_updates: AtomicU64,
     key_updates_refused: AtomicU64,
     reader: Option<ReaderCounterHandle>,
 }
 
 impl Shared {
+    /// Counts what a batch's check refused.
+    fn count_refused(&self, refused: Refused) {
+        if refused.bad_mac > 0 {
+            self.bad_mac.fetch_add(refused.bad_mac, Ordering::Relaxed);
+        }
+        if refused.unlisted > 0 {
+            self.unlisted.fetch_add(refused.unlisted, Ordering::Relaxed);
+        }
+    }
+
     fn snapshot(&self) -> ReceiverDriverCounters {
         let reader = self.reader.as_ref().map(ReaderCounterHandle::counters).unwrap_or_default();
         ReceiverDriverCounters {
@@ -449,6 +465,7 @@ impl Shared {
             request_queue_full: self.request_queue.count(),
             datagrams_dropped: self.datagrams_dropped.load(Ordering::Relaxed),
             bad_mac: self.bad_mac.load(Ordering::Relaxed),
+            unlisted: self.unlisted.load(Ordering::Relaxed),
             key_updates: self.key_updates.load(Ordering::Relaxed),
             key_updates_refused: self.key_updates_refused.load(Ordering::Relaxed),
         }
@@ -576,16 +593,11 @@ impl ReceiverTask {
         let (requests, request_rx) = mpsc::unbounded_channel();
         let mut writer = tokio::spawn(write_requests(write, request_rx, queue.clone()));
         let now = Clock::now();
-        let mut early = early;
         let mut keys = KeyRing::new(verifier);
-        for datagram in early.datagrams.drain(..) {
-            match keys.verify(now, &datagram) {
-                Ok(message) => self.receiver.handle_datagram(now, message),
-                Err(_) => {
-                    self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+        let early: Vec<&[u8]> = early.datagrams.iter().map(Vec::as_slice).collect();
+        let receiver = &mut self.receiver;
+        let refused = keys.check_batch(now, &early, |message| receiver.handle_datagram(now, message));
+        self.shared.count_refused(refused);
         self.keys = Some(keys);
         self.offer = Some(offer);
         let result = self.receive(&mut reader, &mut read, &mut stream_buffer, &requests, &queue, &mut stop).await;
@@ -701,14 +713,11 @@ impl ReceiverTask {
                         }
                         kept.push(datagram);
                     }
-                    let results = self.keys.as_mut().map(|keys| keys.verify_batch(now, &kept)).unwrap_or_default();
-                    for result in results {
-                        match result {
-                            Ok(message) => self.receiver.handle_datagram(now, message),
-                            Err(_) => {
-                                self.shared.bad_mac.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
+                    // Unsigned datagrams of a level-2 sender signing digest lists wait for theirs.
+                    if let Some(keys) = self.keys.as_mut() {
+                        let receiver = &mut self.receiver;
+                        let refused = keys.check_batch(now, &kept, |message| receiver.handle_datagram(now, message));
+                        self.shared.count_refused(refused);
                     }
                     // Parity requests wait while more datagrams do (the shards others asked
                     // for may be among them).

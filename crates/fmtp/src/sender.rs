@@ -48,6 +48,7 @@ use tokio::task::JoinHandle;
 use crate::stream::{self, CurrentKey, ExchangeTicket, KeyAnswer, KeyDesk, accept_handshake, read_more, tcp_rtt};
 use crate::udp::{MulticastConfig, MulticastSender};
 use ed25519_dalek::SigningKey;
+use ldm7_fmtp_proto::lists::{DigestLister, MacSigning};
 use ldm7_fmtp_proto::mac::{MacLevel, OfferKey, SenderKey};
 use ldm7_fmtp_proto::wire::PAYLOAD_LEN_MAX;
 
@@ -143,6 +144,10 @@ pub struct SenderOptions {
     /// all acknowledged it (KEY_ACK) or [`KEY_SWITCH_DEADLINE`] passed. An ldm7 extension: every
     /// receiver must be ldm7. At least [`MAC_ROTATION_MIN`]; ignored at MAC level 0.
     pub mac_rotation: Option<Duration>,
+    /// At MAC level 2: a signature on each datagram (the reference's way, which a reference
+    /// receiver requires) or signed digest lists (ldm7 receivers only; `ldm7_fmtp_proto::lists`).
+    /// [`FmtpSender::signing_handle`] switches a running sender.
+    pub mac_signing: MacSigning,
     /// Where parity shards are multicast (`None`: to the group with the data). LDM-7 sends
     /// them to a port of their own, so that a reference receiver on the group never sees a
     /// message type it does not know (docs/parity.md).
@@ -171,6 +176,7 @@ impl SenderOptions {
             mac_level: MacLevel::None,
             identity: None,
             mac_rotation: None,
+            mac_signing: MacSigning::default(),
             parity_group: None,
         }
     }
@@ -251,6 +257,8 @@ pub struct SenderDriverCounters {
     pub key_rotations: u64,
     /// Rotations that switched at [`KEY_SWITCH_DEADLINE`] with receivers still not acknowledging.
     pub key_switches_late: u64,
+    /// Signed digest lists multicast (MAC level 2 signing lists).
+    pub digest_lists: u64,
 }
 
 /// Why a product could not be handed over: the sender task ended. The product is handed back.
@@ -342,6 +350,26 @@ impl std::fmt::Debug for RateHandle {
     }
 }
 
+/// Switches a running [`FmtpSender`] between level-2 signing modes; clone it to use it from
+/// another thread. The sender takes the mode at its next send (a list of datagrams already
+/// sent goes out first).
+#[derive(Clone, Debug)]
+pub struct SigningHandle {
+    lists: Arc<AtomicBool>,
+}
+
+impl SigningHandle {
+    /// Signs with `signing` from now on (only level 2 has modes; other levels ignore it).
+    pub fn set(&self, signing: MacSigning) {
+        self.lists.store(signing == MacSigning::Lists, Ordering::Relaxed);
+    }
+
+    /// The mode asked for.
+    pub fn get(&self) -> MacSigning {
+        if self.lists.load(Ordering::Relaxed) { MacSigning::Lists } else { MacSigning::Datagram }
+    }
+}
+
 impl RateHandle {
     /// Paces multicast and repairs at `rate_bits_per_s` from now on (see `Sender::set_rate`);
     /// returns once the sender task applied it.
@@ -357,6 +385,7 @@ impl RateHandle {
 pub struct FmtpSender {
     products: ProductSender,
     rate: RateHandle,
+    signing: SigningHandle,
     notices: mpsc::Receiver<SenderNotice>,
     retx_addr: SocketAddr,
     source_addr: SocketAddr,
@@ -405,6 +434,12 @@ impl FmtpSender {
         for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
             pacing.bucket_bytes = pacing.bucket_bytes.max(timer_burst_bytes(pacing.rate_bits_per_s));
         }
+        if let Some(pacing) = &mut proto.multicast_pacing {
+            // The MAC the driver appends is on the wire too (tc counts it). At level 2 the most a
+            // mode costs: a signature on each datagram (digest lists cost about 35 bytes a
+            // datagram, and the mode may switch).
+            pacing.overhead_bytes_per_message += options.mac_level.mac_len() as u64;
+        }
         let queued_products_max = proto.queued_products_max;
         let mut sender = Sender::new(proto, Clock::now()).map_err(io::Error::other)?;
         let (anchor, wall) = Clock::wall_anchor();
@@ -419,6 +454,7 @@ impl FmtpSender {
         let rate = RateHandle { inputs: inputs.clone() };
         let accept = tokio::spawn(accept_loop(listener, options.authorize.clone(), inputs, bounds, keys));
         let max_segments = udp.max_segments().clamp(1, GSO_SEGMENTS_MAX);
+        let signing = SigningHandle { lists: Arc::new(AtomicBool::new(options.mac_signing == MacSigning::Lists)) };
         let task = SenderTask {
             sender,
             udp,
@@ -442,11 +478,15 @@ impl FmtpSender {
             current_key,
             identity: options.identity.clone(),
             rotation,
+            signing: signing.clone(),
+            lister: None,
+            list: Vec::with_capacity(DATAGRAM_LEN_MAX),
         };
         let run = tokio::spawn(task.run(product_rx, input_rx));
         Ok(Self {
             products: ProductSender { products: product_tx, shared: shared.clone() },
             rate,
+            signing,
             notices,
             retx_addr,
             source_addr,
@@ -484,6 +524,11 @@ impl FmtpSender {
     /// The next notice; `None` once the sender stopped.
     pub async fn next_notice(&mut self) -> Option<SenderNotice> {
         self.notices.recv().await
+    }
+
+    /// A handle that switches level-2 signing between each datagram and digest lists.
+    pub fn signing_handle(&self) -> SigningHandle {
+        self.signing.clone()
     }
 
     /// The protocol counters as of the last loop turn.
@@ -544,6 +589,7 @@ struct Shared {
     connections_stalled: AtomicU64,
     key_rotations: AtomicU64,
     key_switches_late: AtomicU64,
+    digest_lists: AtomicU64,
 }
 
 impl Shared {
@@ -561,6 +607,7 @@ impl Shared {
             connections_stalled: self.connections_stalled.load(Ordering::Relaxed),
             key_rotations: self.key_rotations.load(Ordering::Relaxed),
             key_switches_late: self.key_switches_late.load(Ordering::Relaxed),
+            digest_lists: self.digest_lists.load(Ordering::Relaxed),
         }
     }
 }
@@ -712,6 +759,12 @@ struct SenderTask {
     identity: Option<Arc<SigningKey>>,
     /// Key rotation, when on.
     rotation: Option<Rotation>,
+    /// The level-2 signing mode asked for.
+    signing: SigningHandle,
+    /// Digests of datagrams sent and not yet listed (level 2 signing lists).
+    lister: Option<DigestLister>,
+    /// A DIGESTS datagram being sent.
+    list: Vec<u8>,
 }
 
 /// MAC key rotation: when the next key is made, and the one being handed out.
@@ -744,10 +797,8 @@ impl SenderTask {
         let mut products_open = true;
         loop {
             self.drive().await;
-            let timeout = match (self.sender.poll_timeout(), self.rotation_timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let list_due = self.lister.as_ref().and_then(DigestLister::due);
+            let timeout = [self.sender.poll_timeout(), self.rotation_timeout(), list_due].into_iter().flatten().min();
             let take_products = products_open
                 && self.pending_notices.is_empty()
                 && self.sender.queued_products() < self.queued_products_max;
@@ -1032,27 +1083,25 @@ impl SenderTask {
     async fn transmit(&mut self) {
         let now = Clock::now();
         let low_water_bytes = self.bounds.repair_queue_bytes_max / 2;
+        self.take_signing_mode().await;
         loop {
             self.message.clear();
             let Some(transmit) = self.sender.poll_transmit(now, &mut self.message) else { break };
             match transmit.destination {
                 Destination::Multicast => {
-                    self.mac.sign_in_place(&mut self.message);
-                    let len = self.message.len();
+                    let list_full = match &mut self.lister {
+                        Some(lister) => lister.push(now, &self.message),
+                        None => {
+                            self.mac.sign_in_place(&mut self.message);
+                            false
+                        }
+                    };
                     let to = if transmit.message_type == MessageType::Parity { self.parity_group } else { None };
-                    if self.segments > 0
-                        && (len > self.segment_len || self.batch.len() % self.segment_len != 0 || to != self.batch_to)
-                    {
-                        self.flush_multicast().await;
-                    }
-                    self.batch_to = to;
-                    if self.segments == 0 {
-                        self.segment_len = len;
-                    }
-                    self.batch.extend_from_slice(&self.message);
-                    self.segments += 1;
-                    if self.segments == self.max_segments || len < self.segment_len {
-                        self.flush_multicast().await;
+                    let message = std::mem::take(&mut self.message);
+                    self.push_multicast(&message, to).await;
+                    self.message = message;
+                    if list_full {
+                        self.send_list().await;
                     }
                 }
                 Destination::Receiver(id) => {
@@ -1077,12 +1126,63 @@ impl SenderTask {
                 }
             }
         }
+        if self.lister.as_ref().and_then(DigestLister::due).is_some_and(|due| due <= now) {
+            self.send_list().await;
+        }
         if self.segments > 0 {
             self.flush_multicast().await;
         }
         for link in self.links.values_mut() {
             link.flush();
         }
+    }
+
+    /// Adds a multicast datagram to the GSO batch (sending the batch first when the datagram
+    /// cannot join it, and after it when full or ended by a shorter one).
+    async fn push_multicast(&mut self, datagram: &[u8], to: Option<SocketAddr>) {
+        let len = datagram.len();
+        if self.segments > 0
+            && (len > self.segment_len || self.batch.len() % self.segment_len != 0 || to != self.batch_to)
+        {
+            self.flush_multicast().await;
+        }
+        self.batch_to = to;
+        if self.segments == 0 {
+            self.segment_len = len;
+        }
+        self.batch.extend_from_slice(datagram);
+        self.segments += 1;
+        if self.segments == self.max_segments || len < self.segment_len {
+            self.flush_multicast().await;
+        }
+    }
+
+    /// Multicasts the signed list of the datagrams not yet listed (to the group).
+    async fn send_list(&mut self) {
+        let Some(lister) = &mut self.lister else { return };
+        let mut list = std::mem::take(&mut self.list);
+        lister.emit(&self.mac, &mut list);
+        if !list.is_empty() {
+            self.push_multicast(&list, None).await;
+            self.shared.digest_lists.fetch_add(1, Ordering::Relaxed);
+        }
+        self.list = list;
+    }
+
+    /// Takes the level-2 signing mode asked for: a switch to signing each datagram sends the
+    /// list of the datagrams sent before it first.
+    async fn take_signing_mode(&mut self) {
+        let lists = self.mac.level() == MacLevel::Ed25519 && self.signing.get() == MacSigning::Lists;
+        if lists == self.lister.is_some() {
+            return;
+        }
+        if lists {
+            self.lister = Some(DigestLister::new());
+        } else {
+            self.send_list().await;
+            self.lister = None;
+        }
+        tracing::info!(signing = %if lists { MacSigning::Lists } else { MacSigning::Datagram }, "FMTP sender: MAC level 2 signing mode");
     }
 
     async fn flush_multicast(&mut self) {

@@ -550,14 +550,22 @@ fn forger() -> std::net::UdpSocket {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_dropped() {
+    use ldm7_fmtp::MacSigning;
     use ldm7_fmtp_proto::ProductIndex;
     use ldm7_fmtp_proto::mac::MacLevel;
     use ldm7_fmtp_proto::wire::{Body, Message};
-    for (octet, level) in [(20, MacLevel::None), (21, MacLevel::Hmac), (22, MacLevel::Ed25519)] {
+    let cases = [
+        (20, MacLevel::None, MacSigning::Datagram),
+        (21, MacLevel::Hmac, MacSigning::Datagram),
+        (22, MacLevel::Ed25519, MacSigning::Datagram),
+        (29, MacLevel::Ed25519, MacSigning::Lists),
+    ];
+    for (octet, level, signing) in cases {
         let multicast = loopback_group(octet);
         let group = multicast.group;
         let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
         options.mac_level = level;
+        options.mac_signing = signing;
         let mut sender = FmtpSender::start(options).await.expect("sender");
         let mut receiver_options = ReceiverOptions::new(multicast, sender.retx_addr());
         receiver_options.mac_level = level;
@@ -565,7 +573,8 @@ async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_
         let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), 20));
         joined(&mut sender, 1).await;
         // A forger on the path sends data blocks for the products being sent, with a MAC of
-        // the right length that it cannot compute. (At level 0 nothing tells them apart.)
+        // the right length that it cannot compute, and (to a sender signing lists) without
+        // one. (At level 0 nothing tells them apart.)
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let forging = (level != MacLevel::None).then(|| {
             let stop = stop.clone();
@@ -579,7 +588,11 @@ async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_
                             body: Body::MemData { offset: 0, data: &[0x66; 100] },
                         };
                         let mut datagram = block.to_vec().expect("emit");
-                        datagram.extend(std::iter::repeat_n(0x77, level.mac_len()));
+                        if signing == MacSigning::Lists && index % 2 == 0 {
+                            // Unsigned, as a listed datagram is: no list names it.
+                        } else {
+                            datagram.extend(std::iter::repeat_n(0x77, level.mac_len()));
+                        }
                         if socket.send_to(&datagram, group).is_ok() {
                             sent += 1;
                         }
@@ -600,7 +613,53 @@ async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_
         if level != MacLevel::None {
             assert!(forged > 0 && outcome.report.driver.bad_mac > 0, "level {level}: {forged} forged, {outcome:?}");
         }
+        let lists = sender.driver_counters().digest_lists;
+        if signing == MacSigning::Lists {
+            assert!(lists > 0, "lists sent: {lists}");
+        } else {
+            assert_eq!(lists, 0, "level {level} signing {signing}");
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_2_sender_switching_between_lists_and_signing_each_datagram_loses_nothing() {
+    use ldm7_fmtp::MacSigning;
+    use ldm7_fmtp_proto::mac::MacLevel;
+    let multicast = loopback_group(30);
+    let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
+    options.mac_level = MacLevel::Ed25519;
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let signing = sender.signing_handle();
+    assert_eq!(signing.get(), MacSigning::Lists, "lists are the default");
+    let mut receiver_options = ReceiverOptions::new(multicast, sender.retx_addr());
+    receiver_options.mac_level = MacLevel::Ed25519;
+    receiver_options.drop_probability = 0.02;
+    let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), 30));
+    joined(&mut sender, 1).await;
+    // The mode flips every 3 ms while products are being multicast.
+    let flipping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flipper = {
+        let (flipping, signing) = (flipping.clone(), signing.clone());
+        tokio::spawn(async move {
+            let mut flips = 0u32;
+            while flipping.load(std::sync::atomic::Ordering::Relaxed) {
+                signing.set(if flips % 2 == 0 { MacSigning::Datagram } else { MacSigning::Lists });
+                flips += 1;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            flips
+        })
+    };
+    let products = products(30);
+    send_all(&mut sender, &products).await;
+    flipping.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(flipper.await.expect("flipper") > 2);
+    let outcome = receiving.await.expect("receiver");
+    assert!(outcome.missed.is_empty(), "{outcome:?}");
+    assert_each_once(&outcome, &products);
+    assert_eq!(outcome.report.driver.bad_mac, 0, "{outcome:?}");
+    assert!(sender.driver_counters().digest_lists > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -226,6 +226,10 @@ pub struct MulticastSettings {
     pub identity: Option<PathBuf>,
     /// A new MAC key this often (`None`: one key for the sender's life).
     pub mac_rotation: Option<Duration>,
+    /// At MAC level 2, sign digest lists while every subscriber of the feed is ldm7 (`true`,
+    /// `mac_signing = "auto"`, the default) or each datagram always (`"datagram"`, the
+    /// reference's way).
+    pub mac_lists: bool,
     /// Repair by parity multicast for ldm7 subscribers that offer it (an ldm7 extension).
     pub parity: ParityChoice,
     /// The loss [`ParityChoice::Auto`] plans for.
@@ -256,6 +260,7 @@ impl Default for MulticastSettings {
             mac_level: MacLevel::None,
             identity: None,
             mac_rotation: None,
+            mac_lists: true,
             parity: ParityChoice::Auto,
             parity_loss: ldm7_fmtp::PLANNED_LOSS_DEFAULT,
         }
@@ -546,6 +551,7 @@ mod raw {
         mac_level: Option<u8>,
         identity: Option<PathBuf>,
         mac_rotation: Option<String>,
+        mac_signing: Option<String>,
         parity: Option<String>,
         parity_loss: Option<f64>,
     }
@@ -718,6 +724,21 @@ mod raw {
                     ));
                 }
                 settings.mac_rotation = Some(every);
+            }
+            if let Some(signing) = &self.mac_signing {
+                settings.mac_lists = match signing.trim() {
+                    "auto" => true,
+                    "datagram" => false,
+                    other => {
+                        return Err(value(
+                            format!("{key}.mac_signing"),
+                            format!(
+                                "give \"auto\" (level 2 signs digest lists while every subscriber is ldm7) or \"datagram\" \
+                                 (a signature on each datagram always), not {other:?}"
+                            ),
+                        ));
+                    }
+                };
             }
             if let Some(choice) = parity(&self.parity, key, value)? {
                 settings.parity = choice;
@@ -1053,6 +1074,7 @@ enabled = false
             ("[multicast]\nrate = \"fast\"\n", "multicast.rate"),
             ("[multicast]\nmac_level = 3\n", "multicast.mac_level"),
             ("[multicast]\nmac_rotation = \"10ms\"\n", "multicast.mac_rotation"),
+            ("[multicast]\nmac_signing = \"each\"\n", "multicast.mac_signing"),
             ("[multicast.feeds.EXP]\nidentity = \"/nonexistent/publisher.key\"\n", "multicast.feeds.EXP.identity"),
             ("[receive]\npin = \"/nonexistent/publisher.key.pub\"\n", "receive.pin"),
             ("[multicast]\nparity = \"100/32\"\n", "multicast.parity"),

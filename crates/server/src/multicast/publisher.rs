@@ -45,7 +45,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate, parity_group_of};
-use ldm7_fmtp::{FmtpSender, ParityConfig, SenderNotice, SenderOptions};
+use ldm7_fmtp::{FmtpSender, MacSigning, ParityConfig, SenderNotice, SenderOptions, SigningHandle};
 use ldm7_fmtp_proto::{DeadlinePolicy, Pacing, Product, ProductIndex, SenderConfig, SenderEvent, WallClock};
 use ldm7_io::Clock;
 use ldm7_ldm_proto::{
@@ -369,6 +369,7 @@ impl Multicaster {
             address: fmtp_addr.addr,
             from_pool,
             leg: None,
+            reference: offer.is_none(),
             info: McastSubInfo {
                 mcast_info: McastInfo {
                     feed: entry.feedtype,
@@ -380,6 +381,9 @@ impl Multicaster {
             },
             filter,
         };
+        if subscription.reference {
+            feed.reference_joined();
+        }
         if !names_attachment(vc_end) {
             return Ok(subscription);
         }
@@ -486,6 +490,9 @@ impl Multicaster {
             }
         }
         subscription.feed.release(subscription.address, subscription.from_pool);
+        if subscription.reference {
+            subscription.feed.reference_left();
+        }
         let mut feeds = self.feeds();
         if subscription.feed.subscribers.fetch_sub(1, Ordering::Relaxed) != 1 {
             return;
@@ -589,6 +596,9 @@ pub struct Subscription {
     /// Whether `address` came from the feed's pool (else it is the subscriber's own).
     from_pool: bool,
     leg: Option<Endpoint>,
+    /// Whether the subscriber is a reference LDM-7 (its SUBSCRIBE offered nothing): level 2
+    /// signs each datagram while it is subscribed.
+    reference: bool,
     /// What the SUBSCRIBE reply carries.
     pub info: McastSubInfo,
     /// The per-product ALLOW test (backlog products).
@@ -712,6 +722,10 @@ pub struct Feed {
     key_refusals: Arc<Mutex<KeyRefusals>>,
     /// The parity coding, and where shards go (`None`: parity off).
     parity: Option<(ParityConfig, SocketAddrV4)>,
+    /// Switches level-2 signing between digest lists and each datagram.
+    signing: SigningHandle,
+    /// Reference LDM-7 subscriptions now (level 2 signs each datagram while there is one).
+    reference_subscribers: std::sync::atomic::AtomicUsize,
 }
 
 impl Feed {
@@ -785,6 +799,7 @@ impl Feed {
         let mut options = SenderOptions::new(multicast, retx_listen, proto);
         options.mac_level = settings.mac_level;
         options.mac_rotation = settings.mac_rotation;
+        options.mac_signing = if settings.mac_lists { MacSigning::Lists } else { MacSigning::Datagram };
         options.parity_group = parity.map(|(_, to)| SocketAddr::V4(to));
         if let Some(path) = &settings.identity {
             // Checked when the settings were read; a file changed since is an error now.
@@ -842,6 +857,8 @@ impl Feed {
             rate_task: Mutex::new(None),
             key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
             parity,
+            signing: sender.signing_handle(),
+            reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
         });
         if let (Some(control), Some(settings)) = (&violation_monitor, &feed.settings.rate_control) {
             let shaped_interface = rate_control::shaped_interface(interface);
@@ -1034,6 +1051,30 @@ impl Feed {
 
     fn release(&self, address: Ipv4Addr, from_pool: bool) {
         self.admission.lock().unwrap_or_else(PoisonError::into_inner).release(address, from_pool);
+    }
+
+    /// A reference LDM-7 subscribed: at level 2 with digest lists, the sender signs each
+    /// datagram from now on (a reference receiver requires a signature on each; the switch
+    /// comes before its SUBSCRIBE reply, so before its receiver connects).
+    fn reference_joined(&self) {
+        let lists = self.settings.mac_level == ldm7_fmtp::MacLevel::Ed25519 && self.settings.mac_lists;
+        if self.reference_subscribers.fetch_add(1, Ordering::SeqCst) == 0 && lists {
+            self.signing.set(MacSigning::Datagram);
+            tracing::info!(
+                "{}: a reference LDM-7 subscriber: MAC level 2 signs each datagram while one is subscribed \
+                 (digest lists are for ldm7 subscribers only)",
+                self.name
+            );
+        }
+    }
+
+    /// A reference LDM-7 subscription ended: the last one gives digest lists back.
+    fn reference_left(&self) {
+        let lists = self.settings.mac_level == ldm7_fmtp::MacLevel::Ed25519 && self.settings.mac_lists;
+        if self.reference_subscribers.fetch_sub(1, Ordering::SeqCst) == 1 && lists {
+            self.signing.set(MacSigning::Lists);
+            tracing::info!("{}: no reference LDM-7 subscriber left: MAC level 2 signs digest lists again", self.name);
+        }
     }
 
     fn signature_of(&self, index: ProductIndex) -> Option<Signature> {
