@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ldm7_server::act::run::{self, Requests, RunError, RunOptions};
+use ldm7_act::run::{self, Requests, RunError, RunOptions};
 
 use crate::common::{duration_arg, open_queue, parse_feed, parse_pattern, positive_duration_arg, queue_path};
 use crate::exit::{CmdResult, bad_input, input, runtime};
@@ -130,7 +130,7 @@ fn check(files: &[PathBuf]) -> CmdResult {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("cannot read the configuration {}", file.display()))
             .map_err(input)?;
-        let conf = ldm7_server::act::parse(&file.display().to_string(), &text).map_err(bad_input)?;
+        let conf = ldm7_act::parse(&file.display().to_string(), &text).map_err(bad_input)?;
         for entry in &conf.entries {
             println!("{entry}");
         }

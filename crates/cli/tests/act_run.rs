@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use ldm7_act::output::metadata_record;
 use ldm7_pq::{Capacity, Queue};
-use ldm7_server::act::output::metadata_record;
 use ldm7_testkit::{skip, wait_until};
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 
@@ -182,18 +182,12 @@ fn each_action_and_option_writes_what_the_reference_writes() {
     }
     assert_eq!(lab.read("stdio-closed.txt"), b"one\x01\x7f\r\ntwo\n");
     let closed = lab.path("out/db/closed.redb");
-    assert_eq!(
-        ldm7_server::act::outputs::db_get(&closed, b"ta").expect("db").as_deref(),
-        Some(&b"one\x01\x7f\r\n"[..])
-    );
-    assert_eq!(ldm7_server::act::outputs::db_get(&closed, b"tb").expect("db").as_deref(), Some(&b"two\n"[..]));
+    assert_eq!(ldm7_act::outputs::db_get(&closed, b"ta").expect("db").as_deref(), Some(&b"one\x01\x7f\r\n"[..]));
+    assert_eq!(ldm7_act::outputs::db_get(&closed, b"tb").expect("db").as_deref(), Some(&b"two\n"[..]));
     let db = lab.path("out/db/products.redb");
-    assert_eq!(ldm7_server::act::outputs::db_get(&db, b"key-a").expect("db").as_deref(), Some(&b"one\x01\x7f\r\n"[..]));
+    assert_eq!(ldm7_act::outputs::db_get(&db, b"key-a").expect("db").as_deref(), Some(&b"one\x01\x7f\r\n"[..]));
     // A key already present: the new product is appended (as the reference's gdbm store does).
-    assert_eq!(
-        ldm7_server::act::outputs::db_get(&db, b"all").expect("db").as_deref(),
-        Some(&b"one\x01\x7f\r\ntwo\n"[..])
-    );
+    assert_eq!(ldm7_act::outputs::db_get(&db, b"all").expect("db").as_deref(), Some(&b"one\x01\x7f\r\ntwo\n"[..]));
     // The SBN header and trailer, the WMO heading and the AWIPS line go.
     assert_eq!(lab.read("wmo.txt"), b"body\x02 text\r\r\n");
     assert_eq!(lab.read("piped-wmo.txt"), b"body\x02 text\r\r\n");
@@ -363,7 +357,7 @@ fn edex_entries_announce_their_files_in_the_shared_ring() {
         skip("needs root (the EDEX ring is keyed by /etc/rc.d/rc.local); CI runs it as root");
         return;
     }
-    let key_file = Path::new(ldm7_server::act::edex::KEY_FILE);
+    let key_file = Path::new(ldm7_act::edex::KEY_FILE);
     let created = !key_file.exists();
     if created {
         std::fs::create_dir_all(key_file.parent().expect("parent")).expect("/etc/rc.d");
@@ -388,7 +382,7 @@ fn edex_entries_announce_their_files_in_the_shared_ring() {
     lab.insert("EXP", "second", b"2\n");
     wait_until(Duration::from_secs(10), "both filed", || std::fs::metadata(lab.path("out/edex/second.txt")).ok());
     std::thread::sleep(Duration::from_millis(200));
-    let slots = [ldm7_server::act::edex::read_slot(0), ldm7_server::act::edex::read_slot(1)];
+    let slots = [ldm7_act::edex::read_slot(0), ldm7_act::edex::read_slot(1)];
     stop(act);
     if created {
         let _ = std::fs::remove_file(key_file);

@@ -312,7 +312,7 @@ pub fn pqact_conf(data: &[u8]) {
         None => (data, None),
     };
     let Ok(text) = std::str::from_utf8(conf) else { return };
-    let Ok(conf) = ldm7_server::act::parse("pqact.conf", text) else { return };
+    let Ok(conf) = ldm7_act::parse("pqact.conf", text) else { return };
     let mut idents = vec!["SAUS43 KWBC 231200".to_owned(), "TEST/cap.1".to_owned(), "_x".to_owned()];
     if let Some(ident) = ident {
         idents.push(String::from_utf8_lossy(ident).into_owned());
@@ -320,7 +320,7 @@ pub fn pqact_conf(data: &[u8]) {
     for ident in idents {
         let info = sample_info(FeedType::ANY, ident);
         for (entry, matched) in conf.matching(&info) {
-            let _ = ldm7_server::act::arguments(entry, &info, &matched);
+            let _ = ldm7_act::arguments(entry, &info, &matched);
         }
     }
 }

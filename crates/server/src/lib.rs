@@ -8,7 +8,6 @@
 //! installs the subscriber.
 
 pub mod access;
-pub mod act;
 pub mod client;
 pub mod config;
 mod conn;
