@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ldm7_config::keys;
 use ldm7_fmtp::app::{
     self, AppError, DropProbability, ProductSource, RecvOptions, RecvProgress, SendOptions, SendProgress, Speedup,
 };
-use ldm7_fmtp::keys;
 use ldm7_fmtp::{MacLevel, MacSigning, ParityChoice};
 use ldm7_types::Rate;
 use ldm7_types::units::parse_duration;

@@ -130,6 +130,7 @@ pub mod time;
 pub mod wire;
 
 pub use index::ProductIndex;
+pub use ldm7_plan::repair::RECEIVE_GAP_DEFAULT;
 pub use pacing::Pacing;
 pub use parity::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig, ParityEncoder};
 pub use receiver::{

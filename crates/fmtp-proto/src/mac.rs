@@ -44,6 +44,9 @@ use zeroize::Zeroizing;
 use crate::Instant;
 use std::time::Duration;
 
+/// The shortest interval between MAC key rotations (the ldm7 extension).
+pub const MAC_ROTATION_MIN: Duration = Duration::from_secs(1);
+
 /// Bytes of a level-1 key.
 pub const HMAC_KEY_LEN: usize = 64;
 /// Bytes of a level-1 MAC.

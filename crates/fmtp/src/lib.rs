@@ -23,7 +23,6 @@
 //! `tracing`. Nothing accepted is dropped: full queues make the producer wait.
 
 pub mod app;
-pub mod keys;
 pub mod reader;
 pub mod receiver;
 pub mod sender;

@@ -155,7 +155,7 @@ pub struct SenderOptions {
 }
 
 /// The shortest [`SenderOptions::mac_rotation`].
-pub const MAC_ROTATION_MIN: Duration = Duration::from_secs(1);
+pub const MAC_ROTATION_MIN: Duration = ldm7_fmtp_proto::mac::MAC_ROTATION_MIN;
 
 /// Longest a new MAC key waits for receivers' acknowledgements before the sender signs with it
 /// anyway (a receiver that has not taken it yet asks for repairs meanwhile).

@@ -48,10 +48,9 @@ pub fn buffer_bytes_for_rate(rate_bits_per_s: u64) -> usize {
     usize::try_from(quarter_second.clamp(1 << 20, 256 << 20)).unwrap_or(256 << 20)
 }
 
-/// The longest time a receiving host is planned not to read its multicast socket (the reader
-/// thread not scheduled, a burst beyond the path's share): its buffer takes what arrives
-/// meanwhile ([`receive_buffer_bytes`]).
-pub const RECEIVE_GAP_DEFAULT: Duration = Duration::from_millis(500);
+/// The longest time a receiving host is planned not to read its multicast socket
+/// ([`receive_buffer_bytes`]; `ldm7_plan::repair::RECEIVE_GAP_DEFAULT`).
+pub const RECEIVE_GAP_DEFAULT: Duration = ldm7_fmtp_proto::RECEIVE_GAP_DEFAULT;
 
 /// A receiving socket's buffer for a rate: what arrives at `rate_bits_per_s` during `gap`, at
 /// least 4 MiB, at most 1 GiB. Beyond `net.core.rmem_max` it takes CAP_NET_ADMIN

@@ -300,7 +300,7 @@ pub fn ldmd_conf(data: &[u8]) {
     if text.to_ascii_lowercase().contains("include") {
         return;
     }
-    let _ = ldm7_server::config::Config::parse(text, Path::new("/nonexistent/etc/ldmd.conf"));
+    let _ = ldm7_config::ldmd::Config::parse(text, Path::new("/nonexistent/etc/ldmd.conf"));
 }
 
 /// pqact.conf text up to a NUL byte; what follows it (if anything) is a product identifier. The

@@ -119,6 +119,11 @@ pub fn repair_budget(subscribers: u32, loss: f64, repair: Repair) -> RepairBudge
     }
 }
 
+/// The longest time a receiving host is planned not to read its multicast socket (the reader
+/// thread not scheduled, a burst beyond the path's share): its buffer takes what arrives
+/// meanwhile.
+pub const RECEIVE_GAP_DEFAULT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The receive buffer a subscriber's host needs to ride out `gap_s` seconds of not reading a
 /// feed multicast at `rate_bps` (path rate: bursts come at it), bytes.
 pub fn receive_buffer_bytes(rate_bps: f64, gap_s: f64) -> f64 {

@@ -8,8 +8,9 @@
 //! installs the subscriber.
 
 pub mod access;
+pub use ldm7_config::ldmd as config;
+pub use ldm7_config::settings;
 pub mod client;
-pub mod config;
 mod conn;
 pub mod limits;
 pub mod multicast;
@@ -17,7 +18,6 @@ mod prometheus;
 pub mod receive;
 mod request;
 mod server;
-pub mod settings;
 pub mod stats;
 pub mod wait;
 

@@ -565,7 +565,7 @@ impl Session<'_> {
         options.mac_level = self.settings.mac_level;
         if let Some(path) = &self.settings.pin {
             // Never without the pin it asks for: a file unreadable now ends the session.
-            let key = ldm7_fmtp::keys::read_pin(path).map_err(|error| SessionEnd::Pin(error.to_string()))?;
+            let key = ldm7_config::keys::read_pin(path).map_err(|error| SessionEnd::Pin(error.to_string()))?;
             options.pin = Some(key);
         }
         let in_flight = self.settings.in_flight_bytes_max.bytes();

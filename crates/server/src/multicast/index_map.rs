@@ -33,7 +33,7 @@ const RECORD_LEN: u64 = 24;
 const VALID: u32 = 0x4C44_4D37;
 
 /// Records kept by default: about two hours of the whole IDD (440,000 products an hour).
-pub const CAPACITY_DEFAULT: u32 = 1 << 20;
+pub const CAPACITY_DEFAULT: u32 = ldm7_config::settings::INDEX_MAP_CAPACITY_DEFAULT;
 
 /// Why the map cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -804,7 +804,7 @@ impl Feed {
         if let Some(path) = &settings.identity {
             // Checked when the settings were read; a file changed since is an error now.
             let identity =
-                ldm7_fmtp::keys::read_identity(path).map_err(|error| FeedError::Identity(error.to_string()))?;
+                ldm7_config::keys::read_identity(path).map_err(|error| FeedError::Identity(error.to_string()))?;
             options.identity = Some(Arc::new(identity));
         }
         let authorize_admission = admission.clone();

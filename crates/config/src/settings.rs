@@ -87,7 +87,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ldm7_fmtp::{MacLevel, ParityChoice, ParityConfig};
+use ldm7_fmtp_proto::mac::{MAC_ROTATION_MIN, MacLevel};
+use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, ParityChoice, ParityConfig};
 
 use ldm7_types::units::{ByteSize, Rate, parse_duration};
 use ldm7_types::{FeedType, QuantityError};
@@ -130,6 +131,9 @@ pub const RETX_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 /// that resubscribes (a restart, a MAC level being fixed) finds it running, with its product
 /// index going on; the reference's sender runs on until `ldmd` stops.
 pub const LINGER_DEFAULT: Duration = Duration::from_secs(60);
+
+/// Products a feed's product-index map remembers unless `index_map_capacity` says otherwise.
+pub const INDEX_MAP_CAPACITY_DEFAULT: u32 = 1 << 20;
 
 /// How long a product stays available for repairs (RESEARCH.md §3).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -253,7 +257,7 @@ impl Default for MulticastSettings {
             interface: None,
             linger: LINGER_DEFAULT,
             subscribers_max: 256,
-            index_map_capacity: super::multicast::index_map::CAPACITY_DEFAULT,
+            index_map_capacity: INDEX_MAP_CAPACITY_DEFAULT,
             product_queue_max: 1024,
             path: None,
             rate_control: None,
@@ -262,7 +266,7 @@ impl Default for MulticastSettings {
             mac_rotation: None,
             mac_lists: true,
             parity: ParityChoice::Auto,
-            parity_loss: ldm7_fmtp::PLANNED_LOSS_DEFAULT,
+            parity_loss: PLANNED_LOSS_DEFAULT,
         }
     }
 }
@@ -339,7 +343,7 @@ impl Default for ReceiveSettings {
             mac_level: MacLevel::None,
             pin: None,
             parity: ParityChoice::Auto,
-            receive_gap: ldm7_fmtp::udp::RECEIVE_GAP_DEFAULT,
+            receive_gap: ldm7_plan::repair::RECEIVE_GAP_DEFAULT,
         }
     }
 }
@@ -712,16 +716,13 @@ mod raw {
                 settings.mac_level = mac_level(level, key, value)?;
             }
             if let Some(path) = &self.identity {
-                ldm7_fmtp::keys::read_identity(path)
+                crate::keys::read_identity(path)
                     .map_err(|error| value(format!("{key}.identity"), error.to_string()))?;
                 settings.identity = Some(path.clone());
             }
             if let Some(every) = quantity(&self.mac_rotation, key, "mac_rotation", parse_duration, value)? {
-                if every < ldm7_fmtp::MAC_ROTATION_MIN {
-                    return Err(value(
-                        format!("{key}.mac_rotation"),
-                        format!("give at least {:?}", ldm7_fmtp::MAC_ROTATION_MIN),
-                    ));
+                if every < MAC_ROTATION_MIN {
+                    return Err(value(format!("{key}.mac_rotation"), format!("give at least {:?}", MAC_ROTATION_MIN)));
                 }
                 settings.mac_rotation = Some(every);
             }
@@ -918,7 +919,7 @@ mod raw {
                 settings.mac_level = mac_level(level, key, value)?;
             }
             if let Some(path) = &self.pin {
-                ldm7_fmtp::keys::read_pin(path).map_err(|error| value(format!("{key}.pin"), error.to_string()))?;
+                crate::keys::read_pin(path).map_err(|error| value(format!("{key}.pin"), error.to_string()))?;
                 settings.pin = Some(path.clone());
             }
             if let Some(choice) = parity(&self.parity, key, value)? {

@@ -1,0 +1,8 @@
+//! What an ldm7 site configures, parsed and checked without opening a socket: `ldmd.conf`
+//! ([`ldmd`]: ALLOW, ACCEPT, REQUEST, EXEC, INCLUDE, MULTICAST, RECEIVE), `ldm7.toml`
+//! ([`settings`]) and the publisher's key files ([`keys`]). The daemon (`ldm7-server`) acts on
+//! them; the fuzz targets and `ldm7 serve --check` need nothing more.
+
+pub mod keys;
+pub mod ldmd;
+pub mod settings;
