@@ -26,6 +26,7 @@
 //! does not decode closes the session with [`SessionError::Malformed`].
 
 mod downstream;
+pub mod downstream7;
 mod inbound;
 mod notify;
 mod peer;

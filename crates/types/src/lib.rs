@@ -6,6 +6,7 @@
 //! This crate is sans-IO: no sockets, threads, clocks or randomness. Wire and printed forms
 //! follow `docs/spec/ldm-formats.md` §3 (feedtypes) and §5 (printed forms).
 
+pub mod backoff;
 pub mod class;
 pub mod feedtype;
 pub mod instant;

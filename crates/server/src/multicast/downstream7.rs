@@ -3,12 +3,18 @@
 //! what FMTP could not deliver through the backstop (REQUEST_PRODUCT) and what it missed while
 //! away through the backlog (REQUEST_BACKLOG), and logs one [`Delivery`] line per product.
 //!
-//! One task per RECEIVE entry, on the server's LDM-7 runtime:
+//! One task per RECEIVE entry, on the server's LDM-7 runtime. What to ask the upstream for and
+//! when — the backstop, the backlog and its fence, the quiet-feed tail check, the resume point
+//! and the resubscription back-off — is decided by the sans-IO [`Downstream7`]
+//! (`ldm7_ldm_proto::downstream7`, tested in virtual time); this driver feeds it what the
+//! control session, the FMTP receiver and the inserter report, applies its decisions on the
+//! control session, and keeps the resume point in a file ([`ResumeFile`]). The driver's own
+//! work:
 //!
 //! 1. Connects to the upstream and sends SUBSCRIBE (feed, this host's attachment). A refusal or
-//!    a lost connection is retried with back-off (`retry_min` doubling to `retry_max`) for as
-//!    long as the server runs; the first failure of an outage is logged as a warning, the
-//!    retries at debug level, and the resubscription once it succeeds.
+//!    a lost connection is retried after the back-off the core says, for as long as the server
+//!    runs; the first failure of an outage is logged as a warning, the retries at debug level,
+//!    and the resubscription once it succeeds.
 //! 2. On `Subscribed`: configures the address it was given on the RECEIVE entry's interface if
 //!    one is named (needs root), joins the group there (or on loopback when the address is a
 //!    loopback one) and connects its FMTP repair connection *from* that address — the publisher
@@ -17,40 +23,11 @@
 //!    memory beyond the receiver's bounds), checked (XDR header, BOP metadata, MD5 of the data)
 //!    and copied from the spool into the queue in one pass. A product that fails the check is
 //!    fetched through the backstop instead.
-//! 4. Products FMTP reports missed (rejected after the sender's deadline, timed out, evicted, or
-//!    skipped by a jump of the product index) are asked for with REQUEST_PRODUCT; the answers
-//!    come in request order on the control connection and are inserted (`Inserted`).
-//! 5. When the session's first FMTP product (the receiver's first index) is resolved —
-//!    delivered by FMTP, or answered through the backstop — it asks for the backlog (§2.4): from
-//!    just after its resume point — or `time_offset` back when it has none — up to that product
-//!    ([`BacklogStart`]; the reference asks at the first product delivered, which for a lossy
-//!    subscriber is often a later one). Only when no FMTP datagram at all arrives for
-//!    `TAIL_QUIET` after the connection (a quiet feed), or nothing resolves for `BACKLOG_WAIT`,
-//!    does it ask up to the upstream's newest product: products the multicast is still carrying
-//!    would otherwise come twice (a lossy subscriber's first products can take seconds to
-//!    repair).
-//! 6. When the feed goes quiet (no FMTP message, multicast or repair, for `TAIL_QUIET`, and no
-//!    product in FMTP's hands), it asks for anything the upstream has after the newest product
-//!    FMTP brought ([`Session::ask_tail`]): FMTP learns of a product lost whole only from a newer
-//!    one, so the end of a burst would otherwise wait for the next product.
-//!
-//! A backlog is complete at END_BACKLOG (ldm7 sends it) or when its *fence* is answered: a
-//! REQUEST_PRODUCT for an index far ahead of the newest the session has seen, sent right after
-//! the REQUEST_BACKLOG, which the reference (serving a connection's calls one at a time)
-//! answers with NO_SUCH_PRODUCT after the backlog's last product, and ldm7 after its
-//! END_BACKLOG (`ldm7_ldm_proto::Subscriber`, "fences"). So the resume point moves and the
-//! quiet-feed check runs against a publisher that never sends END_BACKLOG too.
-//!
-//! The resume point ([`Resume`], kept in the state directory) is the newest product before
-//! which nothing is missing. The reference keeps the last product received by multicast; then a
-//! product still being repaired, or fetched through the backstop, when the session dies (kill
-//! -9, the publisher restarting) would never arrive — its index is older than the last one
-//! received, so the next backlog starts after it. Ours is the end of the session's resolved
-//! prefix of FMTP indexes, and it moves only once the session's own backlog is complete.
+//! 4. The answers to REQUEST_PRODUCT and REQUEST_BACKLOG come on the control connection and are
+//!    inserted (`Inserted`, `Backlog`).
 //!
 //! Duplicates (a product that came both ways) are dropped by the queue and counted.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,8 +37,9 @@ use std::time::{Duration, SystemTime};
 use ldm7_fmtp::udp::{MulticastConfig, receive_buffer_bytes};
 use ldm7_fmtp::{FmtpReceiver, ReceivedProduct, ReceiverNotice, ReceiverOptions};
 use ldm7_fmtp_proto::{ParityChoice, ParityConfig, ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
+use ldm7_io::Clock;
 use ldm7_io::log_target::PRODUCT;
-use ldm7_io::{Backoff, Clock};
+use ldm7_ldm_proto::downstream7::{BacklogReason, Decision, Downstream7, Downstream7Config, FmtpReport, Traffic};
 use ldm7_ldm_proto::{
     BacklogSpec, McastSubInfo, SessionError, SubscribeAnswer, SubscribeOffer, Subscriber, SubscriberConfig,
     SubscriberEvent, VcEndPoint,
@@ -83,15 +61,10 @@ use crate::settings::ReceiveSettings;
 const HEAD_BYTES: usize = 512;
 /// Chunk size when copying a spooled product into the queue.
 const COPY_CHUNK_BYTES: usize = 256 << 10;
-/// Most products asked for one jump of the product index.
-const INDEX_GAP_REQUESTS_MAX: u32 = 100_000;
 /// How often the resume point (last product's signature) is saved while products arrive.
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// How long a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bound: resolved products remembered beyond the resume prefix (it holds when one product stays
-/// unresolved for long).
-const RESUME_RESOLVED_MAX: usize = 1 << 20;
 /// Drops at this host are logged at most this often.
 const HOST_DROPS_LOG_EVERY: Duration = Duration::from_secs(60);
 
@@ -195,9 +168,13 @@ pub async fn run(
         file_name(&receive.feedtype.to_string()),
         file_name(&receive.host)
     ));
-    let mut resume = Resume::load(state_path);
-    let mut backoff = Backoff::new(settings.retry_min, settings.retry_max);
-    let mut in_outage = false;
+    let mut resume = ResumeFile::new(state_path);
+    let config = Downstream7Config {
+        time_offset: settings.time_offset,
+        retry_min: settings.retry_min,
+        retry_max: settings.retry_max,
+    };
+    let mut core = Downstream7::new(config, resume.load());
     let mut stop = context.stop.clone();
     tracing::info!(
         "Downstream LDM7 starting up: remoteLDM7={}:{port}, feed={}, fmtpIface={}, vcEndPoint={}",
@@ -207,7 +184,7 @@ pub async fn run(
         vc_end(&receive).switch_id
     );
     loop {
-        let started = Clock::now();
+        core.session_started(Clock::now());
         let mut session = Session {
             context: &context,
             receive: &receive,
@@ -215,23 +192,21 @@ pub async fn run(
             counters: &counters,
             name: &name,
             port,
+            core: &mut core,
             resume: &mut resume,
-            in_outage: &mut in_outage,
             configured: None,
         };
         let end = session.run().await;
-        match end {
-            SessionEnd::Stopping => break,
-            error if !in_outage => {
-                tracing::warn!("{name}: {error}; resubscribing with back-off until it works");
-                in_outage = true;
-            }
-            error => tracing::debug!("{name}: {error}"),
+        if matches!(end, SessionEnd::Stopping) {
+            break;
         }
-        if Clock::now() - started > backoff.max() {
-            backoff.reset();
+        let resubscribe = core.session_ended(Clock::now());
+        if resubscribe.outage_starts {
+            tracing::warn!("{name}: {end}; resubscribing with back-off until it works");
+        } else {
+            tracing::debug!("{name}: {end}");
         }
-        let delay = backoff.next_delay(Clock::now()).unwrap_or(settings.retry_max);
+        let delay = resubscribe.delay;
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             _ = stop.changed() => {}
@@ -240,7 +215,7 @@ pub async fn run(
             break;
         }
     }
-    resume.save();
+    resume.save(&mut core);
 }
 
 struct Session<'a> {
@@ -250,8 +225,9 @@ struct Session<'a> {
     counters: &'a SubscriberCounters,
     name: &'a str,
     port: u16,
-    resume: &'a mut Resume,
-    in_outage: &'a mut bool,
+    /// The decisions.
+    core: &'a mut Downstream7,
+    resume: &'a mut ResumeFile,
     /// The address this session configured on the RECEIVE interface.
     configured: Option<(String, ldm7_net::hostcfg::Ipv4Cidr)>,
 }
@@ -285,13 +261,7 @@ impl Session<'_> {
         let mut out = Vec::new();
         let mut receiver: Option<FmtpReceiver> = None;
         let mut inserter = Inserter::start(self.context.queue.clone(), self.name)?;
-        let mut backlog_start = BacklogStart::default();
-        let backlog_after = self.resume.session_started();
-        let mut tail = TailCheck::default();
-        // The newest FMTP index seen: backlog fences go far ahead of it.
-        let mut newest_index: Option<u32> = None;
         let mut last_save = Clock::now();
-        let mut unsaved = false;
         // The kernel's drop count of this session's receiver, as last accounted.
         let mut host_drops_seen = 0u64;
         let mut host_drops_logged: Option<ldm7_types::Instant> = None;
@@ -303,7 +273,7 @@ impl Session<'_> {
                         receiver = Some(self.start_receiver(&info)?);
                         host_drops_seen = 0;
                         self.counters.subscriptions.fetch_add(1, Ordering::Relaxed);
-                        if std::mem::take(self.in_outage) {
+                        if self.core.subscribed() {
                             tracing::info!("{}: resubscribed", self.name);
                         }
                         let repair = match info.answer {
@@ -324,16 +294,11 @@ impl Session<'_> {
                     }
                     SubscriberEvent::Refused { status } => return Err(SessionEnd::Refused(status)),
                     SubscriberEvent::MissedProduct { index, product } => {
-                        self.resume.resolved(index, Some(product.info.signature));
-                        unsaved = true;
-                        if let Some(before) = backlog_start.resolved(index, Some(product.info.signature)) {
-                            self.ask_backlog(&mut session, backlog_after, Some(before), newest_index)?;
-                        }
+                        self.core.backstop_delivered(index, product.info.signature);
                         inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
                     }
                     SubscriberEvent::NoSuchProduct { index } => {
-                        self.resume.resolved(index, None);
-                        backlog_start.resolved(index, None);
+                        self.core.no_such_product(index);
                         self.counters.no_such_product.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
                     }
@@ -341,9 +306,7 @@ impl Session<'_> {
                         inserter.submit(Job::control(DeliveryMode::Backlog, None, product)).await?;
                     }
                     SubscriberEvent::BacklogComplete => {
-                        self.resume.backlog_complete();
-                        unsaved = true;
-                        if std::mem::take(&mut tail.asked) {
+                        if self.core.backlog_complete() {
                             tracing::debug!("{}: the quiet feed's tail is complete", self.name);
                         } else {
                             tracing::info!(
@@ -352,7 +315,6 @@ impl Session<'_> {
                                 self.receive.host
                             );
                         }
-                        tail.backlog_done = true;
                     }
                     SubscriberEvent::Unexpected { proc, index, expected } => {
                         tracing::warn!(
@@ -370,6 +332,7 @@ impl Session<'_> {
                     SubscriberEvent::Closed(result) => break 'session result.map_err(SessionEnd::from),
                 }
             }
+            self.apply(&mut session)?;
             if let Some(receiver) = &receiver {
                 let drops = receiver.driver_counters().host_drops;
                 if drops > host_drops_seen {
@@ -377,10 +340,9 @@ impl Session<'_> {
                     host_drops_seen = drops;
                 }
             }
-            if unsaved && Clock::now() - last_save >= SAVE_EVERY {
-                self.resume.save();
+            if Clock::now() - last_save >= SAVE_EVERY {
+                self.resume.save(self.core);
                 last_save = Clock::now();
-                unsaved = false;
             }
             // Output is written as the socket takes it, in the same select as the reads: a
             // subscriber that stopped reading while it waited to write could deadlock with an
@@ -388,23 +350,15 @@ impl Session<'_> {
             session.take_output(&mut out);
             let timeout = session.poll_timeout().map(Clock::to_std).map(tokio::time::Instant::from_std);
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
-            let tail_due = tail.due().map(Clock::to_std).map(tokio::time::Instant::from_std);
-            // A quiet feed, or nothing resolved for long: the backlog up to the newest product.
-            let backlog_due = backlog_start.due().map(Clock::to_std).map(tokio::time::Instant::from_std);
+            // The backlog up to the newest product, the quiet-feed check.
+            let decision_due = self.core.poll_timeout().map(Clock::to_std).map(tokio::time::Instant::from_std);
             tokio::select! {
-                () = tokio::time::sleep_until(backlog_due.unwrap_or(far)), if backlog_due.is_some() => {
-                    if backlog_start.expired(Clock::now()) {
-                        self.ask_backlog(&mut session, backlog_after, None, newest_index)?;
-                    }
+                () = tokio::time::sleep_until(decision_due.unwrap_or(far)), if decision_due.is_some() => {
+                    self.core.handle_timeout(Clock::now(), fmtp_traffic(receiver.as_ref()));
                 }
                 written = write.write(&out), if !out.is_empty() => {
                     let count = written?;
                     out.drain(..count);
-                }
-                () = tokio::time::sleep_until(tail_due.unwrap_or(far)), if tail_due.is_some() => {
-                    if let Some(after) = tail.ask(fmtp_traffic(receiver.as_ref())) {
-                        self.ask_tail(&mut session, after, newest_index)?;
-                    }
                 }
                 read_count = read.read(&mut buf) => {
                     match read_count? {
@@ -415,33 +369,9 @@ impl Session<'_> {
                 notice = next_notice(&mut receiver) => {
                     match notice {
                         Some(notice) => {
-                            // The session's first product, once resolved, asks for the backlog up
-                            // to it (§2.4).
-                            let mut before = None;
-                            match &notice {
-                                ReceiverNotice::Connected(_) => backlog_start.connected(Clock::now()),
-                                ReceiverNotice::Event(ReceiverEvent::Started { index }) => backlog_start.started(index.0),
-                                ReceiverNotice::Delivered { delivery, .. } => {
-                                    let signature = delivery.metadata.get(..16).and_then(|bytes| <[u8; 16]>::try_from(bytes).ok()).map(Signature);
-                                    before = backlog_start.resolved(delivery.index.0, signature);
-                                }
-                                ReceiverNotice::Event(_) => {}
-                            }
-                            tail.activity(fmtp_traffic(receiver.as_ref()));
-                            if let Some(index) = notice_index(&notice) {
-                                let first = newest_index.is_none();
-                                if newest_index.is_none_or(|newest| index.wrapping_sub(newest) < 1 << 31) {
-                                    newest_index = Some(index);
-                                }
-                                // Backlogs asked before any index was known get their fence now.
-                                if first && session.pending_backlogs() > 0 {
-                                    session.fence_backlogs(Clock::now(), ldm7_ldm_proto::fence_index(index))?;
-                                }
-                            }
-                            self.on_notice(&mut session, &mut inserter, notice).await?;
-                            if let Some(before) = before {
-                                self.ask_backlog(&mut session, backlog_after, Some(before), newest_index)?;
-                            }
+                            let report = fmtp_report(&notice);
+                            self.core.fmtp(Clock::now(), report, fmtp_traffic(receiver.as_ref()));
+                            self.on_notice(&mut inserter, notice).await?;
                         }
                         None => {
                             let ended = match receiver.take() {
@@ -454,12 +384,7 @@ impl Session<'_> {
                 }
                 done = inserter.done.recv() => {
                     match done {
-                        Some(done) => {
-                            if let Some(received) = self.on_done(&mut session, done)? {
-                                tail.received(received);
-                                unsaved = true;
-                            }
-                        }
+                        Some(done) => self.on_done(done),
                         None => break Err(SessionEnd::InserterEnded),
                     }
                 }
@@ -483,13 +408,54 @@ impl Session<'_> {
         }
         // Products handed to the inserter are inserted and accounted before the session ends.
         for done in inserter.finish().await {
-            let _ = self.on_done(&mut session, done);
+            self.on_done(done);
         }
-        self.resume.save();
+        let _ = self.apply(&mut session);
+        self.resume.save(self.core);
         match result {
             Ok(()) => Err(SessionEnd::Closed),
             Err(end) => Err(end),
         }
+    }
+
+    /// Applies the decisions made so far on the control session (module documentation).
+    fn apply(&mut self, session: &mut Subscriber) -> Result<(), SessionEnd> {
+        while let Some(decision) = self.core.poll_decision() {
+            let now = Clock::now();
+            match decision {
+                Decision::RequestProduct(index) => {
+                    self.counters.requested.fetch_add(1, Ordering::Relaxed);
+                    session.request_product(now, index)?;
+                }
+                Decision::RequestBacklog { spec, fence, reason } => {
+                    self.log_backlog(&spec, reason);
+                    session.request_backlog(now, spec, fence)?;
+                }
+                Decision::FenceBacklogs(fence) => {
+                    if session.pending_backlogs() > 0 {
+                        session.fence_backlogs(now, fence)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Says which backlog is asked for.
+    fn log_backlog(&self, spec: &BacklogSpec, reason: BacklogReason) {
+        if reason == BacklogReason::Tail {
+            tracing::info!("{}: feed quiet; asking for anything after {}", self.name, spec.after);
+            return;
+        }
+        let from = match spec.after() {
+            Some(after) => format!("after {after}"),
+            None => format!("of the last {} s", spec.time_offset_secs),
+        };
+        let to = match reason {
+            BacklogReason::BeforeFirst => format!("up to {}", spec.before),
+            _ => "up to the newest product".to_owned(),
+        };
+        tracing::info!("{}: asking for the backlog {from} {to}", self.name);
     }
 
     /// This subscription's link in the delivery statistics: feed, upstream, this server.
@@ -597,19 +563,13 @@ impl Session<'_> {
 
     /// Handles an FMTP notice: a delivered product goes to the inserter, a missed one is asked
     /// for through the backstop.
-    async fn on_notice(
-        &mut self,
-        session: &mut Subscriber,
-        inserter: &mut Inserter,
-        notice: ReceiverNotice,
-    ) -> Result<(), SessionEnd> {
+    async fn on_notice(&mut self, inserter: &mut Inserter, notice: ReceiverNotice) -> Result<(), SessionEnd> {
         match notice {
             ReceiverNotice::Connected(server) => {
                 tracing::info!("{}: FMTP repair connection to {server} up", self.name);
                 Ok(())
             }
             ReceiverNotice::Delivered { delivery, product } => {
-                self.resume.seen(delivery.index.0);
                 let job = Job {
                     mode: DeliveryMode::Received,
                     index: Some(delivery.index.0),
@@ -620,22 +580,16 @@ impl Session<'_> {
                 inserter.submit(job).await
             }
             ReceiverNotice::Event(ReceiverEvent::Missed { index, reason }) => {
-                self.resume.seen(index.0);
                 tracing::info!("Missed product: prodIndex={} ({reason:?})", index.0);
-                self.request(session, index.0)
+                Ok(())
             }
             ReceiverNotice::Event(ReceiverEvent::IndexGap { first, last }) => {
-                self.resume.seen(first.0);
-                let count = last.0.wrapping_sub(first.0).wrapping_add(1);
                 tracing::warn!(
                     "{}: products {}..={} skipped by the product index; asking for them",
                     self.name,
                     first.0,
                     last.0
                 );
-                for offset in 0..count.min(INDEX_GAP_REQUESTS_MAX) {
-                    self.request(session, first.0.wrapping_add(offset))?;
-                }
                 Ok(())
             }
             ReceiverNotice::Event(ReceiverEvent::BoundHit { bound, index }) => {
@@ -643,7 +597,6 @@ impl Session<'_> {
                 Ok(())
             }
             ReceiverNotice::Event(ReceiverEvent::Started { index }) => {
-                self.resume.seen(index.0);
                 tracing::debug!("{}: first FMTP product: index {}", self.name, index.0);
                 Ok(())
             }
@@ -651,9 +604,9 @@ impl Session<'_> {
         }
     }
 
-    /// Accounts a product the inserter finished; returns the signature of a product that
-    /// arrived by FMTP (the resume point may move).
-    fn on_done(&mut self, session: &mut Subscriber, done: Done) -> Result<Option<Signature>, SessionEnd> {
+    /// Accounts a product the inserter finished and tells the decisions: an FMTP product
+    /// inserted moves the resume point; one unusable is asked for again.
+    fn on_done(&mut self, done: Done) {
         let Done { job, result, latency_us } = done;
         match result {
             Ok((info, outcome)) => {
@@ -661,76 +614,22 @@ impl Session<'_> {
                 let inserted = outcome.is_ok();
                 self.account(job.mode, job.retransmitted_blocks, info, outcome, latency_us);
                 if let (DeliveryMode::Received, Some(index), true) = (job.mode, job.index, inserted) {
-                    self.resume.resolved(index, Some(signature));
-                    return Ok(Some(signature));
+                    self.core.inserted(index, signature);
                 }
-                Ok(None)
             }
             Err(error) => {
                 self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
                 match (job.mode, job.index) {
                     (DeliveryMode::Received, Some(index)) => {
                         tracing::warn!("{}: FMTP product {index} unusable ({error}); asking for it again", self.name);
-                        self.request(session, index)?;
+                        self.core.unusable(index);
                     }
                     (mode, _) => {
                         tracing::error!("{}: {} product unusable ({error}); dropped", self.name, mode.keyword());
                     }
                 }
-                Ok(None)
             }
         }
-    }
-
-    /// The feed went quiet: asks for whatever the upstream has after the newest product FMTP
-    /// brought, which catches products lost whole at the end of a burst (FMTP learns of a lost
-    /// product only from a newer one). If the upstream no longer has that product it falls back
-    /// to `TAIL_OFFSET` back.
-    fn ask_tail(&self, session: &mut Subscriber, after: Signature, newest: Option<u32>) -> Result<(), SessionEnd> {
-        let spec = BacklogSpec {
-            after,
-            after_is_set: true,
-            before: Signature([0; 16]),
-            time_offset_secs: u32::try_from(TAIL_OFFSET.as_secs()).unwrap_or(u32::MAX),
-        };
-        tracing::info!("{}: feed quiet; asking for anything after {after}", self.name);
-        session.request_backlog(Clock::now(), spec, newest.map(ldm7_ldm_proto::fence_index))?;
-        Ok(())
-    }
-
-    fn request(&mut self, session: &mut Subscriber, index: u32) -> Result<(), SessionEnd> {
-        self.counters.requested.fetch_add(1, Ordering::Relaxed);
-        session.request_product(Clock::now(), index)?;
-        Ok(())
-    }
-
-    /// REQUEST_BACKLOG (§2.4, and the module documentation): from just after `previous` (or
-    /// `time_offset` back) up to the product `before` (not sent), or the newest; its fence
-    /// goes far ahead of `newest`, the newest FMTP index seen.
-    fn ask_backlog(
-        &self,
-        session: &mut Subscriber,
-        previous: Option<Signature>,
-        before: Option<Signature>,
-        newest: Option<u32>,
-    ) -> Result<(), SessionEnd> {
-        let spec = BacklogSpec {
-            after: previous.unwrap_or(Signature([0; 16])),
-            after_is_set: previous.is_some(),
-            before: before.unwrap_or(Signature([0; 16])),
-            time_offset_secs: u32::try_from(self.settings.time_offset.as_secs()).unwrap_or(u32::MAX),
-        };
-        let from = match previous {
-            Some(after) => format!("after {after}"),
-            None => format!("of the last {} s", self.settings.time_offset.as_secs()),
-        };
-        let to = match before {
-            Some(before) => format!("up to {before}"),
-            None => "up to the newest product".to_owned(),
-        };
-        tracing::info!("{}: asking for the backlog {from} {to}", self.name);
-        session.request_backlog(Clock::now(), spec, newest.map(ldm7_ldm_proto::fence_index))?;
-        Ok(())
     }
 
     fn account(
@@ -782,130 +681,6 @@ impl Session<'_> {
                 self.counters.insert_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!("{}: cannot insert {info}: {error}", self.name);
             }
-        }
-    }
-}
-
-/// How long the feed must be quiet (no FMTP notice) before the subscriber checks for products
-/// lost whole at its end.
-const TAIL_QUIET: Duration = Duration::from_secs(2);
-/// How far back such a check reaches if the upstream no longer has the newest product.
-const TAIL_OFFSET: Duration = Duration::from_secs(60);
-/// How long after the FMTP connection the subscriber waits for a first product with its
-/// signature before it asks for the backlog up to the newest product anyway: the default
-/// retransmission deadline, by which every product FMTP started on has been delivered or
-/// reported missed (and fetched through the backstop).
-const BACKLOG_WAIT: Duration = Duration::from_secs(300);
-
-/// The quiet-feed check (see [`Session::ask_tail`]): asked once per newest product, only
-/// after the session's backlog is complete (END_BACKLOG or its fence: a new REQUEST_BACKLOG
-/// replaces one being sent), and never while one is being answered.
-#[derive(Debug, Default)]
-struct TailCheck {
-    backlog_done: bool,
-    asked: bool,
-    last_activity: Option<ldm7_types::Instant>,
-    newest: Option<Signature>,
-    checked: Option<Signature>,
-    /// FMTP messages received at the last notice or look.
-    traffic: Option<u64>,
-}
-
-impl TailCheck {
-    /// An FMTP notice came; `look` is the receiver's traffic then (see [`TailCheck::ask`]), so
-    /// that a check at the due time can tell at once whether anything came since.
-    fn activity(&mut self, look: Option<(u64, u64)>) {
-        self.last_activity = Some(Clock::now());
-        self.traffic = look.map(|(messages, _)| messages);
-    }
-
-    fn received(&mut self, signature: Signature) {
-        self.newest = Some(signature);
-    }
-
-    /// When to check, if a check is wanted.
-    fn due(&self) -> Option<ldm7_types::Instant> {
-        if !self.backlog_done || self.asked || self.newest.is_none() || self.newest == self.checked {
-            return None;
-        }
-        self.last_activity.map(|at| at + TAIL_QUIET)
-    }
-
-    /// At the due time, with the FMTP messages received so far (multicast and repairs) and the
-    /// products FMTP has in flight: marks the check asked and returns the product to ask after
-    /// — unless messages arrived since the last look or products are in flight (they are still
-    /// coming, or being repaired over a stalled connection, and FMTP resolves them itself: not
-    /// quiet; look again later).
-    fn ask(&mut self, look: Option<(u64, u64)>) -> Option<Signature> {
-        let traffic = look.map(|(messages, _)| messages);
-        let in_flight = look.is_some_and(|(_, in_flight)| in_flight > 0);
-        if traffic != self.traffic || in_flight {
-            self.activity(look);
-            return None;
-        }
-        let newest = self.newest?;
-        self.asked = true;
-        self.checked = Some(newest);
-        Some(newest)
-    }
-}
-
-/// When a session asks for its backlog (see the module documentation, point 5): once, when the
-/// session's first FMTP product (the receiver's first index) is resolved — the backlog ends
-/// before it, by FMTP or through the backstop —, or, if that one is no longer to be had, at the
-/// next product resolved with its signature; up to the newest product when the feed is quiet
-/// (no FMTP datagram for [`TAIL_QUIET`] after the connection) or nothing has resolved after
-/// [`BACKLOG_WAIT`].
-#[derive(Debug, Default)]
-struct BacklogStart {
-    asked: bool,
-    connected_at: Option<ldm7_types::Instant>,
-    /// The receiver's first index (known once a multicast message has arrived).
-    first: Option<u32>,
-    /// Whether the product at `first` is resolved.
-    first_resolved: bool,
-}
-
-impl BacklogStart {
-    /// The FMTP repair connection is up: the waits start.
-    fn connected(&mut self, now: ldm7_types::Instant) {
-        self.connected_at.get_or_insert(now);
-    }
-
-    /// The receiver's first multicast message was for product `index`.
-    fn started(&mut self, index: u32) {
-        self.first.get_or_insert(index);
-    }
-
-    /// Product `index` is resolved (with its signature, unless the upstream no longer had it):
-    /// the product to end the backlog before, if the backlog is to be asked now.
-    fn resolved(&mut self, index: u32, signature: Option<Signature>) -> Option<Signature> {
-        if self.asked {
-            return None;
-        }
-        if self.first.is_none_or(|first| first == index) {
-            self.first_resolved = true;
-        }
-        let before = signature.filter(|_| self.first_resolved)?;
-        self.asked = true;
-        Some(before)
-    }
-
-    /// When to ask up to the newest product: [`TAIL_QUIET`] after the connection while no
-    /// multicast message has come, [`BACKLOG_WAIT`] after it once one has.
-    fn due(&self) -> Option<ldm7_types::Instant> {
-        let connected_at = self.connected_at.filter(|_| !self.asked)?;
-        Some(connected_at + if self.first.is_some() { BACKLOG_WAIT } else { TAIL_QUIET })
-    }
-
-    /// Whether to ask for the backlog up to the newest product at `now`.
-    fn expired(&mut self, now: ldm7_types::Instant) -> bool {
-        match self.due() {
-            Some(due) if now >= due => {
-                self.asked = true;
-                true
-            }
-            _ => false,
         }
     }
 }
@@ -1086,21 +861,24 @@ fn insert_control(
 }
 
 /// The FMTP index a notice is about, if any.
-fn notice_index(notice: &ReceiverNotice) -> Option<u32> {
+fn fmtp_report(notice: &ReceiverNotice) -> FmtpReport {
     match notice {
-        ReceiverNotice::Delivered { delivery, .. } => Some(delivery.index.0),
-        ReceiverNotice::Event(
-            ReceiverEvent::Started { index }
-            | ReceiverEvent::Missed { index, .. }
-            | ReceiverEvent::IndexGap { last: index, .. },
-        ) => Some(index.0),
-        ReceiverNotice::Event(_) | ReceiverNotice::Connected(_) => None,
+        ReceiverNotice::Connected(_) => FmtpReport::Connected,
+        ReceiverNotice::Delivered { delivery, .. } => {
+            let signature =
+                delivery.metadata.get(..16).and_then(|bytes| <[u8; 16]>::try_from(bytes).ok()).map(Signature);
+            FmtpReport::Delivered(delivery.index.0, signature)
+        }
+        ReceiverNotice::Event(ReceiverEvent::Started { index }) => FmtpReport::Started(index.0),
+        ReceiverNotice::Event(ReceiverEvent::Missed { index, .. }) => FmtpReport::Missed(index.0),
+        ReceiverNotice::Event(ReceiverEvent::IndexGap { first, last }) => FmtpReport::IndexGap(first.0, last.0),
+        ReceiverNotice::Event(_) => FmtpReport::Other,
     }
 }
 
 /// An FMTP receiver's traffic for the quiet-feed check: messages received (multicast and
 /// repair) and products in its hands.
-fn fmtp_traffic(receiver: Option<&FmtpReceiver>) -> Option<(u64, u64)> {
+fn fmtp_traffic(receiver: Option<&FmtpReceiver>) -> Traffic {
     receiver.map(|receiver| {
         let counters = receiver.counters();
         let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
@@ -1214,111 +992,34 @@ fn vc_end(receive: &Receive) -> VcEndPoint {
     }
 }
 
-/// The resume point of a RECEIVE (see the module documentation), kept in a small file: the
-/// newest product before which nothing is missing. It is saved every second while it moves,
-/// and when the session ends (a server stopping waits for its subscribers to save it).
-///
-/// Within a session, products are tracked by FMTP index from the first index the session saw:
-/// the prefix `first..next` is resolved (delivered by FMTP or the backstop, or given up when
-/// the upstream no longer has it) and the point may move to the newest product of that prefix —
-/// but only once the session's backlog is complete, since the backlog brings what came before
-/// `first`. A product still in FMTP's hands or asked for through the backstop holds the prefix
-/// (and so the point) below it.
+/// The file a RECEIVE's resume point is kept in (the point itself: [`Downstream7`]'s
+/// `ResumePoint`): read at start, written every [`SAVE_EVERY`] while it moves and when the
+/// session ends (a server stopping waits for its subscribers to save it).
 #[derive(Debug)]
-pub(crate) struct Resume {
+pub(crate) struct ResumeFile {
     path: PathBuf,
-    /// What the file holds: where the next session's backlog starts.
-    point: Option<Signature>,
-    dirty: bool,
-    /// Whether this session's backlog is complete.
-    backlog_complete: bool,
-    /// The first FMTP index of this session.
-    first: Option<u32>,
-    /// Offset (from `first`) of the oldest unresolved index.
-    next: u32,
-    /// The newest product of the resolved prefix.
-    prefix_end: Option<Signature>,
-    /// Resolved indexes beyond the prefix, by offset (`None`: given up).
-    resolved: BTreeMap<u32, Option<Signature>>,
 }
 
-impl Resume {
-    pub(crate) fn load(path: PathBuf) -> Self {
-        let point = std::fs::read_to_string(&path)
+impl ResumeFile {
+    pub(crate) fn new(path: PathBuf) -> Self {
+        Self { path }
+    }
+
+    /// The point saved before, if any.
+    pub(crate) fn load(&self) -> Option<Signature> {
+        std::fs::read_to_string(&self.path)
             .ok()
-            .and_then(|text| text.lines().next().and_then(|line| line.trim().parse().ok()));
-        Self {
-            path,
-            point,
-            dirty: false,
-            backlog_complete: false,
-            first: None,
-            next: 0,
-            prefix_end: None,
-            resolved: BTreeMap::new(),
-        }
+            .and_then(|text| text.lines().next().and_then(|line| line.trim().parse().ok()))
     }
 
-    /// A session starts: returns where its backlog starts (the point so far).
-    pub(crate) fn session_started(&mut self) -> Option<Signature> {
-        self.backlog_complete = false;
-        self.first = None;
-        self.next = 0;
-        self.prefix_end = None;
-        self.resolved.clear();
-        self.point
-    }
-
-    /// FMTP reported index `index` (delivered, missed, or the start of a gap): the session's
-    /// first such index starts the prefix.
-    pub(crate) fn seen(&mut self, index: u32) {
-        if self.first.is_none() {
-            self.first = Some(index);
-        }
-    }
-
-    /// Index `index` is resolved: delivered (with its signature) or given up (`None`).
-    pub(crate) fn resolved(&mut self, index: u32, signature: Option<Signature>) {
-        self.seen(index);
-        let Some(first) = self.first else { return };
-        let offset = index.wrapping_sub(first);
-        // Before the session's first index (serial arithmetic): the backlog covers it.
-        if offset >= 1 << 31 || offset < self.next {
-            return;
-        }
-        if self.resolved.len() >= RESUME_RESOLVED_MAX {
-            // The prefix is stuck on one product: forget the newest; the point only lags more.
-            self.resolved.pop_last();
-        }
-        self.resolved.insert(offset, signature);
-        while let Some(signature) = self.resolved.remove(&self.next) {
-            if signature.is_some() {
-                self.prefix_end = signature;
-            }
-            self.next += 1;
-        }
-        self.advance();
-    }
-
-    pub(crate) fn backlog_complete(&mut self) {
-        self.backlog_complete = true;
-        self.advance();
-    }
-
-    fn advance(&mut self) {
-        if self.backlog_complete && self.prefix_end.is_some() && self.point != self.prefix_end {
-            self.point = self.prefix_end;
-            self.dirty = true;
-        }
-    }
-
-    pub(crate) fn save(&mut self) {
-        let Some(point) = self.point.filter(|_| self.dirty) else { return };
+    /// Writes the point if it moved since it was last written.
+    pub(crate) fn save(&mut self, core: &mut Downstream7) {
+        let Some(point) = core.resume_to_save() else { return };
         let temporary = self.path.with_extension("tmp");
         let saved =
             std::fs::write(&temporary, format!("{point}\n")).and_then(|()| std::fs::rename(&temporary, &self.path));
         match saved {
-            Ok(()) => self.dirty = false,
+            Ok(()) => core.resume_saved(),
             Err(error) => tracing::warn!("cannot save the LDM-7 resume point in {}: {error}", self.path.display()),
         }
     }
@@ -1334,53 +1035,6 @@ mod tests {
 
     fn signature(n: u8) -> Signature {
         Signature([n; 16])
-    }
-
-    #[test]
-    fn the_tail_is_checked_only_when_no_fmtp_message_came_since_the_last_look() {
-        let mut tail = TailCheck { backlog_done: true, ..TailCheck::default() };
-        tail.activity(Some((90, 1)));
-        assert_eq!(tail.due(), None, "nothing received yet");
-        tail.received(signature(3));
-        assert!(tail.due().is_some());
-        assert_eq!(tail.ask(Some((100, 0))), None, "messages since the last notice: repairs still coming");
-        assert_eq!(tail.ask(Some((140, 0))), None);
-        assert_eq!(tail.ask(Some((140, 2))), None, "no message, but two products in flight: FMTP resolves them");
-        assert_eq!(tail.ask(Some((140, 0))), Some(signature(3)), "quiet: anything after the newest");
-        assert_eq!(tail.due(), None, "once per newest product");
-    }
-
-    #[test]
-    fn the_backlog_ends_before_the_sessions_first_product_or_reaches_the_newest_when_the_feed_is_quiet() {
-        let start = ldm7_types::Instant::from_nanos(1_000_000_000);
-        let (a, b) = (Signature([1; 16]), Signature([2; 16]));
-        let mut lossy = BacklogStart::default();
-        assert_eq!(lossy.due(), None, "nothing before the FMTP connection");
-        lossy.connected(start);
-        assert_eq!(lossy.due(), Some(start + TAIL_QUIET));
-        lossy.started(10);
-        assert_eq!(lossy.due(), Some(start + BACKLOG_WAIT), "datagrams arrive: not quiet");
-        assert!(!lossy.expired(start + TAIL_QUIET), "the first product is still being repaired");
-        assert_eq!(lossy.resolved(12, Some(a)), None, "a later product first: 10 is still on its way");
-        assert_eq!(lossy.resolved(10, Some(b)), Some(b), "the first product: the backlog ends before it");
-        assert_eq!(lossy.resolved(11, Some(a)), None, "once");
-        assert_eq!(lossy.due(), None);
-
-        let mut gone = BacklogStart::default();
-        gone.started(10);
-        assert_eq!(gone.resolved(10, None), None, "the upstream no longer has it");
-        assert_eq!(gone.resolved(11, Some(a)), Some(a), "the next one with its signature");
-
-        let mut quiet = BacklogStart::default();
-        quiet.connected(start);
-        assert!(!quiet.expired(start));
-        assert!(quiet.expired(start + TAIL_QUIET), "no datagram at all: up to the newest");
-        assert_eq!(quiet.resolved(10, Some(a)), None, "already asked");
-
-        let mut stuck = BacklogStart::default();
-        stuck.connected(start);
-        stuck.started(10);
-        assert!(stuck.expired(start + BACKLOG_WAIT), "nothing resolved for long: up to the newest");
     }
 
     /// An FMTP product held in memory (XDR header, data, padding), its BOP metadata (the
@@ -1445,32 +1099,23 @@ mod tests {
     }
 
     #[test]
-    fn the_resume_point_is_the_end_of_the_resolved_prefix_after_the_backlog() {
+    fn the_resume_file_keeps_the_point_across_processes() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("resume");
-        let mut resume = Resume::load(path.clone());
-        assert_eq!(resume.session_started(), None);
-        resume.seen(10);
-        resume.resolved(12, Some(signature(12))); // 11 still in FMTP's hands
-        resume.resolved(10, Some(signature(10)));
-        assert_eq!(resume.point, None, "not before the session's backlog is complete");
-        resume.backlog_complete();
-        assert_eq!(resume.point, Some(signature(10)), "below 11, not yet resolved");
-        resume.resolved(9, Some(signature(9))); // before the first index: the backlog's
-        assert_eq!(resume.point, Some(signature(10)));
-        resume.resolved(11, Some(signature(11)));
-        assert_eq!(resume.point, Some(signature(12)));
-        resume.resolved(14, Some(signature(14)));
-        resume.resolved(13, None); // the upstream no longer has it: given up
-        assert_eq!(resume.point, Some(signature(14)));
-        resume.save();
-        // A new process starts from the saved point; a new session keeps it until its backlog
-        // is done.
-        let mut again = Resume::load(path);
-        assert_eq!(again.session_started(), Some(signature(14)));
-        again.resolved(20, Some(signature(20)));
-        assert_eq!(again.point, Some(signature(14)));
-        again.backlog_complete();
-        assert_eq!(again.point, Some(signature(20)));
+        let mut file = ResumeFile::new(dir.path().join("resume"));
+        assert_eq!(file.load(), None);
+        let config = Downstream7Config {
+            time_offset: Duration::from_secs(3600),
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(8),
+        };
+        let mut core = Downstream7::new(config.clone(), None);
+        let now = ldm7_types::Instant::from_nanos(1);
+        core.session_started(now);
+        core.fmtp(now, FmtpReport::Started(10), None);
+        core.inserted(10, signature(10));
+        core.backlog_complete();
+        file.save(&mut core);
+        assert_eq!(core.resume_to_save(), None, "saved");
+        assert_eq!(ResumeFile::new(dir.path().join("resume")).load(), Some(signature(10)));
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ldm7_types::Instant;
+use crate::Instant;
 
 /// A doubling back-off schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
