@@ -436,8 +436,11 @@ mod tests {
         let out = dir.path().join("out");
         // Reads nothing and exits: noticed while idle, so the product is handed back.
         let decoder = Decoder::start(&argv(&["sh", "-c", "exit 3"]), Leftovers::default()).expect("start");
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(decoder.is_dead());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !decoder.is_dead() {
+            assert!(Instant::now() < deadline, "the decoder's exit is noticed");
+            std::thread::yield_now();
+        }
         let bytes = decoder.send(b"one\n".to_vec(), Duration::from_secs(5)).expect_err("dead");
         assert_eq!(bytes, b"one\n");
         let (leftovers, lost, _) = decoder.end(Duration::from_secs(5));
@@ -458,9 +461,12 @@ mod tests {
         let started = Instant::now();
         // More than the pipe holds, less than the backlog: queued at once.
         for _ in 0..4 {
-            decoder.send(vec![b'x'; 1 << 20], Duration::from_millis(300)).expect("queued");
+            decoder.send(vec![b'x'; 1 << 20], Duration::from_secs(30)).expect("queued");
         }
-        assert!(started.elapsed() < Duration::from_millis(250));
+        // Queued, not written through: the caller was not held for the (30 s) send timeout.
+        assert!(started.elapsed() < Duration::from_secs(10));
+        // Stalled once nothing was taken for the 300 ms the test gives it (the passage of time
+        // is what is under test).
         std::thread::sleep(Duration::from_millis(400));
         assert!(decoder.is_stalled(Duration::from_millis(300)));
         decoder.give_up(Duration::from_millis(300));

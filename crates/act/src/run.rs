@@ -152,7 +152,6 @@ fn start(queue: &Queue, options: &RunOptions) -> Result<Timestamp, RunError> {
 /// Runs the loop until the end of the queue (`-i 0`) or a stop request.
 pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<RunSummary, RunError> {
     let mut conf = load(&options.conf_files)?;
-    tracing::info!("act: {} entries from {} configuration file(s)", conf.entries.len(), options.conf_files.len());
     let edex = if options.edex {
         match Edex::open() {
             Ok(edex) => Some(edex),
@@ -166,6 +165,8 @@ pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<R
     };
     let mut outputs = Outputs::new(options.max_open, options.pipe_timeout, edex);
     let mut follower = queue.follow(start(queue, options)?);
+    // Said once the start position is fixed: a product inserted after this line is processed.
+    tracing::info!("act: {} entries from {} configuration file(s)", conf.entries.len(), options.conf_files.len());
     let mut summary = RunSummary::default();
     let mut position: Option<Position> = None;
     let mut saved: Option<Position> = None;

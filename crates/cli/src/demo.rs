@@ -17,6 +17,7 @@
 //! (queues of a gigabyte or more each), unless `--keep`. A second SIGINT or SIGTERM during that
 //! clean-up exits at once.
 
+use ldm7_metrics::{DeliveryLine, DeliveryMode};
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -575,16 +576,15 @@ impl Process {
         }
         let complete = text.rfind('\n').map_or(0, |at| at + 1);
         for line in text[..complete].lines() {
-            if line.contains(" INFO Received: {") {
-                self.modes.received += 1;
-                let blocks = line.split("retrans: ").nth(1).and_then(|rest| rest.split(',').next());
-                self.modes.retransmitted_blocks += blocks.and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
-            } else if line.contains(" INFO Inserted: {") {
-                self.modes.inserted += 1;
-            } else if line.contains(" INFO Backlog: {") {
-                self.modes.backlog += 1;
-            } else if line.contains("Duplicate data-product") {
-                self.modes.duplicates += 1;
+            match DeliveryLine::parse(line) {
+                Some(DeliveryLine { mode: DeliveryMode::Received, retransmitted_blocks, .. }) => {
+                    self.modes.received += 1;
+                    self.modes.retransmitted_blocks += u64::from(retransmitted_blocks.unwrap_or(0));
+                }
+                Some(DeliveryLine { mode: DeliveryMode::Inserted, .. }) => self.modes.inserted += 1,
+                Some(DeliveryLine { mode: DeliveryMode::Backlog, .. }) => self.modes.backlog += 1,
+                None if line.contains("Duplicate data-product") => self.modes.duplicates += 1,
+                None => {}
             }
         }
         self.log_offset += complete as u64;

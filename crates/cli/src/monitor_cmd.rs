@@ -127,7 +127,7 @@ pub fn run(args: &MonitorArgs) -> CmdResult {
 fn start_server(args: &MonitorArgs, queue: &Path) -> CmdResult<Server> {
     let mut config = String::from("# Written by ldm7 monitor: the statistics of each upstream.\n");
     for upstream in &args.upstreams {
-        upstream.parse::<ldm7_server::client::ServerAddress>().map_err(bad_input)?;
+        upstream.parse::<ldm7_client::ServerAddress>().map_err(bad_input)?;
         config.push_str(&format!("REQUEST EXP \"^(ldm7-stats/|rtstats-)\" {upstream}\n"));
     }
     let config_path = args.state_dir.join("monitor-ldmd.conf");

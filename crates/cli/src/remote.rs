@@ -1,12 +1,12 @@
 //! `ldm7 notify` (remote notifyme) and `ldm7 send` (ldmsend): the flags and the printing; the
-//! sessions themselves are [`ldm7_server::client`].
+//! sessions themselves are [`ldm7_client`].
 
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ldm7_server::client::{self, ClientError, NotifyOptions, NotifyProgress, Product, PushOptions, PushProgress};
+use ldm7_client::{self as client, ClientError, NotifyOptions, NotifyProgress, Product, PushOptions, PushProgress};
 use ldm7_types::{ProdClass, ProdInfo, Signature, Timestamp};
 
 use crate::common::{LineOptions, now, origin, parse_feed, positive_duration_arg};

@@ -106,6 +106,15 @@ fn ok(output: &Output) -> String {
     stderr
 }
 
+/// Waits until `ldm7 act`'s log says `needle` at least `count` times (it follows the queue from
+/// its "entries from" line on; a reload ends with "configuration reread" or "not changed").
+fn wait_for_log(lab: &Lab, log: &str, needle: &str, count: usize) {
+    wait_until(Duration::from_secs(20), needle, || {
+        let text = std::fs::read_to_string(lab.path(log)).ok()?;
+        (text.matches(needle).count() >= count).then_some(())
+    });
+}
+
 fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).expect("signal");
 }
@@ -204,7 +213,7 @@ fn a_restart_in_the_middle_of_a_stream_repeats_nothing_and_loses_nothing() {
     lab.conf("ANY\t^n\tFILE\tstream.txt\nANY\t^n\tPIPE\tsh -c \"cat >> piped.txt\"\n");
     // The first run starts at new products (no state file yet).
     let act = lab.act_follow("act1.log");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_log(&lab, "act1.log", "entries from", 1);
     let total = 600;
     for index in 0..=total / 4 {
         lab.insert("EXP", &format!("n{index}"), format!("{index}\n").as_bytes());
@@ -237,10 +246,15 @@ fn a_decoder_that_dies_is_restarted_and_holds_up_nothing() {
          ANY\t^d\tFILE\tfiled.txt\n",
     );
     let act = lab.act_follow("act.log");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_log(&lab, "act.log", "entries from", 1);
+    // Each product meets the decoder the product before it left: the next goes in once that one
+    // is decoded (and its decoder has exited or is about to).
     for index in 0..20 {
         lab.insert("EXP", &format!("d{index}"), format!("{index}\n").as_bytes());
-        std::thread::sleep(Duration::from_millis(100));
+        wait_until(Duration::from_secs(10), "the product decoded", || {
+            let text = std::fs::read_to_string(lab.path("out/decoded.txt")).ok()?;
+            (text.lines().count() > index).then_some(())
+        });
     }
     let expected: String = (0..20).map(|index| format!("{index}\n")).collect();
     wait_until(Duration::from_secs(20), "every product decoded", || {
@@ -272,17 +286,17 @@ fn sighup_rereads_the_configuration_and_a_bad_one_keeps_the_old() {
     let mut lab = Lab::new();
     lab.conf("ANY\t.*\tFILE\ta.txt\n");
     let act = lab.act_follow("act.log");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_log(&lab, "act.log", "entries from", 1);
     lab.insert("EXP", "one", b"1\n");
     wait_until(Duration::from_secs(10), "a.txt", || std::fs::metadata(lab.path("out/a.txt")).ok());
     lab.conf("ANY\t.*\tFILE\tb.txt\n");
     signal(&act, nix::sys::signal::Signal::SIGHUP);
-    std::thread::sleep(Duration::from_millis(600));
+    wait_for_log(&lab, "act.log", "configuration reread", 1);
     lab.insert("EXP", "two", b"2\n");
     wait_until(Duration::from_secs(10), "b.txt", || std::fs::metadata(lab.path("out/b.txt")).ok());
     lab.conf("ANY\t.*\tFILE\tb.txt\n# broken:\nANY\t.*\tBOGUS\tc.txt\n");
     signal(&act, nix::sys::signal::Signal::SIGHUP);
-    std::thread::sleep(Duration::from_millis(600));
+    wait_for_log(&lab, "act.log", "configuration not changed", 1);
     lab.insert("EXP", "three", b"3\n");
     wait_until(Duration::from_secs(10), "b.txt has two", || {
         (std::fs::read_to_string(lab.path("out/b.txt")).ok()? == "2\n3\n").then_some(())
@@ -377,11 +391,14 @@ fn edex_entries_announce_their_files_in_the_shared_ring() {
         .arg(lab.path("pqact.conf"))
         .spawn()
         .expect("start ldm7 act");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_log(&lab, "act.log", "entries from", 1);
     lab.insert("EXP", "first", b"1\n");
     lab.insert("EXP", "second", b"2\n");
     wait_until(Duration::from_secs(10), "both filed", || std::fs::metadata(lab.path("out/edex/second.txt")).ok());
-    std::thread::sleep(Duration::from_millis(200));
+    // The ring is written after the file: wait for its second slot.
+    wait_until(Duration::from_secs(10), "the ring's second slot", || {
+        ldm7_act::edex::read_slot(1).ok().filter(|slot| slot.0 == "edex/second.txt")
+    });
     let slots = [ldm7_act::edex::read_slot(0), ldm7_act::edex::read_slot(1)];
     stop(act);
     if created {
@@ -492,7 +509,8 @@ fn the_same_tree_of_files_as_the_reference_pqact() {
             let output = output.unwrap_or_else(|error| panic!("{what}: {error}"));
             assert!(output.status.success(), "{what}: {}", String::from_utf8_lossy(&output.stderr));
         }
-        // The reference does not wait for its decoders at exit.
+        // The reference does not wait for its decoders at exit: a fixed pause lets its last
+        // decoders finish (nothing of ours to wait on; the reference's run is what is timed).
         std::thread::sleep(Duration::from_millis(500));
         trees.push(tree(&out));
     }
@@ -540,7 +558,8 @@ fn an_ldmd_conf_exec_of_pqact_runs_the_actions() {
     std::fs::create_dir_all(node.dir.join("out")).expect("out");
     // Without a pqact on PATH the server runs its own executable under that name.
     node.start();
-    std::thread::sleep(Duration::from_millis(800));
+    // pqact follows the queue from its "entries from" line on (in the server's log).
+    wait_until(Duration::from_secs(15), "pqact to start", || node.log().contains("entries from").then_some(()));
     let queue = Queue::open(Path::new(&node.queue_path())).expect("queue");
     let info = ProdInfo {
         arrival: Timestamp::from_system_time(std::time::SystemTime::now()),

@@ -27,6 +27,7 @@
 
 mod downstream;
 pub mod downstream7;
+pub mod fmtp_product;
 mod inbound;
 mod notify;
 mod peer;

@@ -10,10 +10,12 @@
 //! * [`rtstats`]: the classic LDM 6 `rtstats` product (ldm-formats.md §7), so LDM 6 hosts show
 //!   too.
 
+pub mod delivery;
 pub mod product;
 pub mod rtstats;
 pub mod sums;
 
+pub use delivery::{Delivery, DeliveryLine, DeliveryMode};
 pub use product::{ProductError, StatsProduct};
 pub use rtstats::{RtStats, RtStatsError};
 pub use sums::{Aggregator, BLOCK_SIZE, DeliveryEvent, Derived, Link, Minute, MinuteRow, MinuteSums, Mode};

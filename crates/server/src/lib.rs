@@ -8,9 +8,10 @@
 //! installs the subscriber.
 
 pub mod access;
+use ldm7_client as client;
+use ldm7_client::wait;
 pub use ldm7_config::ldmd as config;
 pub use ldm7_config::settings;
-pub mod client;
 mod conn;
 pub mod limits;
 pub mod multicast;
@@ -19,7 +20,6 @@ pub mod receive;
 mod request;
 mod server;
 pub mod stats;
-pub mod wait;
 
 pub use conn::ConnectionError;
 pub use request::{RequestError, RequestSpec};

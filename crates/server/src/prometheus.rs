@@ -26,64 +26,12 @@
 //! | `ldm7_queue_inserted_total`, `ldm7_queue_evicted_total` | | |
 //! | `ldm7_statistics_products_total` | | per-minute statistics products published |
 
-use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::thread::JoinHandle;
 
-/// A metric family read per feed: name, type, help, and the value of a feed's item.
-type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+use ldm7_prometheus::{Endpoint, Exposition, Family};
 
 use crate::server::Shared;
-
-/// Text in the exposition format.
-#[derive(Debug, Default)]
-struct Exposition {
-    text: String,
-}
-
-impl Exposition {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    }
-
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        self.text.push_str(name);
-        if !labels.is_empty() {
-            self.text.push('{');
-            for (index, (key, value)) in labels.iter().enumerate() {
-                if index > 0 {
-                    self.text.push(',');
-                }
-                let _ = write!(self.text, "{key}=\"{}\"", escape(value));
-            }
-            self.text.push('}');
-        }
-        let _ = writeln!(self.text, " {value}");
-    }
-
-    fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
-        self.family(name, kind, help);
-        self.sample(name, &[], value);
-    }
-
-    /// Metric families with one sample per feed: each family's value read from each feed's
-    /// item.
-    fn per_feed<'a, T: 'a>(&mut self, families: &[Family<T>], feeds: impl Iterator<Item = (&'a str, &'a T)> + Clone) {
-        for (name, kind, help, value) in families {
-            self.family(name, kind, help);
-            for (feed, item) in feeds.clone() {
-                self.sample(name, &[("feed", feed)], value(item));
-            }
-        }
-    }
-}
-
-/// A label value as the format wants it: `\`, `"` and newlines escaped.
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
 
 fn load(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
@@ -278,75 +226,10 @@ pub(crate) fn render(shared: &Shared) -> String {
         "Per-minute statistics products published.",
         load(&shared.stats.published),
     );
-    out.text
+    out.into_text()
 }
 
-/// The metrics endpoint: a thread serving `GET /metrics` until `stop` is set.
-#[derive(Debug)]
-pub(crate) struct Endpoint {
-    /// Where it listens.
-    pub(crate) address: SocketAddr,
-    stop: tokio::sync::watch::Sender<bool>,
-    thread: JoinHandle<()>,
-}
-
-impl Endpoint {
-    /// Binds `listen` and starts serving.
-    pub(crate) fn start(shared: Arc<Shared>, listen: SocketAddr) -> std::io::Result<Self> {
-        let listener = std::net::TcpListener::bind(listen)?;
-        listener.set_nonblocking(true)?;
-        let address = listener.local_addr()?;
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let thread = std::thread::Builder::new().name("metrics".into()).spawn(move || {
-            runtime.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-                let app = axum::Router::new().route(
-                    "/metrics",
-                    axum::routing::get(move || {
-                        let shared = shared.clone();
-                        async move {
-                            (
-                                [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-                                render(&shared),
-                            )
-                        }
-                    }),
-                );
-                let shutdown = async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                };
-                if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-                    tracing::error!("metrics endpoint: {error}");
-                }
-            });
-        })?;
-        tracing::info!("Prometheus metrics on http://{address}/metrics");
-        Ok(Self { address, stop, thread })
-    }
-
-    /// Stops serving.
-    pub(crate) fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = self.thread.join();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_exposition_format() {
-        let mut out = Exposition::default();
-        out.family("ldm7_x_total", "counter", "What x counts.");
-        out.sample("ldm7_x_total", &[("receive", "host \"a\"\\b\nc"), ("mode", "multicast")], 7);
-        out.single("ldm7_y", "gauge", "Y.", 1.5);
-        assert_eq!(
-            out.text,
-            "# HELP ldm7_x_total What x counts.\n# TYPE ldm7_x_total counter\n\
-             ldm7_x_total{receive=\"host \\\"a\\\"\\\\b\\nc\",mode=\"multicast\"} 7\n\
-             # HELP ldm7_y Y.\n# TYPE ldm7_y gauge\nldm7_y 1.5\n"
-        );
-    }
+/// Serves the metrics of `shared` on `listen`.
+pub(crate) fn start(shared: Arc<Shared>, listen: std::net::SocketAddr) -> std::io::Result<Endpoint> {
+    Endpoint::start(Arc::new(move || render(&shared)), listen)
 }

@@ -218,7 +218,7 @@ pub struct Server {
     /// The RECEIVE subscribers' runtime, their stop signal and their tasks.
     subscribers: Option<Subscribers>,
     /// The Prometheus endpoint.
-    metrics: Option<crate::prometheus::Endpoint>,
+    metrics: Option<ldm7_prometheus::Endpoint>,
 }
 
 impl Server {
@@ -290,7 +290,7 @@ impl Server {
         let children = start_execs(&config, shared.queue.path());
         let metrics = match shared.options.metrics_listen {
             Some(listen) => Some(
-                crate::prometheus::Endpoint::start(shared.clone(), listen)
+                crate::prometheus::start(shared.clone(), listen)
                     .map_err(|source| ServerError::Listen { address: listen, source })?,
             ),
             None => None,

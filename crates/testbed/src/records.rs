@@ -4,7 +4,7 @@
 //! A record joins a product in the queue (signature, size, creation = `info.arrival`, insertion
 //! = the queue's insertion stamp, each product's data checked against its MD5 signature) with
 //! its delivery line in the log of an LDM-7 subscriber (`Received`, `Inserted`, `Backlog`: mode,
-//! retransmitted blocks; crates/server/src/multicast/delivery.rs). The join key is the
+//! retransmitted blocks; written and read by `ldm7_metrics::delivery`). The join key is the
 //! product's printed metadata (`ProdInfo`'s `Display`, the `info: "…"` of the line), which holds
 //! the creation time to the microsecond and the identifier.
 //!
@@ -22,36 +22,7 @@ use md5::{Digest, Md5};
 
 use crate::{Result, TestbedError};
 
-/// How a product reached an LDM-7 subscriber's queue (the keyword of its delivery line).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeliveryMode {
-    /// By FMTP (multicast, with blocks repaired over TCP).
-    Received,
-    /// By the unicast backstop.
-    Inserted,
-    /// By the backlog after an outage.
-    Backlog,
-}
-
-impl DeliveryMode {
-    /// Every mode, in the order of the log keywords.
-    pub const ALL: [DeliveryMode; 3] = [DeliveryMode::Received, DeliveryMode::Inserted, DeliveryMode::Backlog];
-
-    /// The keyword of its log line.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            DeliveryMode::Received => "Received",
-            DeliveryMode::Inserted => "Inserted",
-            DeliveryMode::Backlog => "Backlog",
-        }
-    }
-}
-
-impl fmt::Display for DeliveryMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.keyword())
-    }
-}
+pub use ldm7_metrics::{DeliveryLine, DeliveryMode};
 
 /// One product in a queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,7 +104,7 @@ impl LogCounts {
         for line in log.lines() {
             if line.contains(" Duplicate data-product: ") {
                 counts.duplicates += 1;
-            } else if let Some(delivery) = parse_delivery_line(line) {
+            } else if let Some(delivery) = DeliveryLine::parse(line) {
                 match delivery.mode {
                     DeliveryMode::Received => {
                         counts.received += 1;
@@ -215,35 +186,8 @@ impl fmt::Display for Comparison {
     }
 }
 
-/// One parsed delivery line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeliveryLine<'a> {
-    /// Its mode.
-    pub mode: DeliveryMode,
-    /// The latency it states, microseconds.
-    pub latency_us: i64,
-    /// Retransmitted blocks (`-` for the backstop and the backlog).
-    pub retransmitted_blocks: Option<u32>,
-    /// The product's printed metadata.
-    pub info: &'a str,
-}
-
-/// Parses `… INFO Received: {latency: N µs, index: I, retrans: B, info: "…"}` (and the
-/// `Inserted` and `Backlog` forms); `None` for any other line.
-pub fn parse_delivery_line(line: &str) -> Option<DeliveryLine<'_>> {
-    let (mode, rest) = DeliveryMode::ALL.iter().find_map(|mode| {
-        let marker = format!(" {}: {{latency: ", mode.keyword());
-        line.find(&marker).map(|at| (*mode, &line[at + marker.len()..]))
-    })?;
-    let (latency, rest) = rest.split_once(" µs, index: ")?;
-    let (_, rest) = rest.split_once(", retrans: ")?;
-    let (retrans, rest) = rest.split_once(", info: \"")?;
-    let info = rest.strip_suffix("\"}")?;
-    Some(DeliveryLine { mode, latency_us: latency.parse().ok()?, retransmitted_blocks: retrans.parse().ok(), info })
-}
-
 fn delivery_lines(log: &str) -> HashMap<&str, DeliveryLine<'_>> {
-    log.lines().filter_map(parse_delivery_line).map(|line| (line.info, line)).collect()
+    log.lines().filter_map(DeliveryLine::parse).map(|line| (line.info, line)).collect()
 }
 
 /// Quantiles of latencies (microseconds), nearest rank; `None` when there are none.
@@ -266,19 +210,19 @@ mod tests {
 
     #[test]
     fn delivery_lines_parse_in_every_mode() {
-        let line = parse_delivery_line(RECEIVED).expect("parsed");
+        let line = DeliveryLine::parse(RECEIVED).expect("parsed");
         assert_eq!(line.mode, DeliveryMode::Received);
         assert_eq!(line.latency_us, 15714);
         assert_eq!(line.retransmitted_blocks, Some(7));
         assert_eq!(line.info, "     12725 20261123115936.285705 NGRID 004  NGRID/x/4 20150615000000.227000");
         let backlog = "x ldm7[1] INFO Backlog: {latency: -5 µs, index: -, retrans: -, info: \"a b\"}";
-        let line = parse_delivery_line(backlog).expect("parsed");
+        let line = DeliveryLine::parse(backlog).expect("parsed");
         assert_eq!(
             (line.mode, line.latency_us, line.retransmitted_blocks, line.info),
             (DeliveryMode::Backlog, -5, None, "a b")
         );
-        assert!(parse_delivery_line("x ldm7[1] INFO Duplicate data-product: a b").is_none());
-        assert!(parse_delivery_line("x ldm7[1] NOTE Received: {latency: 5 µs").is_none());
+        assert!(DeliveryLine::parse("x ldm7[1] INFO Duplicate data-product: a b").is_none());
+        assert!(DeliveryLine::parse("x ldm7[1] NOTE Received: {latency: 5 µs").is_none());
     }
 
     #[test]

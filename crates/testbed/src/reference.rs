@@ -639,7 +639,7 @@ pub struct Delivery {
 pub fn deliveries(log: &str) -> Vec<Delivery> {
     let mut found = Vec::new();
     for line in log.lines() {
-        if let Some(line) = crate::records::parse_delivery_line(line) {
+        if let Some(line) = crate::records::DeliveryLine::parse(line) {
             found.push(Delivery {
                 mode: line.mode,
                 retransmitted_blocks: line.retransmitted_blocks,

@@ -17,6 +17,7 @@
 //!   (`data/captures/*.txt`).
 
 pub mod postgres;
+pub mod workspace;
 
 use std::ffi::OsStr;
 use std::io::Write;

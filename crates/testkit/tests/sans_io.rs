@@ -6,7 +6,9 @@
 //! One test for every protocol crate: add a crate to [`PROTOCOL_CRATES`] when it is created.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use ldm7_testkit::workspace::{crate_dir, normal_dependencies, rust_files};
 
 /// The sans-IO crates, by directory under `crates/`.
 const PROTOCOL_CRATES: &[&str] = &["types", "xdr", "fmtp-proto", "ldm-proto", "metrics", "plan"];
@@ -84,46 +86,4 @@ fn the_scanner_sees_what_it_must() {
     assert_eq!(normal_dependencies(manifest), ["tokio", "serde", "libc"]);
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     assert!(rust_files(&here).iter().any(|path| path.ends_with("sans_io.rs")));
-}
-
-fn crate_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name)
-}
-
-/// Every `.rs` file under `dir`, recursively.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else { return files };
-    for entry in entries {
-        let path = entry.expect("directory entry").path();
-        if path.is_dir() {
-            files.extend(rust_files(&path));
-        } else if path.extension().is_some_and(|extension| extension == "rs") {
-            files.push(path);
-        }
-    }
-    files.sort();
-    files
-}
-
-/// The names in `[dependencies]` and `[target.….dependencies]` (not dev- or build-).
-fn normal_dependencies(manifest: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut inside = false;
-    for line in manifest.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            let header = line.trim_matches(|c| c == '[' || c == ']');
-            inside = header == "dependencies" || (header.starts_with("target.") && header.ends_with(".dependencies"));
-            continue;
-        }
-        if !inside || line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let name = line.split(['=', '.']).next().unwrap_or("").trim().trim_matches('"');
-        if !name.is_empty() {
-            names.push(name.to_owned());
-        }
-    }
-    names
 }

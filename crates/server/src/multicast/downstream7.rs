@@ -44,6 +44,7 @@ use ldm7_ldm_proto::{
     BacklogSpec, McastSubInfo, SessionError, SubscribeAnswer, SubscribeOffer, Subscriber, SubscriberConfig,
     SubscriberEvent, VcEndPoint,
 };
+use ldm7_metrics::{Delivery, DeliveryMode};
 use ldm7_pq::{InsertError, InsertOutcome, Queue};
 use ldm7_types::{ProdInfo, Signature, Timestamp};
 use md5::{Digest, Md5};
@@ -51,7 +52,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use super::delivery::{Delivery, DeliveryMode};
 use super::product::{self, ProductError};
 use crate::config::Receive;
 use crate::settings::ReceiveSettings;
@@ -766,7 +766,7 @@ impl JobHead {
             let delivery = Delivery {
                 mode: self.mode,
                 latency_us,
-                index: self.index.map(ldm7_fmtp_proto::ProductIndex),
+                index: self.index,
                 retransmitted_blocks: self.retransmitted_blocks,
                 info: info.clone(),
             };

@@ -3,7 +3,6 @@
 //! products as FMTP carries them ([`product`]), and the online rate monitor
 //! ([`rate_control`]).
 
-pub mod delivery;
 pub mod downstream7;
 pub mod index_map;
 pub mod pool;

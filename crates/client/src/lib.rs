@@ -4,7 +4,10 @@
 //! its printing: progress comes back through a callback, failures as a typed [`ClientError`].
 //!
 //! [`connect`] opens the connection for these clients and for the server's REQUEST downstreams
-//! (`HOST[:PORT]`, port 388 by default, no IPv6 literals, as LDM).
+//! (`HOST[:PORT]`, port 388 by default, no IPv6 literals, as LDM); [`wait`] is the one blocking
+//! read every driver of a sans-IO session makes (the server's sessions too).
+
+pub mod wait;
 
 use std::fmt;
 use std::io::Write;

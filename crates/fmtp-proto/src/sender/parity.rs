@@ -1,0 +1,132 @@
+//! Parity ([`SenderConfig::parity`]): the shards a PARITY_REQ needs chosen (none already on
+//! their way to the receiver), queued, coded once per group and multicast.
+
+use std::time::Duration;
+
+use crate::parity::ParityConfig;
+use crate::time::Instant;
+use crate::wire::{Body, Message, MessageType};
+
+use super::{Destination, REPAIR_ROUND_MIN, ReceiverId, ReleaseReason, Sender, Transmit};
+
+#[cfg(doc)]
+use super::SenderConfig;
+
+/// The shortest time a parity shard counts as on its way to a receiver after it was multicast
+/// ([`SenderConfig::parity`]).
+const PARITY_IN_FLIGHT_MIN: Duration = Duration::from_millis(20);
+
+impl Sender {
+    /// Queues parity shards of a group for a receiver that needs `need` more of index `from` or
+    /// above: as many as are not already on their way to it (queued, or multicast less than
+    /// its round-trip time ago), shards never multicast first (they serve every receiver),
+    /// then shards multicast long enough ago that this receiver lost them.
+    pub(super) fn queue_parity(
+        &mut self,
+        id: ReceiverId,
+        key: u64,
+        group: u16,
+        need: u16,
+        from: u16,
+        parity: &ParityConfig,
+    ) {
+        let now = self.now;
+        let Some(receiver) = self.receivers.get(&id) else { return };
+        let round = receiver.rtt.max(REPAIR_ROUND_MIN);
+        // A shard multicast less than this long ago may not have reached the receiver when it
+        // asked: a round trip and a quarter more for queueing, and at least the time a busy
+        // host may take to hand a datagram to the receiver (a receiver asks again after at
+        // least `PARITY_RETRY_MIN`, longer).
+        let on_its_way = (round + round / 4).max(PARITY_IN_FLIGHT_MIN);
+        let Some(product) = self.products.get_mut(&key) else { return };
+        if u64::from(group) >= parity.groups(u64::from(product.size)) || need == 0 {
+            self.counters.retx_requests_empty += 1;
+            return;
+        }
+        product.asked_by(id, now, round);
+        let shards = parity.shards as usize;
+        let state = product.parity.entry(group).or_insert_with(|| ParityGroup::new(shards));
+        let from = usize::from(from).min(shards);
+        let on_the_way = state.sent[from..]
+            .iter()
+            .filter(|sent| match sent {
+                ShardState::Queued => true,
+                ShardState::Sent(at) => now < *at + on_its_way,
+                ShardState::Unsent => false,
+            })
+            .count();
+        let mut want = usize::from(need).saturating_sub(on_the_way);
+        let fresh = (from..shards).filter(|&j| state.sent[j] == ShardState::Unsent);
+        let stale = (from..shards).filter(|&j| matches!(state.sent[j], ShardState::Sent(at) if now >= at + on_its_way));
+        let chosen: Vec<usize> = fresh.chain(stale).take(want).collect();
+        want -= chosen.len();
+        for j in chosen {
+            state.sent[j] = ShardState::Queued;
+            // j < shards ≤ 256.
+            self.parity_queue.push_back((key, group, j as u8));
+        }
+        self.counters.parity_shortfall += want as u64;
+    }
+
+    /// Multicasts one queued parity shard (computing its group's shards the first time);
+    /// `None` when its product is gone or its bytes cannot be read.
+    pub(super) fn transmit_parity(&mut self, buf: &mut Vec<u8>, key: u64, group: u16, shard: u8) -> Option<Transmit> {
+        let parity = self.config.parity?;
+        let product = self.products.get_mut(&key)?;
+        let state = product.parity.get_mut(&group)?;
+        if state.shards.is_empty() {
+            let (start, end, _) = parity.group_range(u32::from(group), u64::from(product.size));
+            let bytes = self.parity_encoder.group_buffer((end - start) as usize);
+            if product.data.read_at(start, bytes).is_err() {
+                self.release(key, ReleaseReason::DataUnavailable);
+                return None;
+            }
+            state.shards =
+                self.parity_encoder.encode_filled(&parity).expect("a validated configuration codes any group");
+            self.counters.parity_groups_coded += 1;
+        }
+        state.sent[usize::from(shard)] = ShardState::Sent(self.now);
+        let start = buf.len();
+        let message = Message {
+            index: product.index,
+            body: Body::Parity {
+                group,
+                // log₂ of values ≤ 32768 and ≤ 256.
+                group_blocks_log2: parity.group_blocks.trailing_zeros() as u8,
+                shards_log2: parity.shards.trailing_zeros() as u8,
+                shard,
+                data: &state.shards[usize::from(shard)],
+            },
+        };
+        message.emit_to_vec(buf).expect("a shard is at most a block");
+        let len = buf.len() - start;
+        if let Some(bucket) = &mut self.multicast_bucket {
+            bucket.try_take(len);
+        }
+        self.counters.parity_datagrams += 1;
+        self.counters.parity_bytes += len as u64;
+        Some(Transmit { destination: Destination::Multicast, len, message_type: MessageType::Parity })
+    }
+}
+
+/// The parity of one group of a product's blocks.
+pub(super) struct ParityGroup {
+    /// Every shard, once the first is multicast.
+    shards: Vec<Vec<u8>>,
+    /// Per shard index.
+    sent: Vec<ShardState>,
+}
+
+impl ParityGroup {
+    fn new(shards: usize) -> Self {
+        Self { shards: Vec::new(), sent: vec![ShardState::Unsent; shards] }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShardState {
+    Unsent,
+    Queued,
+    /// Last multicast then.
+    Sent(Instant),
+}
