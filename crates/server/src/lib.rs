@@ -7,9 +7,9 @@
 //! Logging goes through `tracing` (targets and levels: `ldm7_io::log_target`); the binary
 //! installs the subscriber.
 
-pub mod access;
 use ldm7_client as client;
 use ldm7_client::wait;
+pub use ldm7_config::access;
 pub use ldm7_config::ldmd as config;
 pub use ldm7_config::settings;
 mod conn;

@@ -413,7 +413,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                 };
                 let shared = shared.clone();
                 let spawned = std::thread::Builder::new().name(format!("conn {address}")).spawn(move || {
-                    let peer = PeerHost::resolve(address.ip());
+                    let peer = resolve(address.ip());
                     conn::serve(shared.clone(), stream, peer);
                     drop(slot);
                     shared.active_connections.fetch_sub(1, Ordering::Relaxed);
@@ -541,6 +541,12 @@ fn exec_command(program: &str) -> Command {
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// The peer at `ip` with its name looked up (reverse DNS; a failure leaves it nameless).
+fn resolve(ip: std::net::IpAddr) -> PeerHost {
+    let name = dns_lookup::lookup_addr(&ip).ok().filter(|name| name.parse::<std::net::IpAddr>().is_err());
+    PeerHost { ip, name }
 }
 
 #[cfg(test)]

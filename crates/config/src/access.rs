@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use ldm7_types::{FeedType, Pattern, ProdClass, ProdInfo, ProdSpec};
 
-use crate::config::Config;
+use crate::ldmd::Config;
 
 /// The peer of a connection: its address and, when it resolves, its name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,12 +26,6 @@ pub struct PeerHost {
 }
 
 impl PeerHost {
-    /// Looks up the name of `ip` (reverse DNS; a failure leaves it nameless).
-    pub fn resolve(ip: IpAddr) -> Self {
-        let name = dns_lookup::lookup_addr(&ip).ok().filter(|name| name.parse::<IpAddr>().is_err());
-        Self { ip, name }
-    }
-
     /// A peer known by address only.
     pub fn from_ip(ip: IpAddr) -> Self {
         Self { ip, name: None }
