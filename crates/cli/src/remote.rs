@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ldm7_client::{self as client, ClientError, NotifyOptions, NotifyProgress, Product, PushOptions, PushProgress};
+use ldm7_client::{self as client, ClientError, NotifyOptions, NotifyProgress, PushOptions, PushProduct, PushProgress};
 use ldm7_types::{ProdClass, ProdInfo, Signature, Timestamp};
 
 use crate::common::{LineOptions, now, origin, parse_feed, positive_duration_arg};
@@ -109,7 +109,7 @@ pub fn send(args: &SendArgs) -> CmdResult {
             size,
         };
         info.validate().map_err(|error| bad_input(format!("{}: {error}", path.display())))?;
-        products.push(Product { info, data });
+        products.push(PushProduct { info, data });
     }
     let class = ProdClass {
         from: now(),

@@ -270,7 +270,7 @@ impl PushOptions {
 
 /// One product to push.
 #[derive(Clone, Debug)]
-pub struct Product {
+pub struct PushProduct {
     /// Its metadata (the signature is the MD5 of `data`).
     pub info: ProdInfo,
     /// Its bytes.
@@ -301,7 +301,7 @@ pub struct PushSummary {
 /// COMINGSOON + BLKDATA above), then a NULLPROC flush whose reply ends the session.
 pub fn push(
     options: &PushOptions,
-    mut products: Vec<Product>,
+    mut products: Vec<PushProduct>,
     mut on_progress: impl FnMut(PushProgress<'_>),
 ) -> Result<PushSummary, ClientError> {
     let server = &options.server;

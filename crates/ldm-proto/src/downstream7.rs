@@ -1,7 +1,7 @@
 //! The LDM-7 subscriber's decisions, sans-IO: what a RECEIVE asks its upstream for and when
 //! (ldm7-multicast.md §2.2–§2.4). The server's driver (`ldm7_server::multicast::downstream7`)
 //! feeds it what the control session ([`crate::Subscriber`]), the FMTP receiver and the
-//! inserter report, applies the [`Decision`]s it makes on the control session, and keeps the
+//! inserter report, applies the [`UpstreamRequest`]s it makes on the control session, and keeps the
 //! resume point in a file. Time is an argument; nothing here reads a clock.
 //!
 //! The decisions:
@@ -20,7 +20,7 @@
 //! 3. **Fences**: each REQUEST_BACKLOG goes with a fence far ahead of the newest FMTP index seen
 //!    (the control session sends it; a reference publisher, which never sends END_BACKLOG,
 //!    answers it with NO_SUCH_PRODUCT after the backlog's last product). A backlog asked before
-//!    any index was known gets its fence with the first index ([`Decision::FenceBacklogs`]).
+//!    any index was known gets its fence with the first index ([`UpstreamRequest::FenceBacklogs`]).
 //! 4. **Tail check** ([`TailCheck`]): when the feed goes quiet (no FMTP message, multicast or
 //!    repair, for [`TAIL_QUIET`], no product in FMTP's hands) and the session's backlog is
 //!    complete, it asks for anything after the newest product FMTP brought, once per newest
@@ -85,14 +85,14 @@ pub enum BacklogReason {
 
 /// What the driver is to do on the control session.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum UpstreamRequest {
     /// REQUEST_PRODUCT of this FMTP index (the backstop).
     RequestProduct(u32),
     /// REQUEST_BACKLOG with `spec`, fenced at `fence` when an index is known.
     RequestBacklog {
         /// The request.
         spec: BacklogSpec,
-        /// The fence's index (`None`: no FMTP index known yet; [`Decision::FenceBacklogs`]
+        /// The fence's index (`None`: no FMTP index known yet; [`UpstreamRequest::FenceBacklogs`]
         /// follows with the first).
         fence: Option<u32>,
         /// Why.
@@ -140,7 +140,7 @@ pub struct Downstream7 {
     backoff: Backoff,
     in_outage: bool,
     session: SessionState,
-    decisions: VecDeque<Decision>,
+    decisions: VecDeque<UpstreamRequest>,
 }
 
 /// What one session decides by.
@@ -215,13 +215,13 @@ impl Downstream7 {
             }
             FmtpReport::Missed(index) => {
                 self.resume.seen(index);
-                self.decisions.push_back(Decision::RequestProduct(index));
+                self.decisions.push_back(UpstreamRequest::RequestProduct(index));
             }
             FmtpReport::IndexGap(first, last) => {
                 self.resume.seen(first);
                 let count = last.wrapping_sub(first).wrapping_add(1);
                 for offset in 0..count.min(INDEX_GAP_REQUESTS_MAX) {
-                    self.decisions.push_back(Decision::RequestProduct(first.wrapping_add(offset)));
+                    self.decisions.push_back(UpstreamRequest::RequestProduct(first.wrapping_add(offset)));
                 }
             }
             FmtpReport::Other => {}
@@ -238,7 +238,7 @@ impl Downstream7 {
                 session.newest_index = Some(index);
             }
             if first && std::mem::take(&mut session.unfenced) {
-                self.decisions.push_back(Decision::FenceBacklogs(fence_index(index)));
+                self.decisions.push_back(UpstreamRequest::FenceBacklogs(fence_index(index)));
             }
         }
         if let Some(before) = before {
@@ -276,7 +276,7 @@ impl Downstream7 {
 
     /// The inserter found FMTP product `index` unusable: asked for through the backstop.
     pub fn unusable(&mut self, index: u32) {
-        self.decisions.push_back(Decision::RequestProduct(index));
+        self.decisions.push_back(UpstreamRequest::RequestProduct(index));
     }
 
     /// When [`Downstream7::handle_timeout`] is due.
@@ -303,7 +303,7 @@ impl Downstream7 {
     }
 
     /// The next decision to apply.
-    pub fn poll_decision(&mut self) -> Option<Decision> {
+    pub fn poll_decision(&mut self) -> Option<UpstreamRequest> {
         self.decisions.pop_front()
     }
 
@@ -335,7 +335,7 @@ impl Downstream7 {
         if fence.is_none() {
             self.session.unfenced = true;
         }
-        self.decisions.push_back(Decision::RequestBacklog { spec, fence, reason });
+        self.decisions.push_back(UpstreamRequest::RequestBacklog { spec, fence, reason });
     }
 }
 

@@ -56,7 +56,7 @@ pub use upstream::{
 
 pub use inbound::{Inbound, InboundEvent};
 pub use ldm7_xdr::ldm7::{
-    BacklogSpec, CidrAddr, Ldm7Status, McastInfo, McastProdIndex, McastSubInfo, ParityAnswer, Product, ProductData,
+    BacklogSpec, CidrAddr, Ldm7Status, McastInfo, McastProdIndex, McastSubInfo, ParityAnswer, Product, RecordBytes,
     SubscribeAnswer, SubscribeOffer, SubscriptionReply, VcEndPoint,
 };
 pub use publisher::{HEARD_NOTHING_LIMIT, OUTPUT_HIGH_WATER, Publisher, PublisherEvent};

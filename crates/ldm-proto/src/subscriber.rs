@@ -31,7 +31,7 @@
 //!   this end last sent anything (§2.2 step 4). The upstream's TEST_CONNECTIONs are accepted
 //!   silently. There is no silence limit: a healthy upstream may say nothing for hours.
 //! * Products are handed over without a copy: their data stays in the record they arrived in
-//!   ([`ldm7_xdr::ldm7::ProductData`]).
+//!   ([`ldm7_xdr::ldm7::RecordBytes`]).
 //!
 //! The reference's log lines (§5) come from the driver: `Inserted: …` / `Backlog: …` on
 //! MissedProduct / BacklogProduct, `Requested product <n> doesn't exist` on NoSuchProduct,

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use ldm7_ldm_proto::downstream7::{
-    BACKLOG_WAIT, BacklogReason, Decision, Downstream7, Downstream7Config, FmtpReport, INDEX_GAP_REQUESTS_MAX,
-    ResumePoint, TAIL_OFFSET, TAIL_QUIET,
+    BACKLOG_WAIT, BacklogReason, Downstream7, Downstream7Config, FmtpReport, INDEX_GAP_REQUESTS_MAX, ResumePoint,
+    TAIL_OFFSET, TAIL_QUIET, UpstreamRequest,
 };
 use ldm7_ldm_proto::{BacklogSpec, fence_index};
 use ldm7_types::{Instant, Signature};
@@ -28,7 +28,7 @@ fn at(seconds: u64) -> Instant {
     Instant::from_nanos(1_000_000_000 + seconds * 1_000_000_000)
 }
 
-fn decisions(downstream: &mut Downstream7) -> Vec<Decision> {
+fn decisions(downstream: &mut Downstream7) -> Vec<UpstreamRequest> {
     std::iter::from_fn(|| downstream.poll_decision()).collect()
 }
 
@@ -56,7 +56,7 @@ fn a_lossy_session_asks_its_backlog_when_its_first_product_is_resolved_not_befor
     downstream.fmtp(at(4), FmtpReport::Delivered(10, Some(signature(10))), Some((60, 0)));
     assert_eq!(
         decisions(&mut downstream),
-        [Decision::RequestBacklog {
+        [UpstreamRequest::RequestBacklog {
             spec: backlog(Some(signature(1)), Some(signature(10))),
             fence: Some(fence_index(12)),
             reason: BacklogReason::BeforeFirst,
@@ -72,13 +72,13 @@ fn a_first_product_the_backstop_brings_or_the_upstream_lost_ends_the_backlog_too
     downstream.session_started(at(0));
     downstream.fmtp(at(0), FmtpReport::Connected, None);
     downstream.fmtp(at(0), FmtpReport::Missed(10), None);
-    assert_eq!(decisions(&mut downstream), [Decision::RequestProduct(10)]);
+    assert_eq!(decisions(&mut downstream), [UpstreamRequest::RequestProduct(10)]);
     downstream.no_such_product(10);
     assert_eq!(decisions(&mut downstream), [], "the upstream no longer has it: the next one with its signature");
     downstream.backstop_delivered(11, signature(11));
     assert_eq!(
         decisions(&mut downstream),
-        [Decision::RequestBacklog {
+        [UpstreamRequest::RequestBacklog {
             spec: backlog(None, Some(signature(11))),
             fence: Some(fence_index(10)),
             reason: BacklogReason::BeforeFirst,
@@ -98,14 +98,14 @@ fn a_quiet_feed_asks_up_to_the_newest_product_and_fences_it_with_the_first_index
     downstream.handle_timeout(at(0) + TAIL_QUIET, Some((0, 0)));
     assert_eq!(
         decisions(&mut downstream),
-        [Decision::RequestBacklog {
+        [UpstreamRequest::RequestBacklog {
             spec: backlog(Some(signature(1)), None),
             fence: None,
             reason: BacklogReason::UpToNewest
         }]
     );
     downstream.fmtp(at(5), FmtpReport::Started(40), Some((1, 1)));
-    assert_eq!(decisions(&mut downstream), [Decision::FenceBacklogs(fence_index(40))]);
+    assert_eq!(decisions(&mut downstream), [UpstreamRequest::FenceBacklogs(fence_index(40))]);
     downstream.fmtp(at(6), FmtpReport::Delivered(40, Some(signature(40))), Some((9, 0)));
     assert_eq!(decisions(&mut downstream), [], "asked already");
 }
@@ -117,7 +117,8 @@ fn nothing_resolved_for_long_asks_up_to_the_newest() {
     downstream.fmtp(at(0), FmtpReport::Connected, None);
     downstream.fmtp(at(1), FmtpReport::Started(7), None);
     downstream.handle_timeout(at(0) + BACKLOG_WAIT, None);
-    let [Decision::RequestBacklog { reason: BacklogReason::UpToNewest, fence, .. }] = decisions(&mut downstream)[..]
+    let [UpstreamRequest::RequestBacklog { reason: BacklogReason::UpToNewest, fence, .. }] =
+        decisions(&mut downstream)[..]
     else {
         panic!("a backlog up to the newest");
     };
@@ -133,7 +134,7 @@ fn missed_products_gaps_and_unusable_ones_go_to_the_backstop() {
     downstream.unusable(12);
     assert_eq!(
         decisions(&mut downstream),
-        [5, 7, 8, 9, 12].map(Decision::RequestProduct),
+        [5, 7, 8, 9, 12].map(UpstreamRequest::RequestProduct),
         "each in the order FMTP and the inserter reported"
     );
     downstream.fmtp(at(0), FmtpReport::IndexGap(100, 100 + 2 * INDEX_GAP_REQUESTS_MAX), None);
@@ -165,7 +166,7 @@ fn the_tail_is_checked_after_the_backlog_once_per_newest_product_when_nothing_co
     downstream.handle_timeout(again, Some((14, 0)));
     assert_eq!(
         decisions(&mut downstream),
-        [Decision::RequestBacklog {
+        [UpstreamRequest::RequestBacklog {
             spec: BacklogSpec {
                 after: signature(1),
                 after_is_set: true,
@@ -206,7 +207,7 @@ fn the_resume_point_moves_along_the_resolved_prefix_once_the_backlog_is_complete
     downstream.inserted(20, signature(20));
     assert_eq!(downstream.resume_to_save(), None);
     downstream.fmtp(at(11), FmtpReport::Delivered(20, Some(signature(20))), None);
-    let [Decision::RequestBacklog { spec, .. }] = decisions(&mut downstream)[..] else { panic!("the backlog") };
+    let [UpstreamRequest::RequestBacklog { spec, .. }] = decisions(&mut downstream)[..] else { panic!("the backlog") };
     assert_eq!(spec.after(), Some(signature(12)));
     downstream.backlog_complete();
     assert_eq!(downstream.resume_to_save(), Some(signature(20)));

@@ -1,7 +1,7 @@
 //! The subscriber's delivery record: one per product that reached the queue, in one of three
 //! modes (RESEARCH.md §5; ldm7-multicast.md §5), logged as one line and counted.
 //!
-//! Written ([`Delivery`]'s `Display`) and read back ([`DeliveryLine::parse`]: the test harness,
+//! Written ([`QueueDelivery`]'s `Display`) and read back ([`DeliveryLine::parse`]: the test harness,
 //! the demo, the lab's records) by this module only. Line format (the reference's `Received:`
 //! line with the latency in microseconds, and the same fields for the other two modes so that
 //! one parser reads them all):
@@ -56,7 +56,7 @@ impl fmt::Display for DeliveryMode {
 
 /// One product delivered into the queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Delivery {
+pub struct QueueDelivery {
     /// How.
     pub mode: DeliveryMode,
     /// Microseconds from the product's creation (BOP time) to its insertion.
@@ -69,7 +69,7 @@ pub struct Delivery {
     pub info: ProdInfo,
 }
 
-impl fmt::Display for Delivery {
+impl fmt::Display for QueueDelivery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {{latency: {} µs, index: ", self.mode.keyword(), self.latency_us)?;
         match self.index {
@@ -85,7 +85,7 @@ impl fmt::Display for Delivery {
     }
 }
 
-/// A delivery line read back: what [`Delivery`] wrote, the product as its printed metadata.
+/// A delivery line read back: what [`QueueDelivery`] wrote, the product as its printed metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeliveryLine<'a> {
     /// Its mode.
@@ -140,7 +140,7 @@ mod tests {
             ident: "TEST/1".into(),
             size: 1,
         };
-        let received = Delivery {
+        let received = QueueDelivery {
             mode: DeliveryMode::Received,
             latency_us: 1843,
             index: Some(17),
@@ -151,8 +151,13 @@ mod tests {
             received.to_string(),
             "Received: {latency: 1843 µs, index: 17, retrans: 0, info: \"         1 20231114221320.123456 EXP 007  TEST/1\"}"
         );
-        let backlog =
-            Delivery { mode: DeliveryMode::Backlog, latency_us: -5, index: None, retransmitted_blocks: None, info };
+        let backlog = QueueDelivery {
+            mode: DeliveryMode::Backlog,
+            latency_us: -5,
+            index: None,
+            retransmitted_blocks: None,
+            info,
+        };
         assert!(backlog.to_string().starts_with("Backlog: {latency: -5 µs, index: -, retrans: -, info: "));
     }
 
@@ -173,7 +178,8 @@ mod tests {
             (DeliveryMode::Inserted, Some(5), None),
             (DeliveryMode::Backlog, None, None),
         ] {
-            let delivery = Delivery { mode, latency_us: -7, index, retransmitted_blocks: blocks, info: info.clone() };
+            let delivery =
+                QueueDelivery { mode, latency_us: -7, index, retransmitted_blocks: blocks, info: info.clone() };
             let line = format!("20261123T115936.301490Z ldm7[22800] INFO {delivery}");
             assert_eq!(
                 DeliveryLine::parse(&line),

@@ -1,4 +1,4 @@
-//! Delivery metrics of LDM-7, as the research defines them (RESEARCH.md §5), with no I/O and no
+//! QueueDelivery metrics of LDM-7, as the research defines them (RESEARCH.md §5), with no I/O and no
 //! clock: callers hand in delivery events and times.
 //!
 //! * [`sums`]: a delivery event per product at a subscriber, and per link (feed, publisher,
@@ -15,7 +15,7 @@ pub mod product;
 pub mod rtstats;
 pub mod sums;
 
-pub use delivery::{Delivery, DeliveryLine, DeliveryMode};
+pub use delivery::{DeliveryLine, DeliveryMode, QueueDelivery};
 pub use product::{ProductError, StatsProduct};
 pub use rtstats::{RtStats, RtStatsError};
 pub use sums::{Aggregator, BLOCK_SIZE, DeliveryEvent, Derived, Link, Minute, MinuteRow, MinuteSums, Mode};

@@ -25,4 +25,4 @@ pub mod violation;
 
 pub use interval::{Arrival, IntervalPlan, Occupancy, PlanConfig, PlanError, occupancy, plan, sweep};
 pub use repair::{Repair, RepairBudget, repair_budget};
-pub use violation::{Decision, Delivery, MonitorConfig, ViolationMonitor};
+pub use violation::{Decision, MonitorConfig, MonitoredDelivery, ViolationMonitor};

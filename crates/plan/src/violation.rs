@@ -67,7 +67,7 @@ impl MonitorConfig {
 
 /// One product delivered to one subscriber.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Delivery {
+pub struct MonitoredDelivery {
     /// The subscriber.
     pub subscriber: u32,
     /// `d_ij`: creation at the publisher to complete at the subscriber, seconds.
@@ -181,14 +181,14 @@ impl ViolationMonitor {
     }
 
     /// Whether `delivery` violates at the rate now held.
-    pub fn violates(&self, delivery: &Delivery) -> bool {
+    pub fn violates(&self, delivery: &MonitoredDelivery) -> bool {
         let epsilon = delivery.rtt_s * f64::from(delivery.repair_rounds) + self.config.epsilon_s;
         let expected = epsilon + delivery.bytes as f64 * 8.0 / self.rate_bps() + delivery.rtt_s / 2.0;
         delivery.latency_s - expected > self.config.wait_max_s
     }
 
     /// Counts a delivery in the interval in progress.
-    pub fn observe(&mut self, delivery: &Delivery) {
+    pub fn observe(&mut self, delivery: &MonitoredDelivery) {
         let violated = self.violates(delivery);
         let entry = self.interval.entry(delivery.subscriber).or_default();
         entry.0 += 1;
@@ -279,9 +279,9 @@ mod tests {
         ViolationMonitor::new(MonitorConfig::research(vec![20.0 * MBIT, 40.0 * MBIT, 100.0 * MBIT])).unwrap()
     }
 
-    fn delivery(subscriber: u32, latency_s: f64) -> Delivery {
+    fn delivery(subscriber: u32, latency_s: f64) -> MonitoredDelivery {
         // 25 kB at 20 Mbit/s: 10 ms to send; RTT 40 ms (20 ms one way); no repair: ε = 2 ms.
-        Delivery { subscriber, latency_s, bytes: 25_000, rtt_s: 0.040, repair_rounds: 0 }
+        MonitoredDelivery { subscriber, latency_s, bytes: 25_000, rtt_s: 0.040, repair_rounds: 0 }
     }
 
     #[test]
@@ -291,9 +291,9 @@ mod tests {
         assert!(!monitor.violates(&delivery(1, 0.0339)));
         assert!(monitor.violates(&delivery(1, 0.0341)));
         // Two repair rounds add two RTTs to what is expected.
-        let repaired = Delivery { repair_rounds: 2, ..delivery(1, 0.1139) };
+        let repaired = MonitoredDelivery { repair_rounds: 2, ..delivery(1, 0.1139) };
         assert!(!monitor.violates(&repaired));
-        assert!(monitor.violates(&Delivery { latency_s: 0.1141, ..repaired }));
+        assert!(monitor.violates(&MonitoredDelivery { latency_s: 0.1141, ..repaired }));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use ldm7_ldm_proto::SessionError;
 
 use crate::Shared;
 use crate::access::{self, PeerHost};
-use crate::limits::{FeederRegistration, Refusal};
+use crate::limits::{ConnectionRefusal, FeederRegistration};
 use crate::wait::{Input, wait_input};
 
 /// Write when this much output is pending.
@@ -100,7 +100,7 @@ fn serve_inner(
         shared
             .counters
             .refusals
-            .refuse(Refusal::Host, || format!("Denying connection from {peer}: no ALLOW entry matches"));
+            .refuse(ConnectionRefusal::Host, || format!("Denying connection from {peer}: no ALLOW entry matches"));
         refuse_host(&mut stream);
         return Ok(());
     }
@@ -242,7 +242,7 @@ fn register_feeder(shared: &Shared, peer: &PeerHost, stream: &TcpStream, class: 
     let replace = shared.options.settings.ldm6.one_feeder_per_host;
     let (registration, replaced) = shared.feeders.register(peer.ip, class, stream.try_clone().ok(), replace);
     for old in replaced {
-        shared.counters.refusals.refuse(Refusal::Replaced, || {
+        shared.counters.refusals.refuse(ConnectionRefusal::Replaced, || {
             format!(
                 "{peer}: a new FEEDME for {class} (feed #{}) replaces feed #{} of {} to the same host; that \
                  connection is closed (one feeder per host and feed: ldm6.one_feeder_per_host)",
@@ -263,20 +263,20 @@ fn refuse_by_limit(
 ) {
     let refusals = &shared.counters.refusals;
     match hit {
-        LimitHit::FirstCallTimeout => refusals.refuse(Refusal::Idle, || {
+        LimitHit::FirstCallTimeout => refusals.refuse(ConnectionRefusal::Idle, || {
             format!(
                 "closing the connection from {peer}: no FEEDME, NOTIFYME or HIYA within {:?} \
                  (ldm6.first_call_timeout)",
                 limits.first_call_timeout
             )
         }),
-        LimitHit::PushIdle => refusals.refuse(Refusal::Idle, || {
+        LimitHit::PushIdle => refusals.refuse(ConnectionRefusal::Idle, || {
             format!(
                 "closing the push connection from {peer}: nothing received for {:?} (ldm6.push_idle_timeout)",
                 limits.push_idle_timeout
             )
         }),
-        LimitHit::RecordTooLong => refusals.refuse(Refusal::RecordTooLong, || {
+        LimitHit::RecordTooLong => refusals.refuse(ConnectionRefusal::RecordTooLong, || {
             let why = match result {
                 Err(error) => error.to_string(),
                 Ok(()) => "record too long".into(),

@@ -1,7 +1,7 @@
 //! The LDM-6 server's bounds against misuse (docs/server.md "Bounds", docs/security.md): who
 //! is refused and why, connections per host, and one feeder per downstream host and feed.
 //!
-//! * Every refusal has a [`Refusal`] reason, a counter
+//! * Every refusal has a [`ConnectionRefusal`] reason, a counter
 //!   (`ldm7_connections_refused_total{reason}`) and a log line — the first of a reason at once,
 //!   then at most one per [`LOG_INTERVAL`] carrying how many were not logged, so that a flood
 //!   of refused connections cannot flood the log.
@@ -26,7 +26,7 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Why a connection was refused or closed by the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Refusal {
+pub enum ConnectionRefusal {
     /// `--max-clients` connections were open.
     Busy,
     /// No ALLOW entry names the host.
@@ -41,20 +41,26 @@ pub enum Refusal {
     Replaced,
 }
 
-impl Refusal {
+impl ConnectionRefusal {
     /// Every reason, in the order of the metrics.
-    pub const ALL: [Refusal; 6] =
-        [Refusal::Busy, Refusal::Host, Refusal::PerHost, Refusal::RecordTooLong, Refusal::Idle, Refusal::Replaced];
+    pub const ALL: [ConnectionRefusal; 6] = [
+        ConnectionRefusal::Busy,
+        ConnectionRefusal::Host,
+        ConnectionRefusal::PerHost,
+        ConnectionRefusal::RecordTooLong,
+        ConnectionRefusal::Idle,
+        ConnectionRefusal::Replaced,
+    ];
 
     /// The `reason` label of the metric.
     pub fn label(self) -> &'static str {
         match self {
-            Refusal::Busy => "busy",
-            Refusal::Host => "host",
-            Refusal::PerHost => "per_host",
-            Refusal::RecordTooLong => "record_too_long",
-            Refusal::Idle => "idle",
-            Refusal::Replaced => "replaced",
+            ConnectionRefusal::Busy => "busy",
+            ConnectionRefusal::Host => "host",
+            ConnectionRefusal::PerHost => "per_host",
+            ConnectionRefusal::RecordTooLong => "record_too_long",
+            ConnectionRefusal::Idle => "idle",
+            ConnectionRefusal::Replaced => "replaced",
         }
     }
 
@@ -63,18 +69,18 @@ impl Refusal {
     }
 }
 
-/// Refusal counters and their rate-limited log.
+/// ConnectionRefusal counters and their rate-limited log.
 #[derive(Debug, Default)]
-pub struct Refusals {
-    counts: [AtomicU64; Refusal::ALL.len()],
+pub struct ConnectionRefusals {
+    counts: [AtomicU64; ConnectionRefusal::ALL.len()],
     /// Per reason: when a line was last logged and how many refusals were not logged since.
-    logged: Mutex<[Option<(Instant, u64)>; Refusal::ALL.len()]>,
+    logged: Mutex<[Option<(Instant, u64)>; ConnectionRefusal::ALL.len()]>,
 }
 
-impl Refusals {
+impl ConnectionRefusals {
     /// Counts a refusal and logs `message` (WARN; NOTE for an unknown host or a replaced
     /// feed) unless a line of this reason was logged less than [`LOG_INTERVAL`] ago.
-    pub fn refuse(&self, reason: Refusal, message: impl FnOnce() -> String) {
+    pub fn refuse(&self, reason: ConnectionRefusal, message: impl FnOnce() -> String) {
         self.counts[reason.index()].fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let suppressed = {
@@ -101,13 +107,13 @@ impl Refusals {
         }
         match reason {
             // What the reference logs as a notice: a host it does not know, a feed replaced.
-            Refusal::Host | Refusal::Replaced => tracing::info!("{message}"),
+            ConnectionRefusal::Host | ConnectionRefusal::Replaced => tracing::info!("{message}"),
             _ => tracing::warn!("{message}"),
         }
     }
 
-    /// Refusals of `reason` so far.
-    pub fn count(&self, reason: Refusal) -> u64 {
+    /// ConnectionRefusals of `reason` so far.
+    pub fn count(&self, reason: ConnectionRefusal) -> u64 {
         self.counts[reason.index()].load(Ordering::Relaxed)
     }
 }
@@ -328,20 +334,20 @@ mod tests {
 
     #[test]
     fn refusals_are_all_counted_and_logged_at_most_once_a_minute() {
-        let refusals = Refusals::default();
+        let refusals = ConnectionRefusals::default();
         let mut logged = 0;
         for _ in 0..1000 {
-            refusals.refuse(Refusal::PerHost, || {
+            refusals.refuse(ConnectionRefusal::PerHost, || {
                 logged += 1;
                 "refused".into()
             });
         }
-        refusals.refuse(Refusal::Busy, || {
+        refusals.refuse(ConnectionRefusal::Busy, || {
             logged += 1;
             "busy".into()
         });
-        assert_eq!(refusals.count(Refusal::PerHost), 1000);
-        assert_eq!(refusals.count(Refusal::Busy), 1);
+        assert_eq!(refusals.count(ConnectionRefusal::PerHost), 1000);
+        assert_eq!(refusals.count(ConnectionRefusal::Busy), 1);
         assert_eq!(logged, 2, "one line per reason within the interval");
     }
 }

@@ -43,7 +43,7 @@ pub(crate) fn render(shared: &Shared) -> String {
     let counters = &shared.counters;
     out.single("ldm7_connections_accepted_total", "counter", "LDM connections accepted.", load(&counters.connections));
     out.family("ldm7_connections_refused_total", "counter", "LDM connections refused or closed by a bound, by reason.");
-    for reason in crate::limits::Refusal::ALL {
+    for reason in crate::limits::ConnectionRefusal::ALL {
         out.sample("ldm7_connections_refused_total", &[("reason", reason.label())], counters.refusals.count(reason));
     }
     out.single("ldm7_feeders_active", "gauge", "LDM-6 feeds (FEEDME sessions) being sent.", shared.feeders.len());

@@ -15,7 +15,7 @@ use ldm7_types::Timestamp;
 
 use crate::access::PeerHost;
 use crate::config::Config;
-use crate::limits::{Feeders, HostConnections, Refusal, Refusals};
+use crate::limits::{ConnectionRefusal, ConnectionRefusals, Feeders, HostConnections};
 use crate::multicast::Multicaster;
 use crate::multicast::downstream7::{self, SubscriberContext, SubscriberCounters};
 use crate::request::RequestSpec;
@@ -81,7 +81,7 @@ pub struct Counters {
     /// Connections accepted.
     pub connections: AtomicU64,
     /// Connections refused or closed by the server, by reason (with their rate-limited log).
-    pub refusals: Refusals,
+    pub refusals: ConnectionRefusals,
     /// Products sent to downstreams.
     pub products_sent: AtomicU64,
     /// Products received and inserted.
@@ -391,7 +391,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                 let active = shared.active_connections.fetch_add(1, Ordering::Relaxed);
                 if active >= shared.options.max_clients {
                     shared.active_connections.fetch_sub(1, Ordering::Relaxed);
-                    shared.counters.refusals.refuse(Refusal::Busy, || {
+                    shared.counters.refusals.refuse(ConnectionRefusal::Busy, || {
                         format!("refusing {address}: {active} connections already (the limit; raise --max-clients)")
                     });
                     continue;
@@ -401,7 +401,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                     Ok(slot) => slot,
                     Err(open) => {
                         shared.active_connections.fetch_sub(1, Ordering::Relaxed);
-                        shared.counters.refusals.refuse(Refusal::PerHost, || {
+                        shared.counters.refusals.refuse(ConnectionRefusal::PerHost, || {
                             format!(
                                 "refusing {address}: {open} connections from {} already (the limit; raise \
                                  ldm6.connections_per_host_max in ldm7.toml)",

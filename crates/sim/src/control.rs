@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ldm7_fmtp_proto::Instant;
-use ldm7_plan::{Decision, Delivery, ViolationMonitor};
+use ldm7_plan::{Decision, MonitoredDelivery, ViolationMonitor};
 
 use crate::sim::{Failure, Report, Simulation};
 
@@ -51,7 +51,7 @@ pub fn run_with_rate_control(
         let at_rest = simulation.run_until(next)?;
         for record in simulation.take_deliveries() {
             let rtt = simulation.receiver_rtt(record.receiver).unwrap_or_default();
-            monitor.observe(&Delivery {
+            monitor.observe(&MonitoredDelivery {
                 subscriber: record.receiver as u32,
                 latency_s: record.latency.as_secs_f64(),
                 bytes: u64::from(record.bytes),

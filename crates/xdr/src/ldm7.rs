@@ -10,7 +10,7 @@
 //! * `unsigned short` fields (`vlanId`, `prefixLen`) are four bytes on the wire and must fit;
 //! * `CidrAddr.addr` is the documented byte-order quirk: see [`CidrAddr`];
 //! * `string<>` fields have no bound in `ldm.x`; here they are bounded by [`STRING_LEN_MAX`];
-//! * a decoded product's data stays inside the record it arrived in ([`ProductData`]): a
+//! * a decoded product's data stays inside the record it arrived in ([`RecordBytes`]): a
 //!   product of tens of MB is not copied again after record reassembly.
 //!
 //! The FMTP payload of a multicast product is the bare XDR `product` (§3.4): [`encode_product`]
@@ -299,12 +299,12 @@ impl SubscriptionReply {
 /// Product bytes that stay inside the record they were decoded from (no copy). Compares,
 /// hashes and dereferences as the bytes; `Debug` shows only the length.
 #[derive(Clone, Default)]
-pub struct ProductData {
+pub struct RecordBytes {
     buffer: Vec<u8>,
     range: Range<usize>,
 }
 
-impl ProductData {
+impl RecordBytes {
     /// The bytes as a slice.
     pub fn as_slice(&self) -> &[u8] {
         &self.buffer[self.range.clone()]
@@ -328,14 +328,14 @@ impl ProductData {
     }
 }
 
-impl From<Vec<u8>> for ProductData {
+impl From<Vec<u8>> for RecordBytes {
     fn from(buffer: Vec<u8>) -> Self {
         let range = 0..buffer.len();
         Self { buffer, range }
     }
 }
 
-impl std::ops::Deref for ProductData {
+impl std::ops::Deref for RecordBytes {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
@@ -343,29 +343,29 @@ impl std::ops::Deref for ProductData {
     }
 }
 
-impl AsRef<[u8]> for ProductData {
+impl AsRef<[u8]> for RecordBytes {
     fn as_ref(&self) -> &[u8] {
         self.as_slice()
     }
 }
 
-impl PartialEq for ProductData {
+impl PartialEq for RecordBytes {
     fn eq(&self, other: &Self) -> bool {
         self.as_slice() == other.as_slice()
     }
 }
 
-impl Eq for ProductData {}
+impl Eq for RecordBytes {}
 
-impl std::hash::Hash for ProductData {
+impl std::hash::Hash for RecordBytes {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.as_slice().hash(state);
     }
 }
 
-impl fmt::Debug for ProductData {
+impl fmt::Debug for RecordBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ProductData({} bytes)", self.range.len())
+        write!(f, "RecordBytes({} bytes)", self.range.len())
     }
 }
 
@@ -375,7 +375,7 @@ pub struct Product {
     /// Metadata.
     pub info: ProdInfo,
     /// The bytes.
-    pub data: ProductData,
+    pub data: RecordBytes,
 }
 
 /// `MissedProduct`: the DELIVER_MISSED_PRODUCT argument.
@@ -546,7 +546,7 @@ pub enum Message {
 // ---------------------------------------------------------------------------------------------
 // Decoding.
 
-/// Decodes one record (taken by value: a product's data stays in it, see [`ProductData`]).
+/// Decodes one record (taken by value: a product's data stays in it, see [`RecordBytes`]).
 /// Calls must be program 300029 version 7 ([`XdrError::WrongProgram`] otherwise, an unknown
 /// procedure is [`XdrError::UnknownProcedure`]: both are answerable, see
 /// [`XdrError::unserved_call_versions`]). A successful reply's result is typed by the
@@ -570,10 +570,10 @@ pub fn decode_message(record: Vec<u8>, reply_proc: impl Fn(u32) -> Option<Proc>)
                 Args::Done(call) => call,
                 Args::Missed { index, info, data } => Ldm7Call::DeliverMissedProduct(MissedProduct {
                     index,
-                    product: Product { info, data: ProductData::window(record, data) },
+                    product: Product { info, data: RecordBytes::window(record, data) },
                 }),
                 Args::Backlog { info, data } => {
-                    Ldm7Call::DeliverBacklogProduct(Product { info, data: ProductData::window(record, data) })
+                    Ldm7Call::DeliverBacklogProduct(Product { info, data: RecordBytes::window(record, data) })
                 }
             };
             Ok(Message::Call(Call { xid: header.xid, call }))
@@ -868,12 +868,12 @@ mod tests {
 
     #[test]
     fn product_data_is_a_window_into_the_record() {
-        let data = ProductData::window(vec![9, 1, 2, 3, 0], 1..4);
+        let data = RecordBytes::window(vec![9, 1, 2, 3, 0], 1..4);
         assert_eq!(&*data, [1, 2, 3]);
-        assert_eq!(format!("{data:?}"), "ProductData(3 bytes)");
+        assert_eq!(format!("{data:?}"), "RecordBytes(3 bytes)");
         assert_eq!(data.clone().into_vec(), vec![1, 2, 3]);
-        assert_eq!(data, ProductData::from(vec![1, 2, 3]));
-        assert_eq!(ProductData::window(vec![1, 2, 3, 0], 0..3).into_vec(), vec![1, 2, 3]);
+        assert_eq!(data, RecordBytes::from(vec![1, 2, 3]));
+        assert_eq!(RecordBytes::window(vec![1, 2, 3, 0], 0..3).into_vec(), vec![1, 2, 3]);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 use ldm7_xdr::XdrError;
 use ldm7_xdr::ldm7::{
     BacklogSpec, Call, CidrAddr, Ldm7Call, Ldm7Status, McastInfo, McastSubInfo, McastSubReq, Message, MissedProduct,
-    Proc, Product, ProductData, Reply, ReplyBody, STRING_LEN_MAX, SubscriptionReply, VcEndPoint, decode_message,
+    Proc, Product, RecordBytes, Reply, ReplyBody, STRING_LEN_MAX, SubscriptionReply, VcEndPoint, decode_message,
     decode_product, encode_call, encode_product, encode_reply,
 };
 use ldm7_xdr::rpc::{AcceptStat, AuthStat, RecordReader, write_fragmented};
@@ -212,7 +212,7 @@ fn prod_info(size: u32) -> impl Strategy<Value = ProdInfo> {
 
 fn product() -> impl Strategy<Value = Product> {
     proptest::collection::vec(any::<u8>(), 0..3000).prop_flat_map(|data| {
-        prod_info(data.len() as u32).prop_map(move |info| Product { info, data: ProductData::from(data.clone()) })
+        prod_info(data.len() as u32).prop_map(move |info| Product { info, data: RecordBytes::from(data.clone()) })
     })
 }
 

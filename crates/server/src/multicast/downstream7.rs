@@ -39,12 +39,14 @@ use ldm7_fmtp::{FmtpReceiver, ReceivedProduct, ReceiverNotice, ReceiverOptions};
 use ldm7_fmtp_proto::{ParityChoice, ParityConfig, ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
 use ldm7_io::Clock;
 use ldm7_io::log_target::PRODUCT;
-use ldm7_ldm_proto::downstream7::{BacklogReason, Decision, Downstream7, Downstream7Config, FmtpReport, Traffic};
+use ldm7_ldm_proto::downstream7::{
+    BacklogReason, Downstream7, Downstream7Config, FmtpReport, Traffic, UpstreamRequest,
+};
 use ldm7_ldm_proto::{
     BacklogSpec, McastSubInfo, SessionError, SubscribeAnswer, SubscribeOffer, Subscriber, SubscriberConfig,
     SubscriberEvent, VcEndPoint,
 };
-use ldm7_metrics::{Delivery, DeliveryMode};
+use ldm7_metrics::{DeliveryMode, QueueDelivery};
 use ldm7_pq::{InsertError, InsertOutcome, Queue};
 use ldm7_types::{ProdInfo, Signature, Timestamp};
 use md5::{Digest, Md5};
@@ -423,15 +425,15 @@ impl Session<'_> {
         while let Some(decision) = self.core.poll_decision() {
             let now = Clock::now();
             match decision {
-                Decision::RequestProduct(index) => {
+                UpstreamRequest::RequestProduct(index) => {
                     self.counters.requested.fetch_add(1, Ordering::Relaxed);
                     session.request_product(now, index)?;
                 }
-                Decision::RequestBacklog { spec, fence, reason } => {
+                UpstreamRequest::RequestBacklog { spec, fence, reason } => {
                     self.log_backlog(&spec, reason);
                     session.request_backlog(now, spec, fence)?;
                 }
-                Decision::FenceBacklogs(fence) => {
+                UpstreamRequest::FenceBacklogs(fence) => {
                     if session.pending_backlogs() > 0 {
                         session.fence_backlogs(now, fence)?;
                     }
@@ -763,7 +765,7 @@ impl JobHead {
         let Ok((info, outcome)) = result else { return 0 };
         let latency_us = latency_us(self.start.unwrap_or_else(|| WallTime::from(info.arrival.to_system_time())));
         if let Ok(InsertOutcome::Inserted { .. }) = outcome {
-            let delivery = Delivery {
+            let delivery = QueueDelivery {
                 mode: self.mode,
                 latency_us,
                 index: self.index,

@@ -11,7 +11,7 @@ pub mod publisher;
 pub mod rate_control;
 pub(crate) mod upstream7;
 
-pub use publisher::{Multicaster, PublisherCounters, Refusal, Subscription};
+pub use publisher::{Multicaster, PublisherCounters, SubscribeRefusal, Subscription};
 
 use ldm7_types::{FeedType, ProdInfo};
 

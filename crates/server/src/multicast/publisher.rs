@@ -73,7 +73,7 @@ const WIRE_OVERHEAD_BYTES: u64 = 42;
 
 /// Why a SUBSCRIBE was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum Refusal {
+pub enum SubscribeRefusal {
     /// ALLOW grants the host none of the feed.
     #[error("no ALLOW entry grants {peer} any of {feed}")]
     Unauthorized {
@@ -126,7 +126,7 @@ pub enum Refusal {
     ShuttingDown,
 }
 
-impl Refusal {
+impl SubscribeRefusal {
     /// The status the SUBSCRIBE reply carries (ldm7-multicast.md §2.1).
     pub fn status(&self) -> Ldm7Status {
         match self {
@@ -282,7 +282,7 @@ impl Multicaster {
         feed: FeedType,
         vc_end: &VcEndPoint,
         offer: Option<SubscribeOffer>,
-    ) -> Result<Subscription, Refusal> {
+    ) -> Result<Subscription, SubscribeRefusal> {
         let result = self.try_subscribe(config, peer, feed, vc_end, offer);
         match &result {
             Ok(_) => self.counters.subscriptions.fetch_add(1, Ordering::Relaxed),
@@ -298,11 +298,11 @@ impl Multicaster {
         feed: FeedType,
         vc_end: &VcEndPoint,
         offer: Option<SubscribeOffer>,
-    ) -> Result<Subscription, Refusal> {
+    ) -> Result<Subscription, SubscribeRefusal> {
         if self.stopping.load(Ordering::Relaxed) {
-            return Err(Refusal::ShuttingDown);
+            return Err(SubscribeRefusal::ShuttingDown);
         }
-        let unauthorized = || Refusal::Unauthorized { peer: peer.to_string(), feed };
+        let unauthorized = || SubscribeRefusal::Unauthorized { peer: peer.to_string(), feed };
         let asked = ProdClass {
             from: Timestamp::ZERO,
             to: Timestamp::END,
@@ -319,12 +319,12 @@ impl Multicaster {
             .multicasts
             .iter()
             .find(|entry| allowed.intersects(entry.feedtype))
-            .ok_or(Refusal::NoSuchFeed(allowed))?;
+            .ok_or(SubscribeRefusal::NoSuchFeed(allowed))?;
         let subscriber_ip = peer.ip.to_canonical();
         if let Some(feed) = self.feeds().get(&entry.feedtype.bits()) {
             let held_off = feed.key_refusals.lock().unwrap_or_else(PoisonError::into_inner).held_off(subscriber_ip);
             if let Some(remaining) = held_off {
-                return Err(Refusal::KeyRefused {
+                return Err(SubscribeRefusal::KeyRefused {
                     peer: peer.to_string(),
                     level: feed.settings.mac_level,
                     remaining_secs: remaining.as_secs().max(1),
@@ -393,7 +393,7 @@ impl Multicaster {
             vlan_tag: (vc_end.vlan_id != 0).then_some(vc_end.vlan_id),
         };
         if let Some(path) = self.path().as_mut() {
-            path.add_leg(&feed.path_name, &Leg::plain(endpoint.clone())).map_err(|error| Refusal::Path {
+            path.add_leg(&feed.path_name, &Leg::plain(endpoint.clone())).map_err(|error| SubscribeRefusal::Path {
                 path: feed.path_name.clone(),
                 endpoint: endpoint.clone(),
                 why: error.to_string(),
@@ -429,7 +429,7 @@ impl Multicaster {
     }
 
     /// The running feed of a MULTICAST entry, started if needed.
-    fn feed(&self, entry: &Multicast) -> Result<Arc<Feed>, Refusal> {
+    fn feed(&self, entry: &Multicast) -> Result<Arc<Feed>, SubscribeRefusal> {
         let mut feeds = self.feeds();
         if let Some(feed) = feeds.get(&entry.feedtype.bits()) {
             if feed.is_running() {
@@ -437,7 +437,8 @@ impl Multicaster {
                 return Ok(feed.clone());
             }
         }
-        let handle = self.runtime_handle().map_err(|source| Refusal::Start { feed: entry.feedtype, source })?;
+        let handle =
+            self.runtime_handle().map_err(|source| SubscribeRefusal::Start { feed: entry.feedtype, source })?;
         let settings = self.settings.multicast(entry.feedtype).clone();
         let feed = Feed::start(FeedStart {
             queue: self.queue.clone(),
@@ -449,7 +450,7 @@ impl Multicaster {
             counters: self.counters.clone(),
             path: self.path.clone(),
         })
-        .map_err(|source| Refusal::Start { feed: entry.feedtype, source })?;
+        .map_err(|source| SubscribeRefusal::Start { feed: entry.feedtype, source })?;
         if let Some(path) = self.path().as_mut() {
             match path.create_path(&feed.path_name, feed.settings.rate) {
                 // The monitor starts at the first step: so does a path left at another.
@@ -650,7 +651,7 @@ impl Admission {
     /// An address for a subscriber whose own is `subscriber`: one of the pool when it
     /// `wants_pool` and the feed has one (then `true`), else its own; within `max`
     /// subscriptions.
-    fn admit(&mut self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
+    fn admit(&mut self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), SubscribeRefusal> {
         if self.held() >= self.max {
             return Err(PoolError::TooManySubscribers(self.max).into());
         }
@@ -1045,7 +1046,7 @@ impl Feed {
 
     /// An address for a subscriber whose own is `subscriber`: one of the pool when it
     /// `wants_pool` and the feed has one (then `true`), else its own.
-    fn admit(&self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), Refusal> {
+    fn admit(&self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), SubscribeRefusal> {
         self.admission.lock().unwrap_or_else(PoisonError::into_inner).admit(subscriber, wants_pool)
     }
 
@@ -1221,7 +1222,7 @@ mod tests {
         // Two subscriptions from one host hold two places of `subscribers_max`.
         assert!(admission.admit(me, false).is_ok());
         let full = admission.admit(me, false);
-        assert!(matches!(full, Err(Refusal::Pool(PoolError::TooManySubscribers(3)))), "{full:?}");
+        assert!(matches!(full, Err(SubscribeRefusal::Pool(PoolError::TooManySubscribers(3)))), "{full:?}");
         assert!(admission.is_allowed(me) && admission.is_allowed(Ipv4Addr::new(10, 77, 1, 2)));
     }
 }

@@ -26,7 +26,7 @@ use ldm7_fmtp::RateHandle;
 use ldm7_fmtp_proto::wire::{BLOCK_LEN, BOP_FIXED_LEN, HEADER_LEN};
 use ldm7_fmtp_proto::{Completion, CompletionOutcome, ProductIndex, ReceiverId, WallClock};
 use ldm7_net::path::PathService;
-use ldm7_plan::violation::{Decision, Delivery, IntervalTally, MonitorCounters, ViolationMonitor};
+use ldm7_plan::violation::{Decision, IntervalTally, MonitorCounters, MonitoredDelivery, ViolationMonitor};
 use ldm7_types::Timestamp;
 use ldm7_types::units::Rate;
 
@@ -121,7 +121,7 @@ impl RateControl {
         let ended_nanos = self.wall_clock.wall_at(completion.at).as_unix_nanos() as i128;
         let finished_nanos = ended_nanos - (completion.rtt / 2).as_nanos() as i128;
         let latency_nanos = finished_nanos - i128::from(created.as_unix_micros()) * 1000;
-        self.monitor.observe(&Delivery {
+        self.monitor.observe(&MonitoredDelivery {
             subscriber,
             latency_s: latency_nanos.max(0) as f64 / 1e9,
             bytes: multicast_bytes(completion.size, self.overhead_bytes_per_message),
