@@ -436,11 +436,9 @@ mod tests {
         let out = dir.path().join("out");
         // Reads nothing and exits: noticed while idle, so the product is handed back.
         let decoder = Decoder::start(&argv(&["sh", "-c", "exit 3"]), Leftovers::default()).expect("start");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !decoder.is_dead() {
-            assert!(Instant::now() < deadline, "the decoder's exit is noticed");
-            std::thread::yield_now();
-        }
+        ldm7_testkit::wait_until(Duration::from_secs(10), "the decoder's exit to be noticed", || {
+            decoder.is_dead().then_some(())
+        });
         let bytes = decoder.send(b"one\n".to_vec(), Duration::from_secs(5)).expect_err("dead");
         assert_eq!(bytes, b"one\n");
         let (leftovers, lost, _) = decoder.end(Duration::from_secs(5));
@@ -465,8 +463,9 @@ mod tests {
         }
         // Queued, not written through: the caller was not held for the (30 s) send timeout.
         assert!(started.elapsed() < Duration::from_secs(10));
-        // Stalled once nothing was taken for the 300 ms the test gives it (the passage of time
-        // is what is under test).
+        // A fixed pause, kept on purpose: the stall detector is under test, and what it measures
+        // is time without progress. 400 ms after every send returned, the decoder has taken
+        // nothing for more than 300 ms, however loaded the machine.
         std::thread::sleep(Duration::from_millis(400));
         assert!(decoder.is_stalled(Duration::from_millis(300)));
         decoder.give_up(Duration::from_millis(300));

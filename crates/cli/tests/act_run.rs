@@ -247,14 +247,12 @@ fn a_decoder_that_dies_is_restarted_and_holds_up_nothing() {
     );
     let act = lab.act_follow("act.log");
     wait_for_log(&lab, "act.log", "entries from", 1);
-    // Each product meets the decoder the product before it left: the next goes in once that one
-    // is decoded (and its decoder has exited or is about to).
+    // Each product meets a decoder that died: the next goes in once the one before was decoded
+    // and act logged its decoder's exit (a product written to a decoder that is about to exit
+    // without reading would be lost in its pipe, with LDM's pqact too).
     for index in 0..20 {
         lab.insert("EXP", &format!("d{index}"), format!("{index}\n").as_bytes());
-        wait_until(Duration::from_secs(10), "the product decoded", || {
-            let text = std::fs::read_to_string(lab.path("out/decoded.txt")).ok()?;
-            (text.lines().count() > index).then_some(())
-        });
+        wait_for_log(&lab, "act.log", "exited with status 3", index + 1);
     }
     let expected: String = (0..20).map(|index| format!("{index}\n")).collect();
     wait_until(Duration::from_secs(20), "every product decoded", || {
@@ -509,9 +507,9 @@ fn the_same_tree_of_files_as_the_reference_pqact() {
             let output = output.unwrap_or_else(|error| panic!("{what}: {error}"));
             assert!(output.status.success(), "{what}: {}", String::from_utf8_lossy(&output.stderr));
         }
-        // The reference does not wait for its decoders at exit: a fixed pause lets its last
-        // decoders finish (nothing of ours to wait on; the reference's run is what is timed).
-        std::thread::sleep(Duration::from_millis(500));
+        // The reference does not wait for its decoders at exit: they run on in its `-d`
+        // directory until their input ends; the tree is read once none is left.
+        wait_until(Duration::from_secs(20), "the decoders to exit", || processes_in(&out).is_empty().then_some(()));
         trees.push(tree(&out));
     }
     assert!(trees[1].len() > 30, "{} files", trees[1].len());
@@ -527,6 +525,19 @@ fn the_same_tree_of_files_as_the_reference_pqact() {
             String::from_utf8_lossy(&ours[..ours.len().min(600)])
         );
     }
+}
+
+/// The processes whose working directory is `dir`.
+fn processes_in(dir: &Path) -> Vec<u32> {
+    let dir = dir.canonicalize().expect("canonical directory");
+    let entries = std::fs::read_dir("/proc").expect("/proc");
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            (std::fs::read_link(entry.path().join("cwd")).ok()? == dir).then_some(pid)
+        })
+        .collect()
 }
 
 /// Every file under `root` (sorted relative names) with its bytes.

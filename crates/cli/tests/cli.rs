@@ -1,11 +1,11 @@
 //! The `ldm7` command as users run it: real processes, a real queue in a temporary directory.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use ldm7_testkit::{shared_data_or_skip, wait_until};
+use ldm7_testkit::shared_data_or_skip;
 
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
@@ -273,26 +273,39 @@ fn killed_inserter_leaves_a_sound_queue() {
     let scratch = Scratch::new();
     // The NGRID hour holds a 54 MB product: the queue must be larger than that.
     let queue = scratch.queue("100M");
-    let observer = ldm7_pq::Queue::open(Path::new(&queue)).expect("open the queue to observe it");
-    let inserted = || observer.stats().map(|stats| stats.inserted_count).unwrap_or(0);
-    let mut delays = 20u64;
+    let mut further = 20u64;
     for round in 0..50 {
+        // `-v`: a line per product inserted.
         let mut child = Command::new(LDM7)
-            .args(["insert", "-q", &queue, "--replay", &trace.display().to_string(), "--speed", "0"])
+            .args(["insert", "-v", "-q", &queue, "--replay", &trace.display().to_string(), "--speed", "0"])
             .args(["--seed", &round.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start inserter");
-        // Wait until this round is inserting, then kill it at a pseudo-random moment.
-        let before = inserted();
-        wait_until(Duration::from_secs(20), &format!("round {round}: the inserter's first insert"), || {
-            (inserted() != before).then_some(())
+        // Kill it at a pseudo-random point of its insert stream: once it has inserted its first
+        // product and a pseudo-random number more, 0 to 360 (or has ended first).
+        further = (further * 37 + 11) % 181;
+        let target = 1 + 2 * further;
+        let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let (reached, inserted) = std::sync::mpsc::channel();
+        // The reader goes on reading until the inserter is gone (a closed pipe would end it).
+        std::thread::spawn(move || {
+            let mut products = 0;
+            for line in stderr.lines().map_while(Result::ok) {
+                if line.contains(" NGRID ") {
+                    products += 1;
+                    if products == target {
+                        let _ = reached.send(products);
+                    }
+                }
+            }
+            let _ = reached.send(products);
         });
-        delays = (delays * 37 + 11) % 181;
-        // The pause is the scenario (a kill at some point of the insert stream), not
-        // synchronization.
-        std::thread::sleep(Duration::from_millis(delays));
+        let count = inserted
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("round {round}: not {target} inserts within 60 s"));
+        assert!(count > 0, "round {round}: the inserter inserted nothing");
         child.kill().expect("kill -9");
         child.wait().expect("reap");
         let check = ldm7(&["queue", "check", "--path", &queue]);
@@ -379,3 +392,4 @@ fn serve_check_reports_rate_control_and_refuses_bad_values_by_key() {
         assert!(stderr.contains(key), "{settings:?}: {stderr}");
     }
 }
+// tmp

@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use ldm7_testkit::wait_until;
+
 const LDM7: &str = env!("CARGO_BIN_EXE_ldm7");
 
 fn ldm7(args: &[&str]) -> Output {
@@ -315,7 +317,7 @@ fn forged_and_malformed_datagrams_on_the_group_cost_no_product_and_are_counted()
             .args(["fmtp", "recv", "--group", &group, "--sender", &retx, "--count", "100", "--timeout", "60"])
             .args(["--out", &out.display().to_string()]),
     );
-    let forger = Forger::start(group.parse().expect("group"));
+    let forger = Forger::start(group.parse().expect("group"), out.clone());
     let sender = Command::new(LDM7)
         .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "30s"])
         .args(&files)
@@ -462,7 +464,8 @@ fn parity_repairs_the_losses_of_several_receivers_with_shards_multicast_once() {
 /// Sends forged and malformed datagrams to a multicast group from a thread of its own until
 /// stopped: BOPs 100,000 products ahead of the sender (three copies each, as a real product's
 /// messages come several), BOPs with random indexes, and datagrams that are truncated, longer
-/// than their header says, or of no known type.
+/// than their header says, or of no known type. A batch of them at once, then one for each
+/// product the receiver delivers (into `out`).
 struct Forger {
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
@@ -470,7 +473,7 @@ struct Forger {
 }
 
 impl Forger {
-    fn start(group: SocketAddr) -> Self {
+    fn start(group: SocketAddr, out: PathBuf) -> Self {
         let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).expect("socket");
         socket.set_multicast_if_v4(&Ipv4Addr::LOCALHOST).expect("multicast interface");
         socket.set_multicast_loop_v4(true).expect("multicast loop");
@@ -480,27 +483,40 @@ impl Forger {
         let (stopped, count) = (stop.clone(), sent.clone());
         let thread = std::thread::spawn(move || {
             let mut state = 0x2545_f491_4f6c_dd1du64;
-            while !stopped.load(Ordering::Relaxed) {
-                let mut batch = vec![forged_bop(100_000), forged_bop(100_000), forged_bop(100_000)];
-                for _ in 0..40 {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    batch.push(forged_bop(state as u32));
-                }
-                let mut truncated = forged_bop(7);
-                truncated.truncate(20);
-                let mut oversized = forged_bop(7);
-                oversized.extend_from_slice(&[0xab; 1_500]);
-                let mut unknown = forged_bop(7);
-                unknown[10..12].copy_from_slice(&0x0003u16.to_be_bytes());
-                batch.extend([truncated, oversized, unknown, vec![0x55; 5]]);
-                for datagram in &batch {
-                    if socket.send_to(datagram, group).is_ok() {
-                        count.fetch_add(1, Ordering::Relaxed);
+            let mut batches = 1;
+            let mut delivered = 0;
+            loop {
+                for _ in 0..batches {
+                    let mut batch = vec![forged_bop(100_000), forged_bop(100_000), forged_bop(100_000)];
+                    for _ in 0..40 {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        batch.push(forged_bop(state as u32));
+                    }
+                    let mut truncated = forged_bop(7);
+                    truncated.truncate(20);
+                    let mut oversized = forged_bop(7);
+                    oversized.extend_from_slice(&[0xab; 1_500]);
+                    let mut unknown = forged_bop(7);
+                    unknown[10..12].copy_from_slice(&0x0003u16.to_be_bytes());
+                    batch.extend([truncated, oversized, unknown, vec![0x55; 5]]);
+                    for datagram in &batch {
+                        if socket.send_to(datagram, group).is_ok() {
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
-                std::thread::sleep(Duration::from_millis(1));
+                // The next products delivered (a batch each), or the stop.
+                let now = wait_until(Duration::from_secs(300), "a product delivered or the forger stopped", || {
+                    if stopped.load(Ordering::Relaxed) {
+                        return Some(None);
+                    }
+                    let files = std::fs::read_dir(&out).map(Iterator::count).unwrap_or(0);
+                    (files > delivered).then_some(Some(files))
+                });
+                let Some(files) = now else { break };
+                (batches, delivered) = (files - delivered, files);
             }
         });
         Self { stop, sent, thread }

@@ -338,19 +338,91 @@ fn a_damaged_data_file_is_refused_and_check_says_why() {
     }
 }
 
+/// The moments of a creation a test kills it at, each seen in the file system (the order of
+/// `Queue::create`: the old queue removed, the build directory `q.pq.tmp-PID` beside it, its
+/// lock and notify files, its data file written with zeros, the rename into place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum CreationStage {
+    AtOnce,
+    OldQueueRemoved,
+    BuildMade,
+    LockReserved,
+    NotifyReserved,
+    DataFileMade,
+    DataQuarterWritten,
+    DataThreeQuartersWritten,
+    Renamed,
+}
+
+impl CreationStage {
+    const ALL: [CreationStage; 9] = [
+        Self::AtOnce,
+        Self::OldQueueRemoved,
+        Self::BuildMade,
+        Self::LockReserved,
+        Self::NotifyReserved,
+        Self::DataFileMade,
+        Self::DataQuarterWritten,
+        Self::DataThreeQuartersWritten,
+        Self::Renamed,
+    ];
+
+    /// The stages in the order the rounds kill at.
+    const ROUNDS: [CreationStage; 9] = [
+        Self::AtOnce,
+        Self::Renamed,
+        Self::OldQueueRemoved,
+        Self::BuildMade,
+        Self::LockReserved,
+        Self::NotifyReserved,
+        Self::DataFileMade,
+        Self::DataQuarterWritten,
+        Self::DataThreeQuartersWritten,
+    ];
+
+    /// Whether a creation of `queue` building in `build` has got this far (once the stages
+    /// before it were seen).
+    fn reached(self, queue: &Path, build: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let written = |numerator: u64| {
+            std::fs::metadata(build.join("data.mdb"))
+                .is_ok_and(|data| data.len() > 0 && data.blocks() * 512 * 4 >= data.len() * numerator)
+        };
+        match self {
+            Self::AtOnce => true,
+            Self::OldQueueRemoved => !queue.exists(),
+            Self::BuildMade => build.exists(),
+            Self::LockReserved => build.join("lock.mdb").exists(),
+            Self::NotifyReserved => build.join("notify").exists(),
+            Self::DataFileMade => build.join("data.mdb").exists(),
+            Self::DataQuarterWritten => written(1),
+            Self::DataThreeQuartersWritten => written(3),
+            Self::Renamed => queue.join("data.mdb").exists(),
+        }
+    }
+}
+
 #[test]
 fn a_killed_creation_leaves_no_queue_and_the_next_one_cleans_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let queue = dir.path().join("q.pq").display().to_string();
     let mut interrupted = 0;
-    for delay_ms in [0u64, 2, 5, 10, 20, 40, 80] {
+    // A whole queue is made early on, so that a later round is killed while removing it.
+    for stage in CreationStage::ROUNDS {
         let mut child = Command::new(LDM7)
             .args(["queue", "create", "--path", &queue, "--size", "200M", "--force"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn");
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        // Killed once the creation shows this stage in the file system, each stage before it
+        // seen in turn (or has ended first).
+        let build = dir.path().join(format!("q.pq.tmp-{}", child.id()));
+        for step in CreationStage::ALL.into_iter().filter(|step| *step <= stage) {
+            wait_until(Duration::from_secs(60), &format!("the creation to reach {step:?}"), || {
+                (step.reached(Path::new(&queue), &build) || child.try_wait().expect("try_wait").is_some()).then_some(())
+            });
+        }
         let _ = child.kill();
         let status = child.wait().expect("wait");
         if status.signal().is_some() {

@@ -89,9 +89,11 @@ fn killed_downstream_resumes_without_loss_or_duplicates() {
     down.kill9();
     let before = down.count();
     replay(&upstream, &trace, 1_000, 5);
-    // The scenario, not synchronization: the resume point is at least a second old, as after a
-    // real crash.
-    std::thread::sleep(Duration::from_millis(1200));
+    // As after a real crash, the upstream has seen the downstream go (its end of the connection
+    // is closed) before the downstream comes back.
+    wait_until(Duration::from_secs(30), "the upstream to close the killed downstream's connection", || {
+        (support::open_connections(upstream.port) == 0).then_some(())
+    });
     down.start();
     down.wait_for(3_000, Duration::from_secs(120));
     // Stopped (drained, exited): nothing more can arrive while the queue is checked.

@@ -473,12 +473,7 @@ fn the_rate_monitor_raises_the_rate_under_a_burst_and_lowers_it_after() {
     // The monitor decides at its ticks: the burst's last products can reach the subscribers
     // before the tick that counts them late, so a raise may come just after the last delivery.
     for raise in ["from 5 Mbit/s to 20 Mbit/s", "from 20 Mbit/s to 50 Mbit/s"] {
-        let line = format!("path rate raised {raise}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !publisher.log().contains(&line) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(publisher.log().contains(&line), "{}", tail(&publisher.log()));
+        publisher.wait_for_log(&format!("path rate raised {raise}"), Duration::from_secs(10));
     }
     // Calm: no products, no violations; two intervals later a step down, two more the floor.
     wait_until(Duration::from_secs(30), "the rate back at its first step", || {

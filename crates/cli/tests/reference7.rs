@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ldm7_pq::Capacity;
-use ldm7_testbed::reference::{Delivery, Held, Host, RefConfig, RefServer, Reference, Registry, deliveries, sent};
+use ldm7_testbed::reference::{
+    Delivery, Held, Host, RefConfig, RefServer, Reference, Registry, Sent, deliveries, sent,
+};
 use ldm7_testbed::{DeliveryMode, Server, ServerConfig, wait_for};
 use ldm7_testkit::{is_root, skip};
 use ldm7_types::Signature;
@@ -334,6 +336,9 @@ fn mismatched_mac_levels(direction: Direction) {
     // reveals a tail the good subscriber lost whole (the reference's sender does not probe).
     for round in 0..5 {
         pairing.insert(round * 6..round * 6 + 6);
+        // A fixed pause, kept on purpose: the test's clock. What is under test is how often the
+        // mismatched subscriber comes back in a given time (the bound below is per 15 s), so
+        // the length of the mismatch is the scenario itself; no event stands for it.
         std::thread::sleep(Duration::from_secs(3));
     }
     pairing.insert(30..31);
@@ -650,7 +655,19 @@ impl Pairing {
         let _ = wait_for(Duration::from_secs(10), "the repair connection", || {
             Ok((self.publisher.log().matches(connected).count() >= count).then_some(()))
         });
-        std::thread::sleep(Duration::from_millis(500));
+        // And the subscriber's FMTP receiver is in the group: an ldm7 receiver joins before it
+        // connects and logs its connection once the key exchange is done; the reference's joins
+        // after its exchange, which the group memberships of its namespace show.
+        let receiving = match &self.subscriber {
+            Node::Ldm7(server) => wait_for(DELIVERY_WAIT, &format!("the FMTP receiver up {count} times"), || {
+                Ok((server.log().matches("FMTP repair connection to").count() >= count).then_some(()))
+            }),
+            Node::Reference(server) => wait_for(DELIVERY_WAIT, "the FMTP receiver in the group", || {
+                Ok(server.pid().is_some_and(|pid| in_group(pid, GROUP)).then_some(()))
+            }),
+            Node::None => Ok(()),
+        };
+        receiving.unwrap_or_else(|error| panic!("{error}\n{}", tail(&self.subscriber.log())));
     }
 
     /// Products `0..before` through the pairing; then `down` stops, products `before..during`
@@ -697,8 +714,20 @@ impl Pairing {
                 tail(&self.publisher.log())
             );
         }
-        // Settle: lines are written right after the insertions.
-        std::thread::sleep(Duration::from_millis(300));
+        // The lines are written right after the insertions: wait until each product of the range
+        // has its delivery line at the subscriber and the publisher's line for it (past the
+        // deadline, the checks below say what is missing).
+        let infos: HashMap<Signature, String> =
+            self.subscriber.held().into_iter().map(|held| (held.signature, held.info)).collect();
+        let wanted: Vec<&String> = range.clone().filter_map(|k| infos.get(&self.products.signature(k))).collect();
+        let _ = wait_for(Duration::from_secs(30), "the delivery lines at both ends", || {
+            let sent = sent(&self.publisher.log());
+            let lines = deliveries(&self.subscriber.log());
+            Ok(wanted
+                .iter()
+                .all(|info| lines.iter().any(|delivery| &delivery.info == *info && has_line_for(&sent, delivery)))
+                .then_some(()))
+        });
         let published = self.publisher.held();
         let held = self.subscriber.held();
         for (side, list) in [("publisher", &published), ("subscriber", &held)] {
@@ -728,11 +757,7 @@ impl Pairing {
             let [delivery] = lines else {
                 panic!("product {k}: {} delivery lines at the subscriber ({lines:?})", lines.len());
             };
-            let at_publisher = match delivery.mode {
-                DeliveryMode::Received => sent.multicast.contains_key(&delivery.info),
-                DeliveryMode::Inserted => sent.missed.contains_key(&delivery.info),
-                DeliveryMode::Backlog => sent.backlog.contains_key(&delivery.info),
-            };
+            let at_publisher = has_line_for(&sent, delivery);
             assert!(at_publisher, "product {k} came as {:?} but the publisher's log has no line for it", delivery.mode);
         }
         Outcome { modes }
@@ -954,6 +979,25 @@ fn wait_for_data(server: &Server, count: usize, timeout: Duration) {
     let held = || data_products(server.records().expect("records").iter().map(Held::from).collect()).len();
     wait_for(timeout, &format!("{} to hold {count} products", server.name()), || Ok((held() >= count).then_some(())))
         .unwrap_or_else(|error| panic!("{error} (it holds {})\n{}", held(), tail(&server.log())));
+}
+
+/// Whether a publisher's log (what it `sent`) has the line for `delivery` in its mode
+/// (`Multicasted`, `Missed product sent`, `Backlog product sent`).
+fn has_line_for(sent: &Sent, delivery: &Delivery) -> bool {
+    match delivery.mode {
+        DeliveryMode::Received => sent.multicast.contains_key(&delivery.info),
+        DeliveryMode::Inserted => sent.missed.contains_key(&delivery.info),
+        DeliveryMode::Backlog => sent.backlog.contains_key(&delivery.info),
+    }
+}
+
+/// Whether a socket in the network namespace of process `pid` is a member of `group` (its
+/// `/proc/PID/net/igmp`: group addresses as 8 hex digits of the address in memory order).
+fn in_group(pid: u32, group: &str) -> bool {
+    let group: std::net::Ipv4Addr = group.parse().expect("IPv4 group");
+    let hex = format!("{:08X}", u32::from_ne_bytes(group.octets()));
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/igmp")).unwrap_or_default();
+    table.lines().any(|line| line.split_whitespace().next() == Some(hex.as_str()))
 }
 
 /// The reference LDM-7, or `None` after recording why the test skips.

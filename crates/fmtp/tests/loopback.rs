@@ -102,6 +102,15 @@ async fn joined(sender: &mut FmtpSender, count: usize) {
 
 /// Sends the products, reading notices meanwhile, until every one was released.
 async fn send_all(sender: &mut FmtpSender, products: &[(Vec<u8>, [u8; 16])]) {
+    send_all_telling(sender, products, None).await;
+}
+
+/// [`send_all`], telling `all_sent` once every product was multicast whole (its EOP sent).
+async fn send_all_telling(
+    sender: &mut FmtpSender,
+    products: &[(Vec<u8>, [u8; 16])],
+    mut all_sent: Option<tokio::sync::oneshot::Sender<()>>,
+) {
     let feeder = sender.product_sender();
     let outgoing: Vec<Product> = products.iter().map(|(data, digest)| Product::new(data.clone(), *digest)).collect();
     let feeding = tokio::spawn(async move {
@@ -109,9 +118,15 @@ async fn send_all(sender: &mut FmtpSender, products: &[(Vec<u8>, [u8; 16])]) {
             feeder.send(product).await.expect("the sender runs");
         }
     });
-    let mut released = 0;
+    let (mut sent, mut released) = (0, 0);
     while released < products.len() {
         match tokio::time::timeout(PATIENCE, sender.next_notice()).await {
+            Ok(Some(SenderNotice::Event(SenderEvent::Sent { .. }))) => {
+                sent += 1;
+                if let Some(tell) = all_sent.take_if(|_| sent == products.len()) {
+                    let _ = tell.send(());
+                }
+            }
             Ok(Some(SenderNotice::Event(SenderEvent::Released { .. }))) => released += 1,
             Ok(Some(SenderNotice::Refused(error))) => panic!("refused: {error}"),
             Ok(Some(_)) => {}
@@ -252,12 +267,9 @@ async fn the_rate_changes_at_run_time_and_each_receiver_reports_each_product() {
 }
 
 /// Waits until `condition` holds, checking every few milliseconds; panics after [`PATIENCE`].
+/// The test's own thread waits (the senders and receivers run on the runtime's workers).
 async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    tokio::task::block_in_place(|| ldm7_testkit::wait_until(PATIENCE, what, || condition().then_some(())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -575,13 +587,27 @@ async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_
         // A forger on the path sends data blocks for the products being sent, with a MAC of
         // the right length that it cannot compute, and (to a sender signing lists) without
         // one. (At level 0 nothing tells them apart.)
+        // It forges in step with the real multicast: a burst for every eighth datagram of the
+        // sender's it sees.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let forging = (level != MacLevel::None).then(|| {
             let stop = stop.clone();
+            let sniffer = sniffer(group);
             std::thread::spawn(move || {
                 let socket = forger();
-                let mut sent = 0u64;
+                let own = socket.local_addr().expect("forger's address");
+                let (mut seen, mut sent) = (0u64, 0u64);
+                let mut buffer = [0u8; 2048];
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A read times out after 50 ms: the loop then looks at `stop` again.
+                    let Ok((_, from)) = sniffer.recv_from(&mut buffer) else { continue };
+                    if from == own {
+                        continue;
+                    }
+                    seen += 1;
+                    if seen % 8 != 1 {
+                        continue;
+                    }
                     for index in 0..20 {
                         let block = Message {
                             index: ProductIndex(index),
@@ -597,7 +623,6 @@ async fn receivers_at_each_mac_level_get_every_product_and_forged_datagrams_are_
                             sent += 1;
                         }
                     }
-                    std::thread::sleep(Duration::from_millis(2));
                 }
                 sent
             })
@@ -627,6 +652,7 @@ async fn a_level_2_sender_switching_between_lists_and_signing_each_datagram_lose
     use ldm7_fmtp::MacSigning;
     use ldm7_fmtp_proto::mac::MacLevel;
     let multicast = loopback_group(30);
+    let group = multicast.group;
     let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(200_000_000));
     options.mac_level = MacLevel::Ed25519;
     let mut sender = FmtpSender::start(options).await.expect("sender");
@@ -637,16 +663,23 @@ async fn a_level_2_sender_switching_between_lists_and_signing_each_datagram_lose
     receiver_options.drop_probability = 0.02;
     let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), 30));
     joined(&mut sender, 1).await;
-    // The mode flips every 3 ms while products are being multicast.
+    // The mode flips every eight datagrams multicast (a sniffer on the group counts them).
     let flipping = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let flipper = {
-        let (flipping, signing) = (flipping.clone(), signing.clone());
-        tokio::spawn(async move {
-            let mut flips = 0u32;
+        let (flipping, signing, sniffer) = (flipping.clone(), signing.clone(), sniffer(group));
+        std::thread::spawn(move || {
+            let (mut seen, mut flips) = (0u64, 0u32);
+            let mut buffer = [0u8; 2048];
             while flipping.load(std::sync::atomic::Ordering::Relaxed) {
-                signing.set(if flips % 2 == 0 { MacSigning::Datagram } else { MacSigning::Lists });
-                flips += 1;
-                tokio::time::sleep(Duration::from_millis(3)).await;
+                // A read times out after 50 ms: the loop then looks at `flipping` again.
+                if sniffer.recv(&mut buffer).is_err() {
+                    continue;
+                }
+                seen += 1;
+                if seen % 8 == 0 {
+                    signing.set(if flips % 2 == 0 { MacSigning::Datagram } else { MacSigning::Lists });
+                    flips += 1;
+                }
             }
             flips
         })
@@ -654,7 +687,7 @@ async fn a_level_2_sender_switching_between_lists_and_signing_each_datagram_lose
     let products = products(30);
     send_all(&mut sender, &products).await;
     flipping.store(false, std::sync::atomic::Ordering::Relaxed);
-    assert!(flipper.await.expect("flipper") > 2);
+    assert!(flipper.join().expect("flipper") > 2);
     let outcome = receiving.await.expect("receiver");
     assert!(outcome.missed.is_empty(), "{outcome:?}");
     assert_each_once(&outcome, &products);
@@ -779,10 +812,10 @@ async fn man_in_the_middle(sender: SocketAddr) -> SocketAddr {
     address
 }
 
-/// A relay to the sender's repair port that holds the sender's answer in the key exchange for
-/// `hold`: the sender takes the receiver as joined and multicasts meanwhile, so the receiver
-/// reads the datagrams before it has the key to check them with.
-async fn answer_holding_relay(sender: SocketAddr, hold: Duration) -> SocketAddr {
+/// A relay to the sender's repair port that holds the sender's answer in the key exchange until
+/// `release` ends: the sender takes the receiver as joined and multicasts meanwhile, so the
+/// receiver reads the datagrams before it has the key to check them with.
+async fn answer_holding_relay(sender: SocketAddr, release: impl std::future::Future + Send + 'static) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     tokio::spawn(async move {
@@ -791,7 +824,7 @@ async fn answer_holding_relay(sender: SocketAddr, hold: Duration) -> SocketAddr 
         let (mut receiver_read, mut receiver_write) = receiver.into_split();
         let (mut upstream_read, mut upstream_write) = upstream.into_split();
         tokio::spawn(async move { tokio::io::copy(&mut receiver_read, &mut upstream_write).await });
-        tokio::time::sleep(hold).await;
+        release.await;
         let _ = tokio::io::copy(&mut upstream_read, &mut receiver_write).await;
     });
     address
@@ -804,7 +837,9 @@ async fn datagrams_read_before_the_key_arrives_are_kept_whole() {
     let mut options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(400_000_000));
     options.mac_level = MacLevel::Hmac;
     let mut sender = FmtpSender::start(options).await.expect("sender");
-    let relay = answer_holding_relay(sender.retx_addr(), Duration::from_secs(1)).await;
+    // The answer is held until every product was multicast whole (the sender sent its EOP).
+    let (release, held) = tokio::sync::oneshot::channel();
+    let relay = answer_holding_relay(sender.retx_addr(), held).await;
     let mut receiver_options = ReceiverOptions::new(multicast, relay);
     receiver_options.mac_level = MacLevel::Hmac;
     // Eight products of 250 kB (1,416 datagrams at once, under the 4 MiB kept): read in GRO
@@ -818,7 +853,7 @@ async fn datagrams_read_before_the_key_arrives_are_kept_whole() {
         .collect();
     let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), products.len()));
     joined(&mut sender, 1).await;
-    send_all(&mut sender, &products).await;
+    send_all_telling(&mut sender, &products, Some(release)).await;
     let outcome = receiving.await.expect("receiver");
     assert_each_once(&outcome, &products);
     let driver = &outcome.report.driver;
@@ -892,16 +927,18 @@ async fn a_rotating_key_reaches_every_receiver_and_no_datagram_fails_its_check()
             .map(|_| tokio::spawn(collect(FmtpReceiver::start(receiver_options()).expect("receiver"), 60)))
             .collect();
         joined(&mut sender, 2).await;
-        // Six batches 0.8 s apart: the key changes several times while products flow; a
-        // receiver joining after the third batch gets the key of its time in the exchange.
+        // Six batches, the key rotated during or after each: the key changes several times
+        // while products flow; a receiver joining after the third batch gets the key of its
+        // time in the exchange.
         let mut late = None;
         for (batch, chunk) in products.chunks(10).enumerate() {
             if batch == 3 {
                 late = Some(tokio::spawn(collect(FmtpReceiver::start(receiver_options()).expect("receiver"), 30)));
                 joined(&mut sender, 1).await;
             }
+            let rotations = sender.driver_counters().key_rotations;
             send_all(&mut sender, chunk).await;
-            tokio::time::sleep(Duration::from_millis(800)).await;
+            wait_for("a key rotation", || sender.driver_counters().key_rotations > rotations).await;
         }
         for receiving in early {
             let outcome = receiving.await.expect("receiver");

@@ -10,10 +10,11 @@
 //! another lab up on the same machine does not fail them. The tests take a process-wide lock so
 //! that they do not share the two cores with each other.
 
+use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use ldm7_net::command::Cmd;
 use ldm7_net::hostcfg;
@@ -355,14 +356,15 @@ rate = "20M"
 
 /// A sender numbers its multicast datagrams; the receivers record the numbers. Reception is
 /// judged by number, not by time windows: after `remove_leg` returns, no datagram numbered from
-/// then on may reach sub1 while sub2 keeps receiving; after `add_leg`, sub1 receives again.
+/// then on may reach sub1 while sub2 keeps receiving; after `add_leg`, sub1 receives again. The
+/// sender paces itself on sub2, which is on the path throughout: it sends a datagram once sub2
+/// has the one before (or, for one lost, after a while).
 fn leg_controls_reception(lab: &TestLab) {
     let feed = lab.spec.feed("ngrid").unwrap().clone();
     let kind = if feed.uses_vde() { "vde" } else { "linux-bridge" };
     let group = feed.multicast_group;
     let stop = Arc::new(AtomicBool::new(false));
-    let next_number = Arc::new(AtomicU64::new(0));
-    let received: Vec<Arc<Mutex<Vec<u64>>>> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    let received: Vec<Arc<Numbers>> = (0..2).map(|_| Arc::new(Numbers::default())).collect();
     let mut receivers = Vec::new();
     for (host, numbers) in ["sub1", "sub2"].into_iter().zip(&received) {
         let (stop, numbers, address) = (Arc::clone(&stop), Arc::clone(numbers), lab.address("ngrid", host));
@@ -375,8 +377,7 @@ fn leg_controls_reception(lab: &TestLab) {
                 let mut buffer = [0u8; 64];
                 while !stop.load(Ordering::SeqCst) {
                     if let Ok(8) = socket.recv(&mut buffer) {
-                        let number = u64::from_be_bytes(buffer[..8].try_into().unwrap());
-                        numbers.lock().unwrap().push(number);
+                        numbers.push(u64::from_be_bytes(buffer[..8].try_into().unwrap()));
                     }
                 }
             })
@@ -384,42 +385,39 @@ fn leg_controls_reception(lab: &TestLab) {
         );
         ready.recv_timeout(Duration::from_secs(10)).expect("the receiver is bound");
     }
-    let (sender_stop, sender_next) = (Arc::clone(&stop), Arc::clone(&next_number));
     let pub_address = lab.address("ngrid", "pub");
-    let sender = spawn_in_netns(&lab.netns("pub"), move || {
-        let socket = UdpSocket::bind(SocketAddrV4::new(pub_address, 0)).unwrap();
-        while !sender_stop.load(Ordering::SeqCst) {
-            let number = sender_next.fetch_add(1, Ordering::SeqCst);
-            let _ = socket.send_to(&number.to_be_bytes(), SocketAddrV4::new(group, 38900));
-            // The sender's pace (a steady feed), not synchronization.
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    })
-    .unwrap();
-    let numbered_from =
-        |host: usize, first: u64| received[host].lock().unwrap().iter().filter(|&&n| n >= first).count();
+    let socket =
+        ldm7_net::netns::in_netns(&lab.netns("pub"), move || UdpSocket::bind(SocketAddrV4::new(pub_address, 0)))
+            .unwrap()
+            .unwrap();
+    let next_number = Cell::new(0u64);
+    let numbered_from = |host: usize, first: u64| received[host].numbers().iter().filter(|&&n| n >= first).count();
+    // Sends datagrams until `host` has `count` of those numbered from `first` on.
     let receives = |host: usize, first: u64, count: usize, what: &str| {
-        wait_until(Duration::from_secs(10), &format!("{kind}: {what}"), || {
-            (numbered_from(host, first) >= count).then_some(())
-        })
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while numbered_from(host, first) < count {
+            assert!(Instant::now() < deadline, "timed out after 10 s waiting for {kind}: {what}");
+            let number = next_number.get();
+            next_number.set(number + 1);
+            let _ = socket.send_to(&number.to_be_bytes(), SocketAddrV4::new(group, 38900));
+            received[1].wait_for(number, Duration::from_millis(100));
+        }
     };
     let mut paths = lab::path_service(&lab.spec, &feed);
     let leg = lab::leg_of(&lab.spec, &feed, "sub1");
 
-    let start = next_number.load(Ordering::SeqCst);
-    receives(0, start, 20, "sub1 receives while its leg is on the path");
-    receives(1, start, 20, "sub2 receives");
+    receives(0, 0, 20, "sub1 receives while its leg is on the path");
+    receives(1, 0, 20, "sub2 receives");
     paths.remove_leg("ngrid", &leg.endpoint).unwrap();
-    let removed_at = next_number.load(Ordering::SeqCst);
+    let removed_at = next_number.get();
     receives(1, removed_at, 50, "sub2 goes on receiving after sub1's leg is removed");
-    let added_at_least = next_number.load(Ordering::SeqCst);
+    let added_at_least = next_number.get();
     let leaked: Vec<u64> =
-        received[0].lock().unwrap().iter().copied().filter(|&n| n >= removed_at && n < added_at_least).collect();
+        received[0].numbers().into_iter().filter(|&n| n >= removed_at && n < added_at_least).collect();
     paths.add_leg("ngrid", &leg).unwrap();
-    let added_at = next_number.load(Ordering::SeqCst);
+    let added_at = next_number.get();
     receives(0, added_at, 20, "sub1 receives again once its leg is added back");
     stop.store(true, Ordering::SeqCst);
-    sender.join().unwrap().unwrap();
     for receiver in receivers {
         receiver.join().unwrap().unwrap();
     }
@@ -428,6 +426,30 @@ fn leg_controls_reception(lab: &TestLab) {
         leaked.len()
     );
     assert!(leaked.is_empty(), "{kind}: sub1 received datagrams sent after its leg was removed: {leaked:?}");
+}
+
+/// The datagram numbers a receiver got, in the order it got them.
+#[derive(Default)]
+struct Numbers {
+    list: Mutex<Vec<u64>>,
+    changed: Condvar,
+}
+
+impl Numbers {
+    fn push(&self, number: u64) {
+        self.list.lock().unwrap().push(number);
+        self.changed.notify_all();
+    }
+
+    fn numbers(&self) -> Vec<u64> {
+        self.list.lock().unwrap().clone()
+    }
+
+    /// Waits until `number` (or a later one) was received, at most `timeout`.
+    fn wait_for(&self, number: u64, timeout: Duration) {
+        let list = self.list.lock().unwrap();
+        let _ = self.changed.wait_timeout_while(list, timeout, |list| list.last().is_none_or(|&last| last < number));
+    }
 }
 
 /// `down` without a name takes down the one lab that is up; with several up (here two of this

@@ -51,10 +51,14 @@ fn child() {
                 assert!(matches!(queue.insert(&info, &data).unwrap(), InsertOutcome::Inserted { .. }));
             }
         }
-        // Insert large products forever (until killed), announcing each insert.
+        // Insert large products forever (until killed), announcing each insert as it begins
+        // (the product is made before, so a kill upon the line lands in the insert) and the
+        // end of the first.
         "endless-inserter" => {
             for index in arg.. {
                 let (info, data) = make_product(99, index, 8);
+                writeln!(out, "inserting {index}").unwrap();
+                out.flush().unwrap();
                 queue.insert(&info, &data).unwrap();
                 if index == arg {
                     writeln!(out, "started").unwrap();
@@ -170,11 +174,12 @@ fn killing_an_inserter_mid_insert_never_damages_the_queue() {
     let (_directory, path) = new_queue(Capacity { bytes: 20_000_000, slots: 200 });
     let mut inserted_before = 0;
     for round in 0..50u32 {
-        let mut inserter = spawn_child("endless-inserter", &path, round * 100_000);
+        let first = round * 100_000;
+        let mut inserter = spawn_child("endless-inserter", &path, first);
         wait_for_line(&mut inserter, "started");
-        // The scenario, not synchronization: the kill lands at a different point of the insert
-        // stream each round.
-        std::thread::sleep(Duration::from_micros(2_000 + u64::from(round * 7919 % 20_000)));
+        // The kill lands at a different point of the insert stream each round: in the insert
+        // of a pseudo-random product after the first.
+        wait_for_line(&mut inserter, &format!("inserting {}", first + 1 + round * 7919 % 20));
         inserter.kill().unwrap();
         inserter.wait().unwrap();
 

@@ -2,9 +2,11 @@
 //! test against a simple in-memory model.
 
 use std::collections::{HashSet, VecDeque};
+use std::path::Path;
 use std::time::Duration;
 
 use ldm7_pq::{Capacity, CreateError, InsertError, InsertOutcome, OpenError, Queue};
+use ldm7_testkit::wait_until;
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 use proptest::prelude::*;
 
@@ -204,18 +206,33 @@ fn follower_sees_products_in_order_and_waits_for_new_ones() {
     let first = follower.next_owned(Some(Duration::from_millis(10))).unwrap().unwrap();
     assert_eq!(first.info.ident, "first");
     assert!(follower.next_owned(Some(Duration::from_millis(10))).unwrap().is_none());
+    // This thread follows; the other inserts once it waits (the case under test): the queue's
+    // notify file counts a waiter and this thread sleeps.
+    let follower_thread = Path::new("/proc").join(std::fs::read_link("/proc/thread-self").unwrap());
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            // The scenario, not synchronization: the insert most likely lands while the follower
-            // waits (the case under test); if it lands earlier, the follower finds it at once and
-            // the assertions hold all the same.
-            std::thread::sleep(Duration::from_millis(30));
+            wait_until(Duration::from_secs(10), "the follower to wait", || {
+                (notify_waiters(&path) > 0 && thread_state(&follower_thread) == Some('S')).then_some(())
+            });
             queue.insert(&product("second", b"2"), b"2").unwrap();
         });
         let second = follower.next_owned(Some(Duration::from_secs(10))).unwrap().unwrap();
         assert_eq!(second.info.ident, "second");
     });
     assert_eq!(follower.skipped(), 0);
+}
+
+/// How many processes wait on the queue at `path`: the second 32-bit word of its notify file
+/// (the first counts changes).
+fn notify_waiters(path: &Path) -> u32 {
+    let notify = std::fs::read(path.join("notify")).unwrap();
+    u32::from_ne_bytes(notify[4..8].try_into().unwrap())
+}
+
+/// The state letter of a thread (`/proc/PID/task/TID`), as `/proc` shows it (`S`: sleeping).
+fn thread_state(thread: &Path) -> Option<char> {
+    let stat = std::fs::read_to_string(thread.join("stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 #[test]

@@ -115,6 +115,22 @@ impl Node {
         });
     }
 
+    /// Waits until the server's log holds `needle`; past `within` it fails with the log's tail.
+    pub fn wait_for_log(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        wait_until(within + Duration::from_secs(1), needle, || {
+            let log = self.log();
+            let found = log.contains(needle);
+            assert!(
+                found || Instant::now() < deadline,
+                "{}: no {needle:?} after {within:?}\n{}",
+                self.dir.display(),
+                tail(&log)
+            );
+            found.then_some(())
+        });
+    }
+
     /// Every product: MD5 of its data equals its signature; returns the signatures and origins.
     pub fn verify(&self) -> (HashSet<Signature>, Vec<String>) {
         let queue = Queue::open(Path::new(&self.queue_path())).expect("open");
@@ -156,6 +172,29 @@ pub fn listening(port: u16) -> bool {
             fields.len() > 3 && fields[1].ends_with(&local_port) && fields[3] == "0A"
         })
     })
+}
+
+/// How many TCP connections a socket on local `port` still holds open (any address; from
+/// `/proc/net/tcp` and `tcp6`): every state but LISTEN and TIME_WAIT, which the owner has
+/// closed its side of.
+pub fn open_connections(port: u16) -> usize {
+    let local_port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .map(|table| {
+            std::fs::read_to_string(table)
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .filter(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    // Field 1 is the local address:port in hex, field 3 the state (0A = LISTEN,
+                    // 06 = TIME_WAIT).
+                    fields.len() > 3 && fields[1].ends_with(&local_port) && !["0A", "06"].contains(&fields[3])
+                })
+                .count()
+        })
+        .sum()
 }
 
 pub fn tail(log: &str) -> String {
