@@ -392,4 +392,3 @@ fn serve_check_reports_rate_control_and_refuses_bad_values_by_key() {
         assert!(stderr.contains(key), "{settings:?}: {stderr}");
     }
 }
-// tmp
