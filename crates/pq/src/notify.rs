@@ -112,6 +112,8 @@ mod tests {
 
         let thread = std::thread::spawn(move || {
             let notifier = Notifier::open(&path).unwrap();
+            // A fixed pause, kept on purpose: the notification must come while the waiter below
+            // waits (a wake-up from another process's notify is what is under test).
             std::thread::sleep(Duration::from_millis(20));
             notifier.notify();
         });
