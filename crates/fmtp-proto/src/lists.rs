@@ -74,8 +74,8 @@ impl std::str::FromStr for MacSigning {
 
     fn from_str(text: &str) -> Result<Self, String> {
         match text.trim() {
-            "datagram" | "each" => Ok(Self::Datagram),
-            "lists" | "list" => Ok(Self::Lists),
+            "datagram" => Ok(Self::Datagram),
+            "lists" => Ok(Self::Lists),
             other => Err(format!(
                 "level-2 signing must be \"lists\" (signed digest lists, ldm7 receivers only) or \"datagram\" \
                  (a signature on each datagram, as the reference), not {other:?}"

@@ -129,17 +129,21 @@ mod tests {
     use super::*;
     use ldm7_types::{FeedType, Signature, Timestamp};
 
-    #[test]
-    fn lines_have_one_shape_for_every_mode() {
-        let info = ProdInfo {
-            arrival: Timestamp { secs: 1_700_000_000, micros: 123_456 },
+    fn info(micros: i32, ident: &str) -> ProdInfo {
+        ProdInfo {
+            arrival: Timestamp { secs: 1_700_000_000, micros },
             signature: Signature::md5_of(b"x"),
             origin: "vm".into(),
             feedtype: FeedType::EXP,
             seqno: 7,
-            ident: "TEST/1".into(),
+            ident: ident.into(),
             size: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn lines_have_one_shape_for_every_mode() {
+        let info = info(123_456, "TEST/1");
         let received = QueueDelivery {
             mode: DeliveryMode::Received,
             latency_us: 1843,
@@ -163,15 +167,7 @@ mod tests {
 
     #[test]
     fn every_line_written_reads_back_the_same() {
-        let info = ProdInfo {
-            arrival: Timestamp { secs: 1_700_000_000, micros: 1 },
-            signature: Signature::md5_of(b"y"),
-            origin: "host".into(),
-            feedtype: FeedType::EXP,
-            seqno: 3,
-            ident: "an \"odd\" ident: {x}".into(),
-            size: 10,
-        };
+        let info = info(1, "an \"odd\" ident: {x}");
         let printed = info.to_string();
         for (mode, index, blocks) in [
             (DeliveryMode::Received, Some(4), Some(2)),

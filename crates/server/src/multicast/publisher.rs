@@ -1054,12 +1054,16 @@ impl Feed {
         self.admission.lock().unwrap_or_else(PoisonError::into_inner).release(address, from_pool);
     }
 
+    /// Whether the feed signs digest lists while no reference subscriber is on it.
+    fn signs_lists(&self) -> bool {
+        self.settings.mac_level == ldm7_fmtp::MacLevel::Ed25519 && self.settings.mac_lists
+    }
+
     /// A reference LDM-7 subscribed: at level 2 with digest lists, the sender signs each
     /// datagram from now on (a reference receiver requires a signature on each; the switch
     /// comes before its SUBSCRIBE reply, so before its receiver connects).
     fn reference_joined(&self) {
-        let lists = self.settings.mac_level == ldm7_fmtp::MacLevel::Ed25519 && self.settings.mac_lists;
-        if self.reference_subscribers.fetch_add(1, Ordering::SeqCst) == 0 && lists {
+        if self.reference_subscribers.fetch_add(1, Ordering::SeqCst) == 0 && self.signs_lists() {
             self.signing.set(MacSigning::Datagram);
             tracing::info!(
                 "{}: a reference LDM-7 subscriber: MAC level 2 signs each datagram while one is subscribed \
@@ -1071,8 +1075,7 @@ impl Feed {
 
     /// A reference LDM-7 subscription ended: the last one gives digest lists back.
     fn reference_left(&self) {
-        let lists = self.settings.mac_level == ldm7_fmtp::MacLevel::Ed25519 && self.settings.mac_lists;
-        if self.reference_subscribers.fetch_sub(1, Ordering::SeqCst) == 1 && lists {
+        if self.reference_subscribers.fetch_sub(1, Ordering::SeqCst) == 1 && self.signs_lists() {
             self.signing.set(MacSigning::Lists);
             tracing::info!("{}: no reference LDM-7 subscriber left: MAC level 2 signs digest lists again", self.name);
         }
