@@ -1,15 +1,20 @@
-//! Pieces shared by the subcommands: the queue path, opening it, product selection, and the
+//! Pieces shared by the subcommands: the queue path, opening it, product selection, the time
+//! and origin of products inserted here (the test bed's, [`ldm7_testbed::replay`]), and the
 //! parsers of flag values that are quantities (durations, speeds): every such flag parses into
 //! a typed value or is refused by clap with what was expected (exit 1).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use ldm7_pq::{OpenError, Queue};
 use ldm7_types::units::{QuantityError, parse_duration};
 use ldm7_types::{FeedType, Pattern, Timestamp};
 
 use crate::exit::{CmdResult, bad_input, input, runtime};
+
+/// Now from the system clock, and the local host's origin name: the test bed's replay stamps its
+/// products with them too.
+pub use ldm7_testbed::replay::{now, origin};
 
 /// The queue used when none is given: `$LDM7_QUEUE`, else `./ldm7.pq`.
 pub fn default_queue() -> PathBuf {
@@ -40,11 +45,6 @@ pub fn parse_pattern(text: &str) -> CmdResult<Pattern> {
     Pattern::new(text).map_err(|error| bad_input(format!("{error}: check the -p argument")))
 }
 
-/// Now, from the system clock.
-pub fn now() -> Timestamp {
-    Timestamp::from_system_time(SystemTime::now())
-}
-
 /// `now − offset` (LDM's `-o` offsets), or the beginning of time for `None`.
 pub fn since(offset: Option<Duration>) -> Timestamp {
     offset.map_or(Timestamp::ZERO, |offset| now().saturating_sub(offset))
@@ -73,15 +73,6 @@ pub fn speed_arg(text: &str) -> Result<f64, String> {
         Ok(speed) if speed.is_finite() && (0.0..=1e9).contains(&speed) => Ok(speed),
         _ => Err(format!("speed {text:?} is not valid: give 0 (as fast as possible) or a factor such as 1 or 60")),
     }
-}
-
-/// The local host name as LDM uses it for the origin (at most 64 bytes).
-pub fn origin() -> String {
-    let mut name = hostname::get().ok().and_then(|name| name.into_string().ok()).unwrap_or_else(|| "localhost".into());
-    while name.len() > ldm7_types::ORIGIN_LEN_MAX {
-        name.pop();
-    }
-    name
 }
 
 /// The product selection and line format of notifyme-style commands (`watch`, `notify`).

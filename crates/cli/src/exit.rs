@@ -65,6 +65,16 @@ pub fn bad_input(message: impl fmt::Display) -> Failure {
     input(anyhow::anyhow!("{message}"))
 }
 
+/// The test bed's failures (the demo, a replay): bad input exits 1, the rest 2.
+impl From<ldm7_testbed::RunError> for Failure {
+    fn from(error: ldm7_testbed::RunError) -> Self {
+        match error {
+            ldm7_testbed::RunError::Input(message) => bad_input(message),
+            ldm7_testbed::RunError::Runtime(error) => runtime(error),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,20 +1,20 @@
-//! `ldm7 insert` (pqinsert): files or standard input into the queue, and `--replay` of a trace.
-//! Everything is validated before anything is inserted, so a bad batch leaves the queue as it was.
+//! `ldm7 insert` (pqinsert): files or standard input into the queue, and `--replay` of a trace
+//! (the replay itself is the test bed's, [`ldm7_testbed::replay::replay_into`]). Everything is
+//! validated before anything is inserted, so a bad batch leaves the queue as it was.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
-use ldm7_pq::{InsertError, InsertOutcome, Queue};
+use ldm7_pq::InsertError;
+use ldm7_testbed::replay::replay_into;
+use ldm7_testbed::trace::{keep_span, read_trace};
+use ldm7_types::trace::feed_from_name;
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
-use rand::{RngCore, SeedableRng};
 
 use ldm7_io::log_target::PRODUCT;
 
-use crate::common::{now, open_queue, origin, parse_feed, queue_path, speed_arg};
+use crate::common::{open_queue, origin, parse_feed, queue_path, speed_arg};
 use crate::exit::{CmdResult, Failure, bad_input, runtime};
-use crate::trace::{TraceProduct, feed_from_name, read_trace};
 
 /// Arguments of `ldm7 insert` / `pqinsert`.
 #[derive(clap::Args, Debug)]
@@ -157,21 +157,6 @@ pub(crate) fn insert_failure(file: &Path, error: InsertError, inserted: u64) -> 
     }
 }
 
-/// Totals of a replay.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ReplaySummary {
-    /// Products inserted.
-    pub inserted: u64,
-    /// Bytes of data inserted.
-    pub bytes: u64,
-    /// Products refused as duplicates.
-    pub duplicates: u64,
-    /// Old products evicted to make room.
-    pub evicted: u64,
-    /// Wall time.
-    pub elapsed: Duration,
-}
-
 fn replay(args: &InsertArgs, trace: &Path, with_signature: bool) -> CmdResult {
     let feed = match &args.feed {
         Some(feed) => Some(parse_feed(feed)?),
@@ -179,14 +164,14 @@ fn replay(args: &InsertArgs, trace: &Path, with_signature: bool) -> CmdResult {
     };
     let mut products = read_trace(trace).map_err(bad_input)?;
     if let Some(span) = args.span {
-        crate::trace::keep_span(&mut products, span);
+        keep_span(&mut products, span);
     }
     if let Some(limit) = args.limit {
         products.truncate(limit);
     }
     let queue = open_queue(&queue_path(args.queue.as_deref()))?;
     let default_feed = feed.or_else(|| feed_from_name(trace)).unwrap_or(FeedType::EXP);
-    let summary = replay_into(
+    let totals = replay_into(
         &queue,
         trace,
         &products,
@@ -196,131 +181,6 @@ fn replay(args: &InsertArgs, trace: &Path, with_signature: bool) -> CmdResult {
         args.seed,
         Some(with_signature),
     )?;
-    let secs = summary.elapsed.as_secs_f64().max(1e-9);
-    println!(
-        "replayed {} products ({:.1} MB) in {:.2} s: {:.0} products/s, {:.1} MB/s; {} duplicates, {} evicted",
-        summary.inserted,
-        summary.bytes as f64 / 1e6,
-        secs,
-        summary.inserted as f64 / secs,
-        summary.bytes as f64 / 1e6 / secs,
-        summary.duplicates,
-        summary.evicted
-    );
+    println!("{totals}");
     Ok(())
-}
-
-/// Inserts synthetic products shaped like `products` into `queue`, paced at `speed` (0 = no
-/// pacing). Each product's data is pseudo-random (seeded) and unique; its signature is the MD5
-/// of the data. The ident is `<FEED>/<trace name>/<line> <creation time>`. With
-/// `log_products = Some(with_signature)` each inserted product is logged (shown with `-v`) and a
-/// progress bar is drawn on a terminal; `None` is silent.
-#[allow(clippy::too_many_arguments)]
-pub fn replay_into(
-    queue: &Queue,
-    trace: &Path,
-    products: &[TraceProduct],
-    default_feed: FeedType,
-    force_feed: bool,
-    speed: f64,
-    seed: u64,
-    log_products: Option<bool>,
-) -> CmdResult<ReplaySummary> {
-    let trace_name = trace.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-    let largest = products.iter().map(|product| product.size as usize).max().unwrap_or(0);
-    for product in products {
-        let info = info_for(product, default_feed, force_feed, &trace_name, Signature::default(), Timestamp::ZERO);
-        queue.check_fits(&info).map_err(|error| bad_input(format!("{}:{}: {error}", trace.display(), product.line)))?;
-    }
-    // A pool of random bytes; each product is a window of it with its own index stamped in front.
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut pool = vec![0u8; largest + (1 << 20)];
-    rng.fill_bytes(&mut pool);
-    let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
-    let progress = if log_products.is_some() && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new(total_bytes);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
-    let origin = origin();
-    let start = Instant::now();
-    let first_created = products.first().map(|product| product.created.as_unix_micros()).unwrap_or(0);
-    let mut summary = ReplaySummary::default();
-    let mut data = Vec::with_capacity(largest);
-    for (index, product) in products.iter().enumerate() {
-        if speed > 0.0 {
-            let offset_secs = (product.created.as_unix_micros() - first_created).max(0) as f64 / 1e6 / speed;
-            let due = start + Duration::from_secs_f64(offset_secs);
-            let wait = due.saturating_duration_since(Instant::now());
-            if !wait.is_zero() {
-                std::thread::sleep(wait);
-            }
-        }
-        let size = product.size as usize;
-        let window = (index.wrapping_mul(7919) ^ seed as usize) % (1 << 20);
-        data.clear();
-        data.extend_from_slice(&pool[window..window + size]);
-        let stamp = (index as u64).to_be_bytes().into_iter().chain(seed.to_be_bytes());
-        for (byte, value) in data.iter_mut().zip(stamp) {
-            *byte = value;
-        }
-        let mut info = info_for(product, default_feed, force_feed, &trace_name, Signature::md5_of(&data), now());
-        info.origin.clone_from(&origin);
-        match queue.insert(&info, &data) {
-            Ok(InsertOutcome::Inserted { evicted, .. }) => {
-                if let Some(with_signature) = log_products {
-                    progress.suspend(|| tracing::info!(target: PRODUCT, "{}", info.line(with_signature)));
-                }
-                summary.inserted += 1;
-                summary.bytes += u64::from(product.size);
-                summary.evicted += u64::from(evicted);
-            }
-            Ok(InsertOutcome::Duplicate { .. }) => summary.duplicates += 1,
-            Err(error) => {
-                progress.abandon();
-                return Err(runtime(anyhow::anyhow!(
-                    "{}:{}: inserting failed after {} products: {error}",
-                    trace.display(),
-                    product.line,
-                    summary.inserted
-                )));
-            }
-        }
-        progress.inc(u64::from(product.size));
-        if index % 256 == 0 {
-            progress.set_message(format!("{} products", index + 1));
-        }
-    }
-    progress.finish_and_clear();
-    summary.elapsed = start.elapsed();
-    Ok(summary)
-}
-
-fn info_for(
-    product: &TraceProduct,
-    default_feed: FeedType,
-    force_feed: bool,
-    trace_name: &str,
-    signature: Signature,
-    arrival: Timestamp,
-) -> ProdInfo {
-    let feedtype = if force_feed { default_feed } else { product.feed.unwrap_or(default_feed) };
-    let mut ident = format!("{feedtype}/{trace_name}/{} {}", product.line, product.created);
-    ident.truncate(ldm7_types::IDENT_LEN_MAX);
-    ProdInfo {
-        arrival,
-        signature,
-        origin: String::new(),
-        feedtype,
-        seqno: product.line as u32,
-        ident,
-        size: product.size,
-    }
 }

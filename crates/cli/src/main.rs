@@ -8,14 +8,10 @@
 //! installed before the subcommand runs.
 
 mod act_cmd;
-mod bench;
-mod bench_act;
-mod bench_compare;
-mod bench_ldm6;
-mod bench_ref;
+mod bench_cmd;
 mod cat;
 mod common;
-mod demo;
+mod demo_cmd;
 mod exit;
 mod fmtp_cmd;
 mod insert;
@@ -27,7 +23,6 @@ mod plan_cmd;
 mod queue_cmd;
 mod remote;
 mod serve;
-mod trace;
 mod trace_cmd;
 mod watch;
 
@@ -36,7 +31,7 @@ use std::path::Path;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::exit::{CmdResult, runtime};
+use crate::exit::CmdResult;
 use crate::logging::LogArgs;
 
 /// mimalloc: the servers allocate a buffer per product received; glibc's allocator spent a
@@ -68,10 +63,10 @@ enum Command {
     /// Run the actions of a pqact.conf on products as they arrive (pqact): FILE, PIPE, EXEC….
     Act(act_cmd::ActArgs),
     /// Run the demo: LDM-7 multicast on loopback, a publisher and subscribers (no root).
-    Demo(demo::DemoArgs),
+    Demo(demo_cmd::DemoArgs),
     /// Measure performance.
     #[command(subcommand)]
-    Bench(BenchCommand),
+    Bench(bench_cmd::BenchCommand),
     /// FMTP multicast transport alone: send and receive products.
     #[command(subcommand)]
     Fmtp(fmtp_cmd::FmtpCommand),
@@ -91,20 +86,6 @@ enum Command {
     /// Product traces: generate IDD-like traces from the workload model.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
-}
-
-#[derive(Subcommand, Debug)]
-enum BenchCommand {
-    /// Queue insert and read rates, and cross-process wake-up latency.
-    Queue(bench::BenchQueueArgs),
-    /// Inserting files: `ldm7 insert` (side by side with `pqinsert` when LDM_REF_BIN is set).
-    Insert(bench_ref::BenchInsertArgs),
-    /// LDM-6 fan-out on loopback: 1 and 4 downstream servers from a preloaded queue.
-    Ldm6(bench_ldm6::BenchLdm6Args),
-    /// Product actions: `ldm7 act` through 20 FILE entries and one PIPE vs a plain loop.
-    Act(bench_act::BenchActArgs),
-    /// LDM-6 unicast vs LDM-7 multicast on one lab path (root): throughput, latency, egress, CPU.
-    Compare(bench_compare::BenchCompareArgs),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -175,12 +156,8 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Cat(args) => cat::run(&args, with_signature),
         Command::Watch(args) => watch::run(&args, with_signature),
         Command::Act(args) => act_cmd::run(&args),
-        Command::Demo(args) => demo::run(&args),
-        Command::Bench(BenchCommand::Queue(args)) => bench::run(&args).map_err(runtime),
-        Command::Bench(BenchCommand::Insert(args)) => bench_ref::run_insert(&args).map_err(runtime),
-        Command::Bench(BenchCommand::Ldm6(args)) => bench_ldm6::run(&args).map_err(runtime),
-        Command::Bench(BenchCommand::Act(args)) => bench_act::run(&args).map_err(runtime),
-        Command::Bench(BenchCommand::Compare(args)) => bench_compare::run(&args).map_err(runtime),
+        Command::Demo(args) => demo_cmd::run(&args),
+        Command::Bench(command) => bench_cmd::run(command),
         Command::Lab(command) => lab_cmd::run(&command),
         Command::Monitor(args) => monitor_cmd::run(&args),
         Command::Plan(args) => plan_cmd::run(&args),

@@ -163,7 +163,7 @@ pub fn run(args: &PlanArgs) -> CmdResult {
 }
 
 fn from_trace(path: &Path, feed: Option<FeedType>) -> CmdResult<Offered> {
-    let products = crate::trace::read_trace(path).map_err(bad_input)?;
+    let products = ldm7_testbed::trace::read_trace(path).map_err(bad_input)?;
     let named = ldm7_types::trace::feed_from_name(path);
     // A product without a feed column is of the feed the trace is about.
     let times: Vec<(i64, u64)> = products
@@ -449,7 +449,7 @@ fn write_csv(path: &Path, feeds: &[(Option<&str>, Timestamp, &[IntervalPlan])]) 
 /// Rate (and offered load) and buffer against time, one step per interval.
 fn draw(path: &Path, what: &str, plans: &[IntervalPlan]) -> anyhow::Result<()> {
     use plotters::prelude::*;
-    crate::bench_compare::register_font()?;
+    ldm7_testbed::figure::register_font()?;
     let fail = |error: &dyn std::fmt::Display| anyhow::anyhow!("plot: {error}");
     let end_h = plans.last().map_or(1.0, |plan| plan.end_s / 3600.0);
     let steps = |value: &dyn Fn(&IntervalPlan) -> f64| -> Vec<(f64, f64)> {

@@ -168,7 +168,7 @@ struct FeedTally {
 }
 
 fn stats(path: &Path) -> CmdResult {
-    let products = crate::trace::read_trace(path).map_err(bad_input)?;
+    let products = ldm7_testbed::trace::read_trace(path).map_err(bad_input)?;
     let named = ldm7_types::trace::feed_from_name(path);
     let mut feeds: Vec<(String, FeedTally)> = Vec::new();
     for product in &products {
@@ -254,8 +254,7 @@ fn feed_label(feed: FeedType) -> String {
         .map_or_else(|| feed.to_string(), |model| model.name.to_owned())
 }
 
-/// The `q` quantile of sorted values (nearest rank; `values` not empty).
+/// The `q` quantile of sorted values (`ldm7_types::quantile`; NaN when there are none).
 fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
+    ldm7_types::quantile::quantile(sorted, q).unwrap_or(f64::NAN)
 }

@@ -245,7 +245,8 @@ pub fn notify(
         match connection.exchange(session.poll_timeout())? {
             Input::Bytes(n) => session.handle_input(Clock::now(), &connection.buf[..n]),
             Input::Timeout => session.handle_timeout(Clock::now()),
-            Input::Eof => session.handle_eof(),
+            // Stopped comes only from `wait_input_or_stop`, which a client does not call.
+            Input::Eof | Input::Stopped => session.handle_eof(),
         }
     }
 }
@@ -353,7 +354,8 @@ pub fn push(
         match connection.exchange(session.poll_timeout())? {
             Input::Bytes(n) => session.handle_input(Clock::now(), &connection.buf[..n]),
             Input::Timeout => session.handle_timeout(Clock::now()),
-            Input::Eof => session.handle_eof(),
+            // Stopped comes only from `wait_input_or_stop`, which a client does not call.
+            Input::Eof | Input::Stopped => session.handle_eof(),
         }
     }
 }

@@ -421,6 +421,10 @@ impl Config {
         Ok(())
     }
 
+    /// One entry of ldmd.conf by its keyword. One function on purpose: a `match` with an arm per
+    /// keyword (ALLOW, ACCEPT, REQUEST, EXEC, INCLUDE, MULTICAST, RECEIVE and the rest), each arm
+    /// the few checks of its fields with the reference's messages, read like the manual's list;
+    /// split, the keywords' rules would be spread over as many functions.
     fn entry(
         &mut self,
         keyword: &str,

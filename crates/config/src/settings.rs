@@ -636,6 +636,8 @@ mod raw {
     impl Keys for MulticastKeys {
         type Typed = MulticastSettings;
 
+        /// One `[multicast]` key onto the settings. One function on purpose: an arm per key with
+        /// its check and its message, in the order docs/ldm7.md lists them.
         fn apply(
             &self,
             base: &MulticastSettings,

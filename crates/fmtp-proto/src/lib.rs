@@ -28,9 +28,10 @@
 //! # Driving a [`Sender`]
 //!
 //! Inputs (each takes `now`):
-//! * [`Sender::enqueue`]`(now, Product)` → the product's [`ProductIndex`] (sequential, wrapping,
-//!   from [`SenderConfig::first_index`]); refused with the product handed back when no receiver
-//!   is connected (LDM policy, configurable), the queue is full, or the metadata is too long.
+//! * [`Sender::enqueue`]`(now, OutgoingProduct)` → the product's [`ProductIndex`] (sequential,
+//!   wrapping, from [`SenderConfig::first_index`]); refused with the product handed back when no
+//!   receiver is connected (LDM policy, configurable), the queue is full, or the metadata is too
+//!   long.
 //! * [`Sender::receiver_connected`]`(now, id)` after the driver accepted, authorized and ran
 //!   the handshake on a receiver's TCP connection ([`ReceiverId`] is the driver's number);
 //!   [`Sender::receiver_disconnected`]`(now, id)` when it closed.
@@ -86,14 +87,14 @@
 //! # Example
 //!
 //! ```
-//! use ldm7_fmtp_proto::{Instant, Receiver, ReceiverConfig, ReceiverId, Sender, SenderConfig, Product};
+//! use ldm7_fmtp_proto::{Instant, Receiver, ReceiverConfig, ReceiverId, Sender, SenderConfig, OutgoingProduct};
 //! use ldm7_fmtp_proto::{ReceiverEvent, Destination, wire::Message};
 //!
 //! let now = Instant::ZERO;
 //! let mut sender = Sender::new(SenderConfig::with_rate(100_000_000), now).unwrap();
 //! let mut receiver = Receiver::new(ReceiverConfig::default()).unwrap();
 //! sender.receiver_connected(now, ReceiverId(1));
-//! let index = sender.enqueue(now, Product::new(vec![7u8; 5000], *b"0123456789abcdef")).unwrap();
+//! let index = sender.enqueue(now, OutgoingProduct::new(vec![7u8; 5000], *b"0123456789abcdef")).unwrap();
 //!
 //! let mut buf = Vec::new();
 //! while let Some(transmit) = sender.poll_transmit(now, &mut buf) {
@@ -134,14 +135,14 @@ pub use ldm7_plan::repair::RECEIVE_GAP_DEFAULT;
 pub use pacing::Pacing;
 pub use parity::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig, ParityEncoder};
 pub use receiver::{
-    Assembly, BlockRun, Delivery, InFlight, IndexTrust, MissReason, PARITY_DEFER_MAX, PARITY_RETRY_MIN, ReceiveTimer,
-    Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint,
+    Assembly, BlockRun, DeliveredProduct, InFlight, IndexTrust, MissReason, PARITY_DEFER_MAX, PARITY_RETRY_MIN,
+    ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters, ReceiverEvent, block_fingerprint,
     sampled_block_fingerprint,
 };
 pub use sender::{
-    Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal, Product,
-    ProductData, REPAIR_ROUND_MIN, ReceiverId, ReleaseReason, Sender, SenderBound, SenderConfig, SenderCounters,
-    SenderEvent, Transmit,
+    Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal,
+    OutgoingProduct, ProductData, REPAIR_ROUND_MIN, ReceiverId, ReleaseReason, Sender, SenderBound, SenderConfig,
+    SenderCounters, SenderEvent, Transmit,
 };
 pub use sink::{ProductSink, SinkError};
 pub use time::{Instant, WallClock, WallTime};

@@ -8,7 +8,7 @@
 //!
 //! Products are assembled in memory (`Assembly::Memory`, the default), or, with
 //! [`ReceiverOptions::spool`], written into spool files ([`SpoolSink`]) so that no product is
-//! held whole in memory; each delivery comes with its bytes as a [`ReceivedProduct`].
+//! held whole in memory; each delivery comes with its bytes as a [`ReceivedBytes`].
 //!
 //! Bounds ([`ReceiverBounds`], counted in [`ReceiverDriverCounters`], logged once per episode):
 //! notices wait for the application in a bounded channel — when it is full the task waits
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{self, Body, Message, PAYLOAD_LEN_MAX, Split};
 use ldm7_fmtp_proto::{
-    Assembly, ConfigError, Delivery, MissReason, ProductIndex, Receiver, ReceiverBound, ReceiverConfig,
+    Assembly, ConfigError, DeliveredProduct, MissReason, ProductIndex, Receiver, ReceiverBound, ReceiverConfig,
     ReceiverCounters, ReceiverEvent,
 };
 use ldm7_io::{Backoff, BoundHits, Clock, Throttle};
@@ -151,9 +151,9 @@ pub enum ReceiverNotice {
     /// A product arrived whole (`delivery.data` is empty: the bytes are in `product`).
     Delivered {
         /// The protocol's account of it.
-        delivery: Delivery,
+        delivery: DeliveredProduct,
         /// Its bytes.
-        product: ReceivedProduct,
+        product: ReceivedBytes,
     },
     /// Any other protocol event: missed products, index gaps, bounds hit.
     Event(ReceiverEvent),
@@ -179,7 +179,7 @@ pub enum ConnectionState {
 
 /// A delivered product's bytes.
 #[derive(Debug)]
-pub enum ReceivedProduct {
+pub enum ReceivedBytes {
     /// Assembled in memory.
     Memory(Vec<u8>),
     /// In a spool file.
@@ -188,7 +188,7 @@ pub enum ReceivedProduct {
     Discarded,
 }
 
-impl ReceivedProduct {
+impl ReceivedBytes {
     /// Length in bytes (0 when discarded).
     pub fn len(&self) -> u64 {
         match self {
@@ -801,16 +801,16 @@ impl ReceiverTask {
         };
         let product = match (self.receiver_assembly(), &self.spool) {
             (Assembly::Sink, Some(spool)) => match spool.take(delivery.index) {
-                Some(Taken::File(spooled)) => ReceivedProduct::Spooled(spooled),
-                Some(Taken::Memory(bytes, _)) => ReceivedProduct::Memory(bytes),
+                Some(Taken::File(spooled)) => ReceivedBytes::Spooled(spooled),
+                Some(Taken::Memory(bytes, _)) => ReceivedBytes::Memory(bytes),
                 None => {
                     tracing::error!(index = delivery.index.0, "FMTP receiver: a delivered product is not in the spool");
                     let index = delivery.index;
                     return ReceiverNotice::Event(ReceiverEvent::Missed { index, reason: MissReason::SinkFailed });
                 }
             },
-            (Assembly::Discard, _) => ReceivedProduct::Discarded,
-            _ => ReceivedProduct::Memory(std::mem::take(&mut delivery.data)),
+            (Assembly::Discard, _) => ReceivedBytes::Discarded,
+            _ => ReceivedBytes::Memory(std::mem::take(&mut delivery.data)),
         };
         ReceiverNotice::Delivered { delivery, product }
     }

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{self, Body, Message, MessageType, Split};
 use ldm7_fmtp_proto::{
-    ConfigError, Destination, EnqueueError, Instant, Product, ProductIndex, ReceiverId, Sender, SenderBound,
+    ConfigError, Destination, EnqueueError, Instant, OutgoingProduct, ProductIndex, ReceiverId, Sender, SenderBound,
     SenderConfig, SenderCounters, SenderEvent,
 };
 use ldm7_io::{BoundHits, Clock, Throttle};
@@ -264,24 +264,24 @@ pub struct SenderDriverCounters {
 /// Why a product could not be handed over: the sender task ended. The product is handed back.
 #[derive(Debug, thiserror::Error)]
 #[error("the FMTP sender stopped: product not sent")]
-pub struct SendError(pub Product);
+pub struct SendError(pub OutgoingProduct);
 
 /// Why [`ProductSender::try_send`] did not take a product (handed back).
 #[derive(Debug, thiserror::Error)]
 pub enum TrySendError {
     /// [`SenderBounds::product_inputs_max`] products wait already: try again later.
     #[error("the FMTP sender's product input is full")]
-    Full(Product),
+    Full(OutgoingProduct),
     /// The sender task ended.
     #[error("the FMTP sender stopped")]
-    Stopped(Product),
+    Stopped(OutgoingProduct),
 }
 
 /// Hands products to a running [`FmtpSender`]; clone it to feed products from another task
 /// while this one reads notices.
 #[derive(Clone, Debug)]
 pub struct ProductSender {
-    products: mpsc::Sender<Product>,
+    products: mpsc::Sender<OutgoingProduct>,
     shared: Arc<Shared>,
 }
 
@@ -290,7 +290,7 @@ impl ProductSender {
     /// [`SenderBounds::product_inputs_max`] products are waiting already. Read the notices
     /// meanwhile (another task, or `select!`): the sender takes no product while the
     /// application leaves its notices unread.
-    pub async fn send(&self, product: Product) -> Result<(), SendError> {
+    pub async fn send(&self, product: OutgoingProduct) -> Result<(), SendError> {
         match self.try_send(product) {
             Ok(()) => Ok(()),
             Err(TrySendError::Stopped(product)) => Err(SendError(product)),
@@ -314,7 +314,7 @@ impl ProductSender {
     }
 
     /// Hands a product over if there is room now.
-    pub fn try_send(&self, product: Product) -> Result<(), TrySendError> {
+    pub fn try_send(&self, product: OutgoingProduct) -> Result<(), TrySendError> {
         match self.products.try_send(product) {
             Ok(()) => {
                 self.shared.product_inputs.relieved();
@@ -507,7 +507,7 @@ impl FmtpSender {
     }
 
     /// Hands a product over (see [`ProductSender::send`]).
-    pub async fn send(&self, product: Product) -> Result<(), SendError> {
+    pub async fn send(&self, product: OutgoingProduct) -> Result<(), SendError> {
         self.products.send(product).await
     }
 
@@ -788,12 +788,12 @@ struct PendingKey {
 enum Wake {
     Input(Option<Input>),
     NoticeSlot(Option<mpsc::OwnedPermit<SenderNotice>>),
-    Product(Option<Product>),
+    Product(Option<OutgoingProduct>),
     Timer,
 }
 
 impl SenderTask {
-    async fn run(mut self, mut products: mpsc::Receiver<Product>, mut inputs: mpsc::Receiver<Input>) {
+    async fn run(mut self, mut products: mpsc::Receiver<OutgoingProduct>, mut inputs: mpsc::Receiver<Input>) {
         let mut products_open = true;
         loop {
             self.drive().await;

@@ -337,16 +337,9 @@ mod tests {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 77, 1)), port)
     }
 
-    fn free_port() -> u16 {
-        StdUdpSocket::bind("127.0.0.1:0")
-            .and_then(|socket| socket.local_addr())
-            .map(|addr| addr.port())
-            .unwrap_or(38801)
-    }
-
     #[tokio::test]
     async fn loopback_batch_arrives_in_order() {
-        let config = MulticastConfig::loopback(group(free_port()));
+        let config = MulticastConfig::loopback(group(ldm7_io::free_port().expect("a free port")));
         let receiver = MulticastReceiver::join(&config, None).expect("join");
         let sender = MulticastSender::open(&config).expect("open");
         let segments = 10.min(sender.max_segments().max(1));

@@ -10,25 +10,24 @@ use std::time::Duration;
 
 use ldm7_fmtp::udp::MulticastConfig;
 use ldm7_fmtp::{
-    FmtpReceiver, FmtpSender, ReceivedProduct, ReceiverNotice, ReceiverOptions, ReceiverReport, SenderNotice,
+    FmtpReceiver, FmtpSender, ReceivedBytes, ReceiverNotice, ReceiverOptions, ReceiverReport, SenderNotice,
     SenderOptions, SetRateError,
 };
-use ldm7_fmtp_proto::{CompletionOutcome, MissReason, Product, ReceiverEvent, SenderConfig, SenderEvent};
+use ldm7_fmtp_proto::{CompletionOutcome, MissReason, OutgoingProduct, ReceiverEvent, SenderConfig, SenderEvent};
 use md5::{Digest, Md5};
 
 /// Longest any test here waits for what it expects (a generous margin, not a timing claim).
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").and_then(|socket| socket.local_addr()).map(|a| a.port()).unwrap_or(38_911)
-}
 
 fn free_tcp_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).expect("free port")
 }
 
 fn loopback_group(last_octet: u8) -> MulticastConfig {
-    MulticastConfig::loopback(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(239, 255, 77, last_octet)), free_port()))
+    MulticastConfig::loopback(SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(239, 255, 77, last_octet)),
+        ldm7_io::free_port().expect("a free port"),
+    ))
 }
 
 /// Sizes from the NEXRAD3 trace's first products, as in the IDD.
@@ -72,7 +71,7 @@ async fn collect(mut receiver: FmtpReceiver, wanted: usize) -> Outcome {
         match notice {
             ReceiverNotice::Delivered { delivery, product } => {
                 assert!(delivery.data.is_empty(), "the bytes come in the product");
-                if matches!(product, ReceivedProduct::Spooled(_)) {
+                if matches!(product, ReceivedBytes::Spooled(_)) {
                     outcome.spooled += 1;
                 }
                 let digest = product.md5().expect("read the product");
@@ -112,7 +111,8 @@ async fn send_all_telling(
     mut all_sent: Option<tokio::sync::oneshot::Sender<()>>,
 ) {
     let feeder = sender.product_sender();
-    let outgoing: Vec<Product> = products.iter().map(|(data, digest)| Product::new(data.clone(), *digest)).collect();
+    let outgoing: Vec<OutgoingProduct> =
+        products.iter().map(|(data, digest)| OutgoingProduct::new(data.clone(), *digest)).collect();
     let feeding = tokio::spawn(async move {
         for product in outgoing {
             feeder.send(product).await.expect("the sender runs");
@@ -246,7 +246,7 @@ async fn the_rate_changes_at_run_time_and_each_receiver_reports_each_product() {
     let products = products(4);
     let feeder = sender.product_sender();
     for (data, digest) in &products {
-        feeder.send(Product::new(data.clone(), *digest)).await.expect("the sender runs");
+        feeder.send(OutgoingProduct::new(data.clone(), *digest)).await.expect("the sender runs");
     }
     let mut completions = Vec::new();
     while completions.len() < products.len() {

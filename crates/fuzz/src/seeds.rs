@@ -42,6 +42,8 @@ pub fn all(captures: Option<&Path>, examples: Option<&Path>) -> std::io::Result<
 
 /// Every kind of FMTP message from our encoder; a receiver's record streams (whole products in
 /// several blocks, a lost block repaired, a refused first index, a lost EOP); the key exchange.
+/// One function on purpose: a list of seeds, each a few lines, sharing the message builders
+/// at its top.
 fn fmtp(seeds: &mut Vec<Seed>) {
     let metadata = [0x99u8; 16];
     let bop = |index: u32, size: u32| Message {
@@ -178,7 +180,7 @@ fn fmtp(seeds: &mut Vec<Seed>) {
 /// backlog's.
 fn ldm7_calls(seeds: &mut Vec<Seed>) {
     let info = crate::sample_info(FeedType::EXP, "TEST/cap.1".to_owned());
-    let product = || ldm7::Product { info: info.clone(), data: b"hello 1\n".to_vec().into() };
+    let product = || ldm7::WireProduct { info: info.clone(), data: b"hello 1\n".to_vec().into() };
     let calls = [
         Ldm7Call::RequestProduct(4),
         Ldm7Call::RequestBacklog(ldm7::BacklogSpec {
@@ -308,7 +310,7 @@ fn from_captures(captures: &Path, seeds: &mut Vec<Seed>) -> std::io::Result<()> 
 /// block number): the datagrams that reach it, the parity shards its requests bring, and the
 /// sender's repair frames, as [`crate::fmtp_parity`] records.
 fn parity_session(lost: &[(u32, u32)]) -> Vec<u8> {
-    use ldm7_fmtp_proto::{Destination, Product, Receiver, ReceiverConfig, ReceiverId, Sender, SenderConfig};
+    use ldm7_fmtp_proto::{Destination, OutgoingProduct, Receiver, ReceiverConfig, ReceiverId, Sender, SenderConfig};
     let parity = crate::PARITY;
     let now = ldm7_fmtp_proto::Instant::ZERO;
     let config = SenderConfig { block_len: parity.block_len, parity: Some(parity), ..SenderConfig::default() };
@@ -322,7 +324,7 @@ fn parity_session(lost: &[(u32, u32)]) -> Vec<u8> {
     let mut receiver = Receiver::new(receiver_config).expect("a valid receiver");
     for (size, seed) in [(2_100usize, 3u8), (700, 9)] {
         let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(seed).wrapping_add(i as u8 >> 3)).collect();
-        sender.enqueue(now, Product::new(data, *b"0123456789abcdef")).expect("enqueued");
+        sender.enqueue(now, OutgoingProduct::new(data, *b"0123456789abcdef")).expect("enqueued");
     }
     let mut records = Vec::new();
     let mut buf = Vec::new();

@@ -56,8 +56,8 @@ pub use upstream::{
 
 pub use inbound::{Inbound, InboundEvent};
 pub use ldm7_xdr::ldm7::{
-    BacklogSpec, CidrAddr, Ldm7Status, McastInfo, McastProdIndex, McastSubInfo, ParityAnswer, Product, RecordBytes,
-    SubscribeAnswer, SubscribeOffer, SubscriptionReply, VcEndPoint,
+    BacklogSpec, CidrAddr, Ldm7Status, McastInfo, McastProdIndex, McastSubInfo, ParityAnswer, RecordBytes,
+    SubscribeAnswer, SubscribeOffer, SubscriptionReply, VcEndPoint, WireProduct,
 };
 pub use publisher::{HEARD_NOTHING_LIMIT, OUTPUT_HIGH_WATER, Publisher, PublisherEvent};
 pub use subscriber::{

@@ -42,8 +42,8 @@ use std::time::Duration;
 
 use ldm7_types::{FeedType, Instant};
 use ldm7_xdr::ldm7::{
-    self, BacklogSpec, Call, Ldm7Call, Ldm7Status, McastProdIndex, McastSubInfo, McastSubReq, Proc, Product, Reply,
-    ReplyBody, SubscriptionReply, VcEndPoint,
+    self, BacklogSpec, Call, Ldm7Call, Ldm7Status, McastProdIndex, McastSubInfo, McastSubReq, Proc, Reply, ReplyBody,
+    SubscriptionReply, VcEndPoint, WireProduct,
 };
 
 use crate::peer::Peer;
@@ -110,7 +110,7 @@ pub enum SubscriberEvent {
         /// The FMTP index it was requested by.
         index: McastProdIndex,
         /// The product.
-        product: Product,
+        product: WireProduct,
     },
     /// The answer to the oldest REQUEST_PRODUCT: the upstream does not have it.
     NoSuchProduct {
@@ -130,7 +130,7 @@ pub enum SubscriberEvent {
     /// A backlog product.
     BacklogProduct {
         /// The product.
-        product: Product,
+        product: WireProduct,
     },
     /// The oldest backlog asked for is complete (END_BACKLOG, or its fence answered).
     BacklogComplete,

@@ -7,8 +7,9 @@
 //! Every test makes its own lab named `l7t<pid><letter>` and takes it down when it ends, even on
 //! failure (the `TestLab` guard). Traffic goes only between namespaces these tests create, and a
 //! test compares only the objects its own lab created (their names start with the lab's name):
-//! another lab up on the same machine does not fail them. The tests take a process-wide lock so
-//! that they do not share the two cores with each other.
+//! another lab up on the same machine does not fail them. The tests run one at a time, and take the
+//! machine-wide lab lock (`ldm7_testkit::lab_lock`), so that they do not share the two cores with
+//! another lab test.
 
 use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -23,6 +24,7 @@ use ldm7_net::netns::spawn_in_netns;
 use ldm7_net::tc;
 use ldm7_testkit::{skip, wait_until};
 
+/// One of these tests at a time in this process.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn root_and_tools(test: &str, tools: &[&str]) -> bool {
@@ -74,6 +76,7 @@ fn up_then_down_leaves_nothing_behind() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let body = format!(
         r#"{TWO_HOSTS}
 [[hosts]]
@@ -126,6 +129,7 @@ fn a_failed_up_removes_what_it_created() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let name = format!("l7t{}g", std::process::id());
     let text = format!(
         r#"name = "{name}"
@@ -163,6 +167,7 @@ fn round_trips_carry_the_configured_delay() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let lab = TestLab::up(
         'b',
         &format!(
@@ -192,6 +197,7 @@ fn receive_loss_drops_some_datagrams_but_not_most() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let lab = TestLab::up(
         'c',
         r#"
@@ -246,6 +252,7 @@ fn htb_classes_have_the_configured_rates_and_carry_multicast() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let lab = TestLab::up(
         'd',
         &format!(
@@ -330,6 +337,7 @@ fn adding_and_removing_a_leg_starts_and_stops_multicast_reception() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     for (letter, delay) in [('e', ""), ('f', "delay = { sub2 = \"1ms\" }")] {
         let lab = TestLab::up(
             letter,
@@ -461,6 +469,7 @@ fn down_without_a_name_refuses_and_lists_when_several_labs_are_up() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let (first, second) = (TestLab::up('k', TWO_HOSTS), TestLab::up('m', TWO_HOSTS));
     let names = [first.spec.name.clone(), second.spec.name.clone()];
     let error = lab::down_only().expect_err("down without a name with two labs up");
@@ -516,6 +525,7 @@ fn every_host_reaches_every_other_over_the_control_network() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     // s1 loses half of what arrives on its feed interface; `lone` is in no feed at all.
     let lab = TestLab::up(
         'h',
@@ -569,6 +579,7 @@ fn a_subscriber_without_a_lab_address_configures_its_own() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let lab = TestLab::up(
         'i',
         r#"
@@ -628,6 +639,7 @@ fn removing_a_feed_leg_keeps_the_control_network() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
     let lab = TestLab::up(
         'j',
         r#"

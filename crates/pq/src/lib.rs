@@ -25,6 +25,6 @@ mod reserve;
 
 pub use queue::{
     Capacity, CheckReport, CreateError, DATA_FILE, Follower, InsertError, InsertOutcome, LOCK_FILE, MinimumResidence,
-    NOTIFY_FILE, OpenError, OwnedProduct, Product, Queue, QueueStats, Snapshot, StorageError,
+    NOTIFY_FILE, OpenError, OwnedProduct, Queue, QueueStats, QueuedProduct, Snapshot, StorageError,
 };
 pub use record::{CorruptRecord, InvalidProduct};

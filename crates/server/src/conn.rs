@@ -23,7 +23,7 @@ use ldm7_ldm_proto::SessionError;
 use crate::Shared;
 use crate::access::{self, PeerHost};
 use crate::limits::{ConnectionRefusal, FeederRegistration};
-use crate::wait::{Input, wait_input};
+use crate::wait::{Input, wait_input_or_stop};
 
 /// Write when this much output is pending.
 const WRITE_BATCH: usize = 256 << 10;
@@ -31,8 +31,6 @@ const WRITE_BATCH: usize = 256 << 10;
 const BATCH_MAX: usize = 64;
 /// The read buffer of a connection that went LDM-7 (its peer sends only small calls).
 const UPSTREAM7_READ: usize = 64 << 10;
-/// How often a blocked thread looks at the shutdown flag.
-const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
 /// How long product data is written straight from a queue snapshot while the socket drains;
 /// what is still unwritten then is copied and the snapshot released.
 const SNAPSHOT_SEND_MAX: Duration = Duration::from_millis(100);
@@ -107,12 +105,8 @@ fn serve_inner(
     tracing::info!(target: PRODUCT, "Connection from {peer}");
     let limits = limits(shared);
     let mut inbound = Inbound::with_limits(Clock::now(), limits);
-    // Allocated when a feed starts: an idle connection holds only its session's small record
-    // buffer.
-    let mut out = Vec::new();
-    let mut feed: Option<Feed> = None;
-    let mut accepted: Option<ProdClass> = None;
-    let mut follower_from: Option<Timestamp> = None;
+    let mut serving =
+        Serving { shared, peer, config, limits, feed: None, accepted: None, follower_from: None, out: Vec::new() };
     loop {
         let Some(session) = inbound.upstream() else {
             let buf = vec![0u8; UPSTREAM7_READ];
@@ -120,107 +114,28 @@ fn serve_inner(
         };
         // Decisions and state changes.
         while let Some(event) = session.poll_event() {
-            match event {
-                UpstreamEvent::FeedRequest { class, mode, resume_after } => {
-                    let (answer, filter) = decide_request(shared, peer, &class);
-                    if let RequestAnswer::Ok { .. } = answer {
-                        tracing::info!(
-                            "Starting Up(ldm7/6): {class}, SIG={}, {}",
-                            resume_after.map_or("NONE".to_owned(), |s| s.to_string()),
-                            if mode == FeedMode::Primary { "Primary" } else { "Alternate" }
-                        );
-                        *registration = Some(register_feeder(shared, peer, &stream, &class));
-                        feed = Some(Feed { class, filter, resume_after, notify: false });
-                    }
-                    session.answer_request(Clock::now(), answer)?;
-                }
-                UpstreamEvent::NotifyRequest { class } => {
-                    let (answer, filter) = decide_request(shared, peer, &class);
-                    if let RequestAnswer::Ok { .. } = answer {
-                        tracing::info!("Starting Up(ldm7/6): NOTIFYME {class}");
-                        feed = Some(Feed { class, filter, resume_after: None, notify: true });
-                    }
-                    session.answer_request(Clock::now(), answer)?;
-                }
-                UpstreamEvent::Hiya { class } => {
-                    tracing::info!("hiya6: {class}");
-                    let (decision, accepted_class) = access::accept(&config, peer, &class);
-                    let answer = match decision {
-                        access::AcceptDecision::Ok => HiyaAnswer::Ok { max_hereis: u32::MAX },
-                        access::AcceptDecision::Reclass(class) => HiyaAnswer::Reclass { class, max_hereis: u32::MAX },
-                        access::AcceptDecision::Refuse => {
-                            tracing::info!("{peer}: no ACCEPT entry takes {class}");
-                            HiyaAnswer::Refuse
-                        }
-                    };
-                    accepted = Some(accepted_class);
-                    session.answer_hiya(Clock::now(), answer)?;
-                }
-                UpstreamEvent::IsAlive { id } => {
-                    session.answer_is_alive(Clock::now(), shared.is_alive(id))?;
-                }
-                UpstreamEvent::FeedStarted => {
-                    // The session starts feeding only after an accepted FEEDME or NOTIFYME, which
-                    // set `feed`.
-                    if let Some(feed) = &feed {
-                        follower_from = Some(start_position(shared, feed));
-                        out.reserve(WRITE_BATCH * 2);
-                    }
-                }
-                UpstreamEvent::Declined { signature } => {
-                    tracing::debug!("{peer}: declined {signature}");
-                }
-                UpstreamEvent::Product(product) => {
-                    let wanted = accepted
-                        .as_ref()
-                        .is_some_and(|class| class.matches_feed_ident(product.info.feedtype, &product.info.ident));
-                    if wanted {
-                        crate::receive::insert(shared, &peer.origin_name(), product.info, &product.data);
-                    } else {
-                        tracing::warn!("{peer}: ignoring unaccepted product: {}", product.info);
-                    }
-                }
-                UpstreamEvent::ComingSoon { info, .. } => {
-                    let accept = crate::receive::wants(shared, &info);
-                    session.answer_coming_soon(Clock::now(), accept)?;
-                }
-                UpstreamEvent::BadPattern(error) => tracing::warn!("{peer}: {error}"),
-                UpstreamEvent::Unserved(call) => {
-                    shared.counters.unserved_calls.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("{peer}: {call}; answered as RPC does");
-                }
-                UpstreamEvent::Closed(result) => {
-                    if let Some(hit) = session.closed_by() {
-                        // A bound closed the session: logged and counted as a refusal.
-                        refuse_by_limit(shared, peer, hit, &limits, &result);
-                        let _ = write_all(&mut stream, session, &mut out);
-                        return Ok(());
-                    }
-                    if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
-                        shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    write_all(&mut stream, session, &mut out)?;
-                    return Ok(result?);
-                }
+            if let Step::End = serving.on_event(session, &mut stream, registration, event)? {
+                return Ok(());
             }
         }
-        write_all(&mut stream, session, &mut out)?;
-        if shared.stopping.load(Ordering::Relaxed) || registration.as_ref().is_some_and(FeederRegistration::is_replaced)
-        {
+        write_all(&mut stream, session, &mut serving.out)?;
+        if shared.is_stopping() || registration.as_ref().is_some_and(FeederRegistration::is_replaced) {
             return Ok(());
         }
         // Feeding: products while ready; else read the socket until the next timeout.
-        if let (Some(from), Some(feed)) = (follower_from, &feed) {
+        if let (Some(from), Some(feed)) = (serving.follower_from, &serving.feed) {
             if session.ready() {
-                let next = feed_products(shared, session, &mut stream, &mut out, from, feed, registration.as_ref())?;
-                follower_from = Some(next);
+                let next =
+                    feed_products(shared, session, &mut stream, &mut serving.out, from, feed, registration.as_ref())?;
+                serving.follower_from = Some(next);
                 continue;
             }
         }
         let timeout = inbound.poll_timeout();
         let Some(space) = inbound.input_space() else { continue };
         // Read straight into the session's record buffer (no copy).
-        match wait_input(&mut stream, space, timeout, SHUTDOWN_POLL) {
+        // Until input, the session's next timeout or the server's stop.
+        match wait_input_or_stop(&mut stream, space, timeout, None, &shared.stop) {
             Ok(Input::Bytes(n)) => inbound.handle_input_filled(Clock::now(), n),
             Ok(Input::Timeout) => {
                 // Quiet: the buffer goes back until bytes come again.
@@ -228,6 +143,7 @@ fn serve_inner(
                 inbound.handle_timeout(Clock::now());
             }
             Ok(Input::Eof) => inbound.handle_eof(),
+            Ok(Input::Stopped) => return Ok(()),
             Err(error) => {
                 inbound.handle_eof();
                 tracing::debug!("{peer}: read: {error}");
@@ -236,11 +152,138 @@ fn serve_inner(
     }
 }
 
+/// What serving one LDM-6 connection holds between session events.
+struct Serving<'a> {
+    shared: &'a Shared,
+    peer: &'a PeerHost,
+    config: Arc<crate::config::Config>,
+    limits: UpstreamLimits,
+    /// The accepted FEEDME or NOTIFYME.
+    feed: Option<Feed>,
+    /// The class an accepted HIYA may send.
+    accepted: Option<ProdClass>,
+    /// Where feeding goes on in the queue, once it started.
+    follower_from: Option<Timestamp>,
+    /// Output not yet written (allocated when a feed starts: an idle connection holds only its
+    /// session's small record buffer).
+    out: Vec<u8>,
+}
+
+/// After a session event: go on, or the connection ends.
+enum Step {
+    Continue,
+    End,
+}
+
+impl Serving<'_> {
+    /// Decides on one session event and changes the state it names.
+    fn on_event(
+        &mut self,
+        session: &mut Upstream,
+        stream: &mut TcpStream,
+        registration: &mut Option<FeederRegistration>,
+        event: UpstreamEvent,
+    ) -> Result<Step, ConnectionError> {
+        let (shared, peer) = (self.shared, self.peer);
+        match event {
+            UpstreamEvent::FeedRequest { class, mode, resume_after } => {
+                let (answer, filter) = decide_request(shared, peer, &class);
+                if let RequestAnswer::Ok { .. } = answer {
+                    tracing::info!(
+                        "Starting Up(ldm7/6): {class}, SIG={}, {}",
+                        resume_after.map_or("NONE".to_owned(), |s| s.to_string()),
+                        if mode == FeedMode::Primary { "Primary" } else { "Alternate" }
+                    );
+                    *registration = Some(register_feeder(shared, peer, stream, &class));
+                    self.feed = Some(Feed { class, filter, resume_after, notify: false });
+                }
+                session.answer_request(Clock::now(), answer)?;
+            }
+            UpstreamEvent::NotifyRequest { class } => {
+                let (answer, filter) = decide_request(shared, peer, &class);
+                if let RequestAnswer::Ok { .. } = answer {
+                    tracing::info!("Starting Up(ldm7/6): NOTIFYME {class}");
+                    self.feed = Some(Feed { class, filter, resume_after: None, notify: true });
+                }
+                session.answer_request(Clock::now(), answer)?;
+            }
+            UpstreamEvent::Hiya { class } => {
+                tracing::info!("hiya6: {class}");
+                let (decision, accepted_class) = access::accept(&self.config, peer, &class);
+                let answer = match decision {
+                    access::AcceptDecision::Ok => HiyaAnswer::Ok { max_hereis: u32::MAX },
+                    access::AcceptDecision::Reclass(class) => HiyaAnswer::Reclass { class, max_hereis: u32::MAX },
+                    access::AcceptDecision::Refuse => {
+                        tracing::info!("{peer}: no ACCEPT entry takes {class}");
+                        HiyaAnswer::Refuse
+                    }
+                };
+                self.accepted = Some(accepted_class);
+                session.answer_hiya(Clock::now(), answer)?;
+            }
+            UpstreamEvent::IsAlive { id } => {
+                session.answer_is_alive(Clock::now(), shared.is_alive(id))?;
+            }
+            UpstreamEvent::FeedStarted => {
+                // The session starts feeding only after an accepted FEEDME or NOTIFYME, which
+                // set `feed`.
+                if let Some(feed) = &self.feed {
+                    self.follower_from = Some(start_position(shared, feed));
+                    self.out.reserve(WRITE_BATCH * 2);
+                }
+            }
+            UpstreamEvent::Declined { signature } => {
+                tracing::debug!("{peer}: declined {signature}");
+            }
+            UpstreamEvent::Product(product) => {
+                let wanted = self
+                    .accepted
+                    .as_ref()
+                    .is_some_and(|class| class.matches_feed_ident(product.info.feedtype, &product.info.ident));
+                if wanted {
+                    crate::receive::insert(shared, &peer.origin_name(), product.info, &product.data);
+                } else {
+                    tracing::warn!("{peer}: ignoring unaccepted product: {}", product.info);
+                }
+            }
+            UpstreamEvent::ComingSoon { info, .. } => {
+                let accept = crate::receive::wants(shared, &info);
+                session.answer_coming_soon(Clock::now(), accept)?;
+            }
+            UpstreamEvent::BadPattern(error) => tracing::warn!("{peer}: {error}"),
+            UpstreamEvent::Unserved(call) => {
+                shared.counters.unserved_calls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("{peer}: {call}; answered as RPC does");
+            }
+            UpstreamEvent::Closed(result) => {
+                if let Some(hit) = session.closed_by() {
+                    // A bound closed the session: logged and counted as a refusal.
+                    refuse_by_limit(shared, peer, hit, &self.limits, &result);
+                    let _ = write_all(stream, session, &mut self.out);
+                    return Ok(Step::End);
+                }
+                if let Err(ldm7_ldm_proto::SessionError::Malformed(_)) = &result {
+                    shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+                write_all(stream, session, &mut self.out)?;
+                result?;
+                return Ok(Step::End);
+            }
+        }
+        Ok(Step::Continue)
+    }
+}
+
 /// Registers an accepted FEEDME; with `one_feeder_per_host`, the feeds this server sends the
 /// same host that the request covers end (ldm6-protocol.md §6.1 step 3; [`crate::limits`]).
 fn register_feeder(shared: &Shared, peer: &PeerHost, stream: &TcpStream, class: &ProdClass) -> FeederRegistration {
     let replace = shared.options.settings.ldm6.one_feeder_per_host;
     let (registration, replaced) = shared.feeders.register(peer.ip, class, stream.try_clone().ok(), replace);
+    if !replaced.is_empty() {
+        // A replaced feed's thread may wait for the queue to change: it wakes, sees its flag
+        // and ends (its socket, shut down, wakes a read).
+        shared.queue.wake_waiters();
+    }
     for old in replaced {
         shared.counters.refusals.refuse(ConnectionRefusal::Replaced, || {
             format!(
@@ -373,14 +416,20 @@ fn feed_products(
         // Nothing new and nothing unflushed: wait for products or the keep-alive.
         write_all(stream, session, out)?;
         let now = Clock::now();
-        let wait =
-            session.poll_timeout().map_or(SHUTDOWN_POLL, |at| at.saturating_duration_since(now).min(SHUTDOWN_POLL));
-        if wait.is_zero() {
+        // Until an insert, the keep-alive, or a wake-up by the server's stop or a replacing
+        // FEEDME (both wake the queue's waiters after setting their flags).
+        let wait = session.poll_timeout().map(|at| at.saturating_duration_since(now));
+        if wait.is_some_and(|wait| wait.is_zero()) {
             session.handle_timeout(now);
             break;
         }
-        queue.wait_for_change(changes, Some(wait));
-        if shared.stopping.load(Ordering::Relaxed) || registration.is_some_and(FeederRegistration::is_replaced) {
+        // Checked after `changes` was read: a stop or replacement after this check bumps the
+        // counter, so the wait below returns at once.
+        if shared.is_stopping() || registration.is_some_and(FeederRegistration::is_replaced) {
+            break;
+        }
+        queue.wait_for_change(changes, wait);
+        if shared.is_stopping() || registration.is_some_and(FeederRegistration::is_replaced) {
             break;
         }
     }

@@ -40,6 +40,16 @@ fn load(counter: &AtomicU64) -> u64 {
 /// The metrics of `shared`, now.
 pub(crate) fn render(shared: &Shared) -> String {
     let mut out = Exposition::default();
+    connections(&mut out, shared);
+    subscribers(&mut out, shared);
+    publisher(&mut out, shared);
+    rate_control(&mut out, shared);
+    queue(&mut out, shared);
+    out.into_text()
+}
+
+/// The LDM connections and products: accepted, refused by reason, feeds, products sent and received.
+fn connections(out: &mut Exposition, shared: &Shared) {
     let counters = &shared.counters;
     out.single("ldm7_connections_accepted_total", "counter", "LDM connections accepted.", load(&counters.connections));
     out.family("ldm7_connections_refused_total", "counter", "LDM connections refused or closed by a bound, by reason.");
@@ -78,7 +88,10 @@ pub(crate) fn render(shared: &Shared) -> String {
         "Malformed records and mismatched products.",
         load(&counters.malformed),
     );
+}
 
+/// Each LDM-7 subscriber (RECEIVE): products by how they came, repairs, subscriptions, drops at this host.
+fn subscribers(out: &mut Exposition, shared: &Shared) {
     let receives = shared.subscriber_counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
     out.family(
         "ldm7_delivered_products_total",
@@ -122,7 +135,10 @@ pub(crate) fn render(shared: &Shared) -> String {
             out.sample(metric, &[("receive", name)], value);
         }
     }
+}
 
+/// The LDM-7 publisher: subscriptions, products by how they went, and each feed's FMTP counters.
+fn publisher(out: &mut Exposition, shared: &Shared) {
     let publisher = shared.multicaster.counters();
     out.single("ldm7_publisher_subscriptions_total", "counter", "SUBSCRIBEs granted.", load(&publisher.subscriptions));
     out.single("ldm7_publisher_refusals_total", "counter", "SUBSCRIBEs refused.", load(&publisher.refusals));
@@ -164,7 +180,10 @@ pub(crate) fn render(shared: &Shared) -> String {
         ("ldm7_fmtp_subscribers", "gauge", "Subscribers of the feed.", |f| f.1 as u64),
     ];
     out.per_feed(&fmtp, feeds.iter().map(|f| (f.0.as_str(), f)));
+}
 
+/// Each multicast feed's path rate and online rate monitor.
+fn rate_control(out: &mut Exposition, shared: &Shared) {
     let rates = shared.multicaster.feed_rates();
     out.family("ldm7_path_rate_bits_per_second", "gauge", "The feed's path rate now (FMTP pacing).");
     for (feed, rate, _) in &rates {
@@ -196,7 +215,10 @@ pub(crate) fn render(shared: &Shared) -> String {
         }),
     ];
     out.per_feed(&monitor, rates.iter().filter_map(|(feed, _, status)| Some((feed.as_str(), status.as_ref()?))));
+}
 
+/// The product queue and the statistics products.
+fn queue(out: &mut Exposition, shared: &Shared) {
     if let Ok(stats) = shared.queue.stats() {
         out.single("ldm7_queue_products", "gauge", "Products in the queue.", stats.product_count);
         out.single("ldm7_queue_bytes", "gauge", "Bytes of products in the queue.", stats.used_bytes);
@@ -226,7 +248,6 @@ pub(crate) fn render(shared: &Shared) -> String {
         "Per-minute statistics products published.",
         load(&shared.stats.published),
     );
-    out.into_text()
 }
 
 /// Serves the metrics of `shared` on `listen`.

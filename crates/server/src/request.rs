@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use ldm7_io::Clock;
@@ -14,7 +13,7 @@ use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
 
 use crate::client::{ConnectError, ServerAddress, connect};
-use crate::wait::{Input, wait_input};
+use crate::wait::{Input, wait_input_or_stop};
 use crate::{Shared, receive};
 
 /// How long a REQUEST waits for its upstream to accept the connection.
@@ -89,13 +88,13 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
     let state_path = request.state_path(&shared.options.state_dir);
     let mut resume_after = load_state(&state_path);
     let mut backoff = shared.options.retry_min;
-    while !shared.stopping.load(Ordering::Relaxed) {
+    while !shared.is_stopping() {
         let started = Clock::now();
         let outcome = session(&shared, &request, &state_path, &mut resume_after);
         if let Err(error) = &outcome {
             tracing::warn!("{}:{}: {error}", request.host, request.port);
         }
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.is_stopping() {
             break;
         }
         // A session that ran a while resets the back-off.
@@ -187,16 +186,25 @@ fn session(
         if let Some(result) = ended {
             break result;
         }
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.is_stopping() {
             break Ok(());
         }
         // Read straight into the session's buffer: products stay where they arrived until they
         // are in the queue.
         let timeout = session.poll_timeout();
-        match wait_input(&mut stream, session.input_space(), timeout, Duration::from_millis(250)) {
+        // At most 250 ms: the resume point is saved between reads (SAVE_EVERY); a stop wakes it
+        // at once.
+        match wait_input_or_stop(
+            &mut stream,
+            session.input_space(),
+            timeout,
+            Some(Duration::from_millis(250)),
+            &shared.stop,
+        ) {
             Ok(Input::Bytes(n)) => session.input_received(Clock::now(), n),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),
+            Ok(Input::Stopped) => break Ok(()),
             Err(error) => break Err(RequestError::Read(error)),
         }
     };

@@ -2,16 +2,19 @@
 //! children, reloads the configuration on SIGHUP and drains on SIGTERM/SIGINT.
 
 use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use ldm7_io::Stop;
 use ldm7_ldm_proto::FeedMode;
 use ldm7_pq::Queue;
 use ldm7_types::Timestamp;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::access::PeerHost;
 use crate::config::Config;
@@ -106,7 +109,8 @@ pub struct Shared {
     /// The counters of each RECEIVE, by name.
     pub(crate) subscriber_counters: Mutex<Vec<(String, Arc<SubscriberCounters>)>>,
     config: RwLock<Arc<Config>>,
-    pub(crate) stopping: AtomicBool,
+    /// Given by [`Server::stop`]; every blocked thread wakes on it (`ldm7_io::stop`).
+    pub(crate) stop: Stop,
     pub(crate) counters: Counters,
     /// Open connections by address (`connections_per_host_max`).
     pub(crate) host_connections: Arc<HostConnections>,
@@ -116,7 +120,6 @@ pub struct Shared {
     pub(crate) stats: Arc<crate::stats::StatsPublisher>,
     active_connections: AtomicUsize,
     session_ids: AtomicU32,
-    wake: (Mutex<()>, Condvar),
 }
 
 impl Shared {
@@ -147,11 +150,12 @@ impl Shared {
 
     /// Sleeps, waking early when the server stops.
     pub(crate) fn sleep(&self, duration: Duration) {
-        let (lock, condvar) = &self.wake;
-        let guard = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !self.stopping.load(Ordering::Relaxed) {
-            let _ = condvar.wait_timeout(guard, duration);
-        }
+        self.stop.wait(duration);
+    }
+
+    /// Whether the server is stopping.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stop.is_stopped()
     }
 
     /// The counters.
@@ -186,6 +190,9 @@ pub enum ServerError {
     /// The LDM-7 runtime cannot start.
     #[error("cannot start the LDM-7 subscriber threads: {0}")]
     Runtime(#[source] std::io::Error),
+    /// The stop signal cannot be made (the process is out of file descriptors).
+    #[error("cannot make the stop signal: {0}: raise the open-files limit (ulimit -n)")]
+    Stop(#[source] std::io::Error),
     /// The state directory cannot be used.
     #[error("cannot use the state directory {path}: {source}")]
     StateDir {
@@ -254,13 +261,12 @@ impl Server {
             multicaster,
             subscriber_counters: Mutex::new(Vec::new()),
             config: RwLock::new(Arc::new(config)),
-            stopping: AtomicBool::new(false),
+            stop: Stop::new().map_err(ServerError::Stop)?,
             counters: Counters::default(),
             host_connections: Arc::default(),
             feeders: Arc::default(),
             active_connections: AtomicUsize::new(0),
             session_ids: AtomicU32::new(0),
-            wake: (Mutex::new(()), Condvar::new()),
         });
         tracing::info!("Starting Up (ldm7 {}), listening on {local_addr}", env!("CARGO_PKG_VERSION"));
         let mut threads = Vec::new();
@@ -334,8 +340,9 @@ impl Server {
         if let Some(metrics) = self.metrics.take() {
             metrics.stop();
         }
-        self.shared.stopping.store(true, Ordering::Relaxed);
-        self.shared.wake.1.notify_all();
+        self.shared.stop.stop();
+        // Threads waiting for the queue to change (feeding a downstream, multicasting) wake now.
+        self.shared.queue.wake_waiters();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -355,6 +362,8 @@ impl Server {
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
         self.shared.multicaster.stop();
+        // The feeds' queue readers, flagged by that, wake now.
+        self.shared.queue.wake_waiters();
         let heartbeat = self.shared.has_ldm7_feeds();
         self.shared.stats.publish_all(
             &self.shared.queue,
@@ -373,17 +382,32 @@ impl Server {
 
 /// Publishes each minute's statistics shortly after it ends, until the server stops.
 fn publish_statistics(shared: &Shared) {
-    while !shared.stopping.load(Ordering::Relaxed) {
+    while !shared.is_stopping() {
         let heartbeat = shared.has_ldm7_feeds();
         shared.stats.publish_due(&shared.queue, Timestamp::from_system_time(std::time::SystemTime::now()), heartbeat);
-        let guard = shared.wake.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let _ = shared.wake.1.wait_timeout(guard, Duration::from_secs(1));
+        shared.stop.wait(Duration::from_secs(1));
     }
 }
 
+/// Accepts connections until the server stops: blocked in `poll(2)` on the listening socket and
+/// the stop signal together, so a stop ends it at once (the socket is non-blocking: a
+/// connection another thread took first is no error).
 fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
     let per_host_max = shared.options.settings.ldm6.connections_per_host_max;
-    while !shared.stopping.load(Ordering::Relaxed) {
+    while !shared.is_stopping() {
+        let mut fds =
+            [PollFd::new(listener.as_fd(), PollFlags::POLLIN), PollFd::new(shared.stop.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(error) => {
+                tracing::warn!("waiting for connections: {error}");
+                shared.sleep(Duration::from_millis(100));
+                continue;
+            }
+        }
+        if shared.is_stopping() {
+            break;
+        }
         match listener.accept() {
             Ok((stream, address)) => {
                 let _ = stream.set_nonblocking(false);
@@ -422,12 +446,10 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
                     tracing::error!("cannot start a thread for {address}: {error}");
                 }
             }
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(error) => {
                 tracing::warn!("accept: {error}");
-                std::thread::sleep(Duration::from_millis(100));
+                shared.sleep(Duration::from_millis(100));
             }
         }
     }

@@ -274,12 +274,10 @@ fn write(
     Ok(())
 }
 
-/// DejaVu Sans, embedded (license: crates/cli/assets/DejaVuSans-LICENSE.txt).
-const FONT: &[u8] = include_bytes!("../../cli/assets/DejaVuSans.ttf");
-
 fn plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], log_x: bool) -> Result<(), String> {
     use plotters::prelude::*;
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).map_err(|_| "the font".to_owned())?;
+    // The font the test bed's figures are drawn with (it owns the asset).
+    ldm7_testbed::figure::register_font().map_err(|error| error.to_string())?;
     let fail = |error: &dyn std::fmt::Display| error.to_string();
     let points = series.iter().flat_map(|(_, points)| points.iter());
     let (x_low, x_high, y_high) =

@@ -4,8 +4,12 @@
 //! ```text
 //! cargo run --release -p ldm7-sim --example ngrid -- [--receivers 100] [--loss 0.01] [--rtt-ms 30]
 //!     [--rate 40M] [--retx-rate R] [--trace PATH] [--seed N] [--memory]
-//!     [--parity auto|off|GROUP/SHARDS]
+//!     [--parity auto|off|GROUP/SHARDS] [--backstop RATE]
 //! ```
+//!
+//! With `--backstop`, every receiver runs the LDM-7 subscriber's decisions and fetches what
+//! FMTP missed over unicast at RATE each (`ldm7_sim::Backstop`): the report then says how many
+//! products the backstop brought and how many are missed for good (0 when delivery is whole).
 //!
 //! Prints the run's report, the wall time and the virtual/wall speed-up. Exits non-zero if a
 //! checker fails (the seed is printed; `LDM7_SEED=n` or `--seed n` replays it).
@@ -59,6 +63,10 @@ struct Args {
     visit_all: bool,
     #[command(flatten)]
     parity: parity_args::ParityArgs,
+    /// The LDM-7 backstop: products FMTP misses come over unicast at this rate per receiver
+    /// (`10M`; default: none, they are counted missed).
+    #[arg(long)]
+    backstop: Option<Rate>,
 }
 
 /// The one-hour NGRID trace of the shared data (`$LDM7_SHARED/data` or `../shared/data`); a
@@ -101,6 +109,9 @@ fn main() -> ExitCode {
     config = args.parity.apply(config, args.receivers, args.loss);
     config.content = if args.memory { ContentMode::Memory } else { ContentMode::Pattern };
     config.whole_products = !args.visit_all;
+    if let Some(rate) = args.backstop {
+        config = config.with_backstop(rate.bits_per_s());
+    }
     println!(
         "{}: {} products, {:.2} GB over {:?}, to {} receivers at {}% loss, RTT {:?}, {} bit/s, seed {seed}",
         trace.display(),

@@ -485,8 +485,7 @@ mod tests {
     use super::*;
 
     fn median(values: &mut [f64]) -> f64 {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
+        ldm7_types::quantile::median(values.iter().copied())
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! * each product is reported at most once per receiver: delivered or missed (or covered by an
 //!   `IndexGap` report), never both, never twice;
 //! * a delivery carries the product's metadata, BOP start time and size; its content is
-//!   checked by full MD5 (memory content) and by [`Delivery::fingerprint`] (always — the only
-//!   content witness when receivers discard bytes at scale);
+//!   checked by full MD5 (memory content) and by [`DeliveredProduct::fingerprint`] (always — the
+//!   only content witness when receivers discard bytes at scale);
 //! * a rejection (`Missed(Rejected)`) only comes after the sender released the product;
 //! * every message the sender emits is well-formed and carries the right bytes: multicast in
 //!   product order, blocks at consecutive §3 offsets, payloads equal to the product bytes at
@@ -17,13 +17,13 @@
 //! products from indexes it sees; LDM's backlog request covers them): they are counted as
 //! `unknown_before_first_contact`, never silently.
 //!
-//! [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
+//! [`DeliveredProduct::fingerprint`]: ldm7_fmtp_proto::DeliveredProduct::fingerprint
 
 use std::sync::Arc;
 
 use ldm7_fmtp_proto::wire::{BLOCK_LEN, Body, Message};
 use ldm7_fmtp_proto::{
-    Delivery, Instant, MissReason, ParityConfig, ParityEncoder, ProductIndex, ReceiverEvent, ReleaseReason,
+    DeliveredProduct, Instant, MissReason, ParityConfig, ParityEncoder, ProductIndex, ReceiverEvent, ReleaseReason,
     SenderEvent, WallTime,
 };
 use ldm7_types::Signature;
@@ -193,6 +193,8 @@ enum Outcome {
     Missed(MissReason),
     /// Covered by an `IndexGap` report (too many skipped to request).
     Gap,
+    /// Missed or skipped by FMTP, then brought by the LDM-7 backstop.
+    Backstop,
 }
 
 /// Per-receiver results.
@@ -212,6 +214,8 @@ pub struct ReceiverTally {
     pub gap_reported: u64,
     /// Products lost whole before the receiver's first contact (see the module doc).
     pub unknown_before_first_contact: u64,
+    /// Products FMTP missed or skipped that the LDM-7 backstop brought (with a backstop).
+    pub backstop: u64,
     /// Retransmitted blocks over delivered products.
     pub retransmitted_blocks: u64,
     /// Latency of delivered products (completion − BOP start time).
@@ -452,7 +456,7 @@ impl Ledger {
         }
     }
 
-    fn delivered(&mut self, receiver: usize, delivery: &Delivery) -> Result<(), Violation> {
+    fn delivered(&mut self, receiver: usize, delivery: &DeliveredProduct) -> Result<(), Violation> {
         let index = delivery.index;
         let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
         let record = &self.products[position];
@@ -487,6 +491,28 @@ impl Ledger {
         tally.retransmitted_blocks += u64::from(retransmitted_blocks);
         tally.latency.record(latency_ns);
         Ok(())
+    }
+
+    /// The LDM-7 backstop brought product `index` to `receiver`: FMTP must have missed or
+    /// skipped it there, and it comes once. Returns the product's signature.
+    pub(crate) fn backstop_delivered(&mut self, receiver: usize, index: ProductIndex) -> Result<[u8; 16], Violation> {
+        let position = self.position(index).ok_or(Violation::UnknownProduct { receiver, index: index.0 })?;
+        let outcomes = &mut self.receivers[receiver].outcomes;
+        let slot = outcomes.get_mut(position);
+        match slot {
+            Some(slot @ (Outcome::Missed(_) | Outcome::Gap)) => *slot = Outcome::Backstop,
+            other => {
+                return Err(Violation::Receiver {
+                    receiver,
+                    what: format!(
+                        "the backstop brought product {index}, which FMTP had not missed ({:?})",
+                        other.map_or(Outcome::Pending, |slot| *slot)
+                    ),
+                });
+            }
+        }
+        self.receivers[receiver].tally.backstop += 1;
+        Ok(self.products[position].metadata)
     }
 
     fn settle(

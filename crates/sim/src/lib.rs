@@ -37,8 +37,8 @@ pub mod workload;
 pub use ledger::{ReceiverTally, Violation};
 pub use net::{Bottleneck, LossModel, Reset, Stall, TcpSpec, Uplink};
 pub use sim::{
-    ContentMode, DeliveryRecord, DropFilter, Failure, Liveness, ReceiverReport, ReceiverSpec, Report, SimConfig,
-    SimConfigError, Simulation,
+    Backstop, ContentMode, DeliveryRecord, DropFilter, Failure, Liveness, ReceiverReport, ReceiverSpec, Report,
+    SimConfig, SimConfigError, Simulation,
 };
 pub use stats::LatencyStats;
 pub use workload::{ProductSpec, TraceError, Workload};

@@ -107,13 +107,7 @@ impl Chance {
     }
 }
 
-/// SplitMix64's finalizer: a bijective 64-bit mix.
-#[inline]
-pub const fn mix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+pub use ldm7_types::content::mix64;
 
 #[cfg(test)]
 mod tests {

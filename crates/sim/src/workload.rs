@@ -7,11 +7,11 @@
 //! Content: a product's bytes are a pure function of a 64-bit seed and the byte position
 //! ([`pattern_fill`]), so the simulator can hand the sender a [`PatternData`] that generates
 //! blocks on demand (no 5.5 GB in memory) and can check any block of any message by position
-//! ([`pattern_matches`]) or recompute a product's expected [`Delivery::fingerprint`] in O(blocks)
-//! ([`pattern_fingerprint`]). Small scenarios materialize the same bytes in memory and check
-//! full MD5s.
+//! ([`pattern_matches`]) or recompute a product's expected [`DeliveredProduct::fingerprint`] in
+//! O(blocks) ([`pattern_fingerprint`]). Small scenarios materialize the same bytes in memory and
+//! check full MD5s.
 //!
-//! [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
+//! [`DeliveredProduct::fingerprint`]: ldm7_fmtp_proto::DeliveredProduct::fingerprint
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,7 +19,8 @@ use std::time::Duration;
 use ldm7_fmtp_proto::wire::BLOCK_LEN;
 use ldm7_fmtp_proto::{DataUnavailable, ProductData, block_fingerprint, sampled_block_fingerprint};
 
-use crate::rng::{SimRng, mix64};
+use crate::rng::SimRng;
+pub use ldm7_types::content::{bytes as pattern_bytes, fill as pattern_fill, matches as pattern_matches};
 
 /// One product of a workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,90 +153,10 @@ impl ProductData for PatternData {
     }
 }
 
-/// The 8 pattern bytes of word `word` (bytes `8 × word ..`): a mix of the product's seed and
-/// the word's line of 8 words, plus an odd multiple of the word's place in its line — every
-/// byte depends on the product and its position, at a mix per 64 bytes.
-#[inline]
-fn pattern_word(seed: u64, word: u64) -> [u8; 8] {
-    pattern_in_line(pattern_line(seed, word), word).to_le_bytes()
-}
-
-/// The mix of the line (8 words) that word `word` is in.
-#[inline]
-fn pattern_line(seed: u64, word: u64) -> u64 {
-    mix64(seed ^ (word >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-}
-
-/// Word `word` of its line, given the line's mix.
-#[inline]
-fn pattern_in_line(line: u64, word: u64) -> u64 {
-    line.wrapping_add((word & 7).wrapping_mul(0xd6e8_feb8_6659_fd93))
-}
-
-/// The pattern words from word `first` on, one per call (a mix per line, not per word).
-fn pattern_words(seed: u64, first: u64) -> impl Iterator<Item = u64> {
-    let mut line = pattern_line(seed, first);
-    (first..).map(move |word| {
-        if word & 7 == 0 {
-            line = pattern_line(seed, word);
-        }
-        pattern_in_line(line, word)
-    })
-}
-
-/// Fills `out` with the pattern bytes `[offset, offset + out.len())` of the product `seed`.
-pub fn pattern_fill(seed: u64, offset: u64, out: &mut [u8]) {
-    let head = ((8 - offset % 8) % 8).min(out.len() as u64) as usize;
-    let (head_bytes, rest) = out.split_at_mut(head);
-    for (k, byte) in head_bytes.iter_mut().enumerate() {
-        let position = offset + k as u64;
-        *byte = pattern_word(seed, position / 8)[(position % 8) as usize];
-    }
-    let first = (offset + head as u64) / 8;
-    let last = first + (rest.len() / 8) as u64;
-    let mut chunks = rest.chunks_exact_mut(8);
-    let mut words = pattern_words(seed, first);
-    for (chunk, word) in (&mut chunks).zip(&mut words) {
-        chunk.copy_from_slice(&word.to_le_bytes());
-    }
-    let tail = chunks.into_remainder();
-    tail.copy_from_slice(&pattern_word(seed, last)[..tail.len()]);
-}
-
-/// Whether `bytes` are the pattern bytes at `offset` of the product `seed` (one pass, no
-/// allocation).
-pub fn pattern_matches(seed: u64, offset: u64, bytes: &[u8]) -> bool {
-    let head = ((8 - offset % 8) % 8).min(bytes.len() as u64) as usize;
-    let (head_bytes, rest) = bytes.split_at(head);
-    for (k, byte) in head_bytes.iter().enumerate() {
-        let position = offset + k as u64;
-        if *byte != pattern_word(seed, position / 8)[(position % 8) as usize] {
-            return false;
-        }
-    }
-    let first = (offset + head as u64) / 8;
-    let mut chunks = rest.chunks_exact(8);
-    let mut differ = 0u64;
-    for (chunk, expected) in (&mut chunks).zip(pattern_words(seed, first)) {
-        // chunks_exact yields 8-byte chunks.
-        differ |= u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ expected;
-    }
-    let tail = chunks.remainder();
-    let last = first + (rest.len() / 8) as u64;
-    differ == 0 && tail == &pattern_word(seed, last)[..tail.len()]
-}
-
-/// The pattern bytes of a whole product (small scenarios).
-pub fn pattern_bytes(seed: u64, size: u32) -> Vec<u8> {
-    let mut bytes = vec![0; size as usize];
-    pattern_fill(seed, 0, &mut bytes);
-    bytes
-}
-
-/// The [`Delivery::fingerprint`] a receiver must report for a pattern product: O(1) per block
-/// (only each block's first and last 8 bytes are generated).
+/// The [`DeliveredProduct::fingerprint`] a receiver must report for a pattern product: O(1) per
+/// block (only each block's first and last 8 bytes are generated).
 ///
-/// [`Delivery::fingerprint`]: ldm7_fmtp_proto::Delivery::fingerprint
+/// [`DeliveredProduct::fingerprint`]: ldm7_fmtp_proto::DeliveredProduct::fingerprint
 pub fn pattern_fingerprint(seed: u64, size: u32) -> u64 {
     pattern_range_fingerprint(seed, 0, size)
 }

@@ -51,16 +51,10 @@ impl Egress {
     }
 }
 
-/// The median of `values`, NaNs left out (NaN when none is left): the middle value, or the
-/// mean of the two middle ones.
-pub fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| !v.is_nan());
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+/// The median of `values`, NaNs left out (NaN when none is left): `ldm7_types::quantile`'s
+/// (nearest rank: of an even number of runs, the lower middle one).
+pub fn median(values: Vec<f64>) -> f64 {
+    ldm7_types::quantile::median(values)
 }
 
 /// Bytes of an Ethernet header (no VLAN tag, no FCS: what tc counts).

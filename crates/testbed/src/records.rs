@@ -190,15 +190,9 @@ fn delivery_lines(log: &str) -> HashMap<&str, DeliveryLine<'_>> {
     log.lines().filter_map(DeliveryLine::parse).map(|line| (line.info, line)).collect()
 }
 
-/// Quantiles of latencies (microseconds), nearest rank; `None` when there are none.
+/// Quantiles of latencies (microseconds; `ldm7_types::quantile`); `None` when there are none.
 pub fn latency_quantile_us(records: &[&ProductRecord], quantile: f64) -> Option<i64> {
-    let mut latencies: Vec<i64> = records.iter().map(|r| r.latency_us).collect();
-    if latencies.is_empty() {
-        return None;
-    }
-    latencies.sort_unstable();
-    let rank = ((quantile * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
-    Some(latencies[rank - 1])
+    ldm7_types::quantile::quantile_of(records.iter().map(|r| r.latency_us), quantile)
 }
 
 #[cfg(test)]

@@ -624,7 +624,7 @@ impl Drop for RefServer {
 
 /// A product's delivery at a subscriber, as its log says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Delivery {
+pub struct LoggedDelivery {
     /// How it came.
     pub mode: DeliveryMode,
     /// Blocks repaired over TCP (FMTP deliveries).
@@ -636,11 +636,11 @@ pub struct Delivery {
 /// The deliveries a subscriber's log records, in order: ldm7's lines (`Received: {latency: …,
 /// info: "…"}`) and the reference's (`Received: {delay: …, info: "…"}`, `Inserted: <info>`,
 /// `Backlog: <info>`).
-pub fn deliveries(log: &str) -> Vec<Delivery> {
+pub fn deliveries(log: &str) -> Vec<LoggedDelivery> {
     let mut found = Vec::new();
     for line in log.lines() {
         if let Some(line) = crate::records::DeliveryLine::parse(line) {
-            found.push(Delivery {
+            found.push(LoggedDelivery {
                 mode: line.mode,
                 retransmitted_blocks: line.retransmitted_blocks,
                 info: line.info.to_string(),
@@ -651,12 +651,24 @@ pub fn deliveries(log: &str) -> Vec<Delivery> {
             let retransmitted_blocks =
                 rest.split_once("retrans: ").and_then(|(_, r)| r.split(',').next()).and_then(|r| r.trim().parse().ok());
             if let Some(info) = rest.split_once("info: \"").and_then(|(_, info)| info.strip_suffix("\"}")) {
-                found.push(Delivery { mode: DeliveryMode::Received, retransmitted_blocks, info: info.to_string() });
+                found.push(LoggedDelivery {
+                    mode: DeliveryMode::Received,
+                    retransmitted_blocks,
+                    info: info.to_string(),
+                });
             }
         } else if let Some(info) = after(line, " Inserted: ").filter(|info| is_info(info)) {
-            found.push(Delivery { mode: DeliveryMode::Inserted, retransmitted_blocks: None, info: info.to_string() });
+            found.push(LoggedDelivery {
+                mode: DeliveryMode::Inserted,
+                retransmitted_blocks: None,
+                info: info.to_string(),
+            });
         } else if let Some(info) = after(line, " Backlog: ").filter(|info| is_info(info)) {
-            found.push(Delivery { mode: DeliveryMode::Backlog, retransmitted_blocks: None, info: info.to_string() });
+            found.push(LoggedDelivery {
+                mode: DeliveryMode::Backlog,
+                retransmitted_blocks: None,
+                info: info.to_string(),
+            });
         }
     }
     found

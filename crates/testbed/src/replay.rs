@@ -1,12 +1,26 @@
-//! A trace replayed into a queue by `ldm7 insert --replay` in the background (a process of its
-//! own, as an operator's `pqinsert` would be): the products' creation time is their insertion
-//! time at the publisher.
+//! Traces replayed into queues: synthetic products shaped like a trace's, inserted at the
+//! trace's pace, so that a product's creation time is its insertion time at the publisher.
+//!
+//! - [`replay_into`]: the replay itself, in this process (`ldm7 insert --replay` and the demo
+//!   run it), with its per-product log lines and progress bar.
+//! - [`Replay`]: `ldm7 insert --replay` in the background (a process of its own, as an
+//!   operator's `pqinsert` would be), and the summary line it prints read back
+//!   ([`ReplaySummary`]; [`ReplayTotals`] writes it).
+//! - [`now`] and [`origin`]: the arrival time and the origin of products inserted here.
 
+use std::fmt;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
-use crate::{Result, TestbedError, io_error};
+use indicatif::{ProgressBar, ProgressStyle};
+use ldm7_io::log_target::PRODUCT;
+use ldm7_pq::{InsertOutcome, Queue};
+use ldm7_types::trace::TraceProduct;
+use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
+
+use crate::{Result, RunError, TestbedError, io_error};
 
 /// What to replay.
 #[derive(Clone, Debug)]
@@ -101,6 +115,164 @@ fn parse_summary(text: &str) -> Option<ReplaySummary> {
     Some(ReplaySummary { products, seconds })
 }
 
+/// Now, from the system clock.
+pub fn now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+/// The local host name as LDM uses it for the origin (at most 64 bytes).
+pub fn origin() -> String {
+    let mut name = hostname::get().ok().and_then(|name| name.into_string().ok()).unwrap_or_else(|| "localhost".into());
+    while name.len() > ldm7_types::ORIGIN_LEN_MAX {
+        name.pop();
+    }
+    name
+}
+
+/// Totals of a replay by [`replay_into`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReplayTotals {
+    /// Products inserted.
+    pub inserted: u64,
+    /// Bytes of data inserted.
+    pub bytes: u64,
+    /// Products refused as duplicates.
+    pub duplicates: u64,
+    /// Old products evicted to make room.
+    pub evicted: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+/// The summary line `ldm7 insert --replay` prints (read back by [`Replay::wait`]).
+impl fmt::Display for ReplayTotals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        write!(
+            f,
+            "replayed {} products ({:.1} MB) in {:.2} s: {:.0} products/s, {:.1} MB/s; {} duplicates, {} evicted",
+            self.inserted,
+            self.bytes as f64 / 1e6,
+            secs,
+            self.inserted as f64 / secs,
+            self.bytes as f64 / 1e6 / secs,
+            self.duplicates,
+            self.evicted
+        )
+    }
+}
+
+/// Inserts synthetic products shaped like `products` into `queue`, paced at `speed` (0 = no
+/// pacing). Each product's data is pseudo-random (seeded: `ldm7_types::content`) and unique; its signature is the MD5
+/// of the data. The ident is `<FEED>/<trace name>/<line> <creation time>`. With
+/// `log_products = Some(with_signature)` each inserted product is logged (shown with `-v`) and a
+/// progress bar is drawn on a terminal; `None` is silent.
+///
+/// A product that cannot fit the queue is bad input ([`RunError::Input`], before anything is
+/// inserted); a failed insert a runtime failure.
+#[allow(clippy::too_many_arguments)]
+pub fn replay_into(
+    queue: &Queue,
+    trace: &Path,
+    products: &[TraceProduct],
+    default_feed: FeedType,
+    force_feed: bool,
+    speed: f64,
+    seed: u64,
+    log_products: Option<bool>,
+) -> Result<ReplayTotals, RunError> {
+    let trace_name = trace.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+    let largest = products.iter().map(|product| product.size as usize).max().unwrap_or(0);
+    for product in products {
+        let info = info_for(product, default_feed, force_feed, &trace_name, Signature::default(), Timestamp::ZERO);
+        queue
+            .check_fits(&info)
+            .map_err(|error| RunError::Input(format!("{}:{}: {error}", trace.display(), product.line)))?;
+    }
+    let total_bytes: u64 = products.iter().map(|product| u64::from(product.size)).sum();
+    let progress = if log_products.is_some() && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(total_bytes);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let origin = origin();
+    let start = Instant::now();
+    let first_created = products.first().map(|product| product.created.as_unix_micros()).unwrap_or(0);
+    let mut summary = ReplayTotals::default();
+    let mut data = Vec::with_capacity(largest);
+    for (index, product) in products.iter().enumerate() {
+        if speed > 0.0 {
+            let offset_secs = (product.created.as_unix_micros() - first_created).max(0) as f64 / 1e6 / speed;
+            let due = start + Duration::from_secs_f64(offset_secs);
+            let wait = due.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+        }
+        // The workspace's one content generator: product `index` of the run `seed`.
+        data.resize(product.size as usize, 0);
+        ldm7_types::content::fill(ldm7_types::content::product_seed(seed, index as u64), 0, &mut data);
+        let mut info = info_for(product, default_feed, force_feed, &trace_name, Signature::md5_of(&data), now());
+        info.origin.clone_from(&origin);
+        match queue.insert(&info, &data) {
+            Ok(InsertOutcome::Inserted { evicted, .. }) => {
+                if let Some(with_signature) = log_products {
+                    progress.suspend(|| tracing::info!(target: PRODUCT, "{}", info.line(with_signature)));
+                }
+                summary.inserted += 1;
+                summary.bytes += u64::from(product.size);
+                summary.evicted += u64::from(evicted);
+            }
+            Ok(InsertOutcome::Duplicate { .. }) => summary.duplicates += 1,
+            Err(error) => {
+                progress.abandon();
+                return Err(RunError::Runtime(anyhow::anyhow!(
+                    "{}:{}: inserting failed after {} products: {error}",
+                    trace.display(),
+                    product.line,
+                    summary.inserted
+                )));
+            }
+        }
+        progress.inc(u64::from(product.size));
+        if index % 256 == 0 {
+            progress.set_message(format!("{} products", index + 1));
+        }
+    }
+    progress.finish_and_clear();
+    summary.elapsed = start.elapsed();
+    Ok(summary)
+}
+
+fn info_for(
+    product: &TraceProduct,
+    default_feed: FeedType,
+    force_feed: bool,
+    trace_name: &str,
+    signature: Signature,
+    arrival: Timestamp,
+) -> ProdInfo {
+    let feedtype = if force_feed { default_feed } else { product.feed.unwrap_or(default_feed) };
+    let mut ident = format!("{feedtype}/{trace_name}/{} {}", product.line, product.created);
+    ident.truncate(ldm7_types::IDENT_LEN_MAX);
+    ProdInfo {
+        arrival,
+        signature,
+        origin: String::new(),
+        feedtype,
+        seqno: product.line as u32,
+        ident,
+        size: product.size,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +282,22 @@ mod tests {
         let text = "replayed 575 products (66.1 MB) in 11.94 s: 48 products/s, 5.5 MB/s; 0 duplicates, 0 evicted\n";
         assert_eq!(parse_summary(text), Some(ReplaySummary { products: 575, seconds: 11.94 }));
         assert_eq!(parse_summary("nothing"), None);
+    }
+
+    #[test]
+    fn the_summary_line_written_is_the_one_read() {
+        let totals = ReplayTotals {
+            inserted: 575,
+            bytes: 66_100_000,
+            duplicates: 0,
+            evicted: 0,
+            elapsed: Duration::from_millis(11_940),
+        };
+        let line = totals.to_string();
+        assert_eq!(
+            line,
+            "replayed 575 products (66.1 MB) in 11.94 s: 48 products/s, 5.5 MB/s; 0 duplicates, 0 evicted"
+        );
+        assert_eq!(parse_summary(&line), Some(ReplaySummary { products: 575, seconds: 11.94 }));
     }
 }

@@ -2,7 +2,11 @@
 //! `ldm7.toml` (when given), the state directory `state/`, the log `log` (`-v -l log`: one line
 //! per product) and `stderr` (whatever the process prints before its logging is set up). It
 //! runs in a lab host's namespace (`ip netns exec`, which execs, so the child's pid is the
-//! server's) or in the current one.
+//! server's) or in the current one (on a port of its own: [`ServerConfig::local`]).
+//!
+//! The one runner of `ldm7 serve` for everything that starts servers to watch them work: the
+//! lab tests, the loopback tests of the command (`crates/cli/tests/cli/support.rs` wraps it),
+//! the demo and the benchmarks.
 //!
 //! Invariant: at most one process per [`Server`]; dropping it kills the process.
 
@@ -57,6 +61,17 @@ impl ServerConfig {
         }
     }
 
+    /// A server called `name` in the current namespace, listening on `port` of every address.
+    pub fn local(name: &str, port: u16, capacity: Capacity, ldmd_conf: &str) -> Self {
+        Self { port, ..Self::new(name, None, capacity, ldmd_conf) }
+    }
+
+    /// With these further arguments of `ldm7 serve` (after the ones every server gets).
+    pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.extra_args.extend(args.into_iter().map(|arg| arg.as_ref().to_string()));
+        self
+    }
+
     /// With this `ldm7.toml`.
     pub fn settings(mut self, text: &str) -> Self {
         self.settings = Some(text.to_string());
@@ -107,6 +122,16 @@ impl Server {
     /// Its namespace.
     pub fn netns(&self) -> Option<&str> {
         self.config.netns.as_deref()
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.config.port
+    }
+
+    /// Replaces its further arguments of `ldm7 serve` (used at the next start).
+    pub fn set_extra_args(&mut self, args: Vec<String>) {
+        self.config.extra_args = args;
     }
 
     /// Rewrites its `ldmd.conf` (read at the next start).
@@ -170,6 +195,34 @@ impl Server {
         }
     }
 
+    /// Sends SIGTERM and returns at once ([`wait_exit`](Self::wait_exit) reaps it): to stop
+    /// several servers at the same time.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.pid() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+
+    /// Waits until the process has exited, at most until `deadline`, then kills it; its exit
+    /// status when it exited by itself.
+    pub fn wait_exit(&mut self, deadline: std::time::Instant) -> Option<ExitStatus> {
+        while self.child.is_some() && std::time::Instant::now() < deadline {
+            match self.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break,
+            }
+        }
+        self.kill();
+        None
+    }
+
+    /// Its exit status once the process has exited on its own (`None` while it runs, and when it
+    /// was not started or was stopped by this value).
+    pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
+        self.try_wait()
+    }
+
     /// Kills the process with SIGKILL (no drain) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -202,6 +255,11 @@ impl Server {
     /// Its log (empty before it wrote one).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// What it printed on standard error before its log was set up (and any panic).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
     }
 
     /// Products in its queue.
@@ -260,8 +318,7 @@ impl Server {
     }
 
     fn failure(&self, what: &str) -> TestbedError {
-        let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-        let log_tail = format!("{}\n{}", tail(&self.log(), TAIL_LINES), tail(&stderr, 5));
+        let log_tail = format!("{}\n{}", tail(&self.log(), TAIL_LINES), tail(&self.stderr(), 5));
         TestbedError::Server { server: self.config.name.clone(), what: what.to_string(), log_tail }
     }
 }

@@ -113,6 +113,65 @@ pub fn skip_unless_root_and_tools(test: &str, tools: &[&str]) -> bool {
     true
 }
 
+/// The machine-wide lock of the namespace-lab tests, held while one runs (see [`lab_lock`]).
+#[must_use = "the lock is released when the last holder in this process drops it"]
+#[derive(Debug)]
+pub struct LabLock(&'static ProcessFlock);
+
+/// A lock file shared by the threads of this process and exclusive across processes: how many
+/// holders the process has, and the locked file while it has any.
+#[derive(Debug)]
+struct ProcessFlock(std::sync::Mutex<(usize, Option<nix::fcntl::Flock<std::fs::File>>)>);
+
+impl ProcessFlock {
+    const fn new() -> Self {
+        Self(std::sync::Mutex::new((0, None)))
+    }
+
+    fn acquire(&'static self, path: &Path) -> LabLock {
+        let mut holders = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if holders.0 == 0 {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+                .unwrap_or_else(|error| panic!("cannot open the lab lock {}: {error}", path.display()));
+            let locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .unwrap_or_else(|(_, error)| panic!("cannot lock {}: {error}", path.display()));
+            holders.1 = Some(locked);
+        }
+        holders.0 += 1;
+        LabLock(self)
+    }
+}
+
+impl Drop for LabLock {
+    fn drop(&mut self) {
+        let mut holders = self.0.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        holders.0 -= 1;
+        if holders.0 == 0 {
+            // Closing the file releases the lock.
+            holders.1 = None;
+        }
+    }
+}
+
+/// Waits until no other process runs namespace-lab tests on this machine (`scripts/test-all`
+/// runs the lab tests' binaries beside the rest), and holds the lock until the returned value is
+/// dropped. The labs do not collide (each has names of its own); the lock is there because their
+/// numbers (rates, losses, time limits) assume that the two cores are not another lab's. An
+/// advisory lock (`flock`) on `$TMPDIR/ldm7-lab.lock`: the kernel releases it when the holder
+/// exits, a crashed test included.
+///
+/// The tests of one process share it: they run beside each other as the binary's test threads
+/// allow, as they were written to; a binary whose lab tests must run one at a time serialises
+/// them itself.
+pub fn lab_lock() -> LabLock {
+    static LAB: ProcessFlock = ProcessFlock::new();
+    LAB.acquire(&std::env::temp_dir().join("ldm7-lab.lock"))
+}
+
 /// Calls `condition` every few milliseconds until it returns `Some`, and returns that value;
 /// panics after `timeout` saying what was awaited.
 pub fn wait_until<T>(timeout: Duration, what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
@@ -306,6 +365,28 @@ pub fn unique() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lab_lock_is_shared_within_a_process_and_exclusive_across_processes() {
+        // A lock of its own: the lab tests' one may be held by a lab test running beside.
+        static LOCK: ProcessFlock = ProcessFlock::new();
+        let path = std::env::temp_dir().join(format!("ldm7-lock-test-{}", std::process::id()));
+        let first = LOCK.acquire(&path);
+        let second = LOCK.acquire(&path);
+        // Another open file description stands for another process: flock sees it as one.
+        let try_other = || {
+            let other = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+            nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                .map(drop)
+                .map_err(|(_, error)| error)
+        };
+        assert_eq!(try_other(), Err(nix::errno::Errno::EWOULDBLOCK));
+        drop(first);
+        assert_eq!(try_other(), Err(nix::errno::Errno::EWOULDBLOCK));
+        drop(second);
+        try_other().expect("free once this process holds it no more");
+        std::fs::remove_file(&path).expect("remove the lock file");
+    }
 
     #[test]
     fn waits_for_a_condition() {

@@ -8,9 +8,11 @@
 
 pub mod backoff;
 pub mod class;
+pub mod content;
 pub mod feedtype;
 pub mod instant;
 pub mod prodinfo;
+pub mod quantile;
 pub mod signature;
 pub mod time;
 pub mod trace;

@@ -1,7 +1,7 @@
 //! LDM-7 messages (ldm7-multicast.md §2): the types of §2.1 and the eight procedures of
 //! program 300029 version 7, on the same RPC layer as LDM-6 ([`crate::rpc`]: record marking,
 //! AUTH_NONE headers) and with LDM-6's `product` / `prod_info` encodings (ldm6-protocol.md
-//! §3–§4). Byte-exact against the real LDM-7 capture (`tests/ldm7.rs`).
+//! §3–§4). Byte-exact against the real LDM-7 capture (`tests/integration/ldm7.rs`).
 //!
 //! Rules kept here:
 //!
@@ -371,7 +371,7 @@ impl fmt::Debug for RecordBytes {
 
 /// An LDM `product`: metadata and exactly `info.size` bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Product {
+pub struct WireProduct {
     /// Metadata.
     pub info: ProdInfo,
     /// The bytes.
@@ -384,7 +384,7 @@ pub struct MissedProduct {
     /// The FMTP index it was requested by.
     pub index: McastProdIndex,
     /// The product.
-    pub product: Product,
+    pub product: WireProduct,
 }
 
 /// LDM-7 procedures (§2).
@@ -475,7 +475,7 @@ pub enum Ldm7Call {
     /// NO_SUCH_PRODUCT(McastProdIndex).
     NoSuchProduct(McastProdIndex),
     /// DELIVER_BACKLOG_PRODUCT(product).
-    DeliverBacklogProduct(Product),
+    DeliverBacklogProduct(WireProduct),
     /// END_BACKLOG(void).
     EndBacklog,
 }
@@ -570,10 +570,10 @@ pub fn decode_message(record: Vec<u8>, reply_proc: impl Fn(u32) -> Option<Proc>)
                 Args::Done(call) => call,
                 Args::Missed { index, info, data } => Ldm7Call::DeliverMissedProduct(MissedProduct {
                     index,
-                    product: Product { info, data: RecordBytes::window(record, data) },
+                    product: WireProduct { info, data: RecordBytes::window(record, data) },
                 }),
                 Args::Backlog { info, data } => {
-                    Ldm7Call::DeliverBacklogProduct(Product { info, data: RecordBytes::window(record, data) })
+                    Ldm7Call::DeliverBacklogProduct(WireProduct { info, data: RecordBytes::window(record, data) })
                 }
             };
             Ok(Message::Call(Call { xid: header.xid, call }))

@@ -1,7 +1,7 @@
 //! XDR (RFC 4506) and ONC RPC record marking (RFC 5531), and the LDM messages of program
 //! 300029: version 6 ([`ldm`], ldm6-protocol.md) and version 7, the multicast control plane
 //! ([`ldm7`], ldm7-multicast.md §2). Parse and emit, byte-exact against real LDM 6.15 traffic
-//! (`tests/captures.rs`, `tests/ldm7.rs`). Bounded lengths; no input makes the decoders panic
+//! (`tests/integration/captures.rs`, `tests/integration/ldm7.rs`). Bounded lengths; no input makes the decoders panic
 //! (`fuzz/`).
 
 pub mod codec;

@@ -7,8 +7,8 @@ use crate::ranges::RangeSet;
 use crate::wire::{Body, Bop, Message};
 
 use super::{
-    Anchor, Assembly, BopInfo, Delivery, EarlyBlock, Incoming, MissReason, Receiver, ReceiverBound, ReceiverEvent,
-    TimerKind, block_fingerprint,
+    Anchor, Assembly, BopInfo, DeliveredProduct, EarlyBlock, Incoming, MissReason, Receiver, ReceiverBound,
+    ReceiverEvent, TimerKind, block_fingerprint,
 };
 
 impl Receiver {
@@ -285,7 +285,7 @@ impl Receiver {
         let latency_ns = self.wall_clock.wall_at(self.now).signed_nanos_since(bop.start_time);
         self.end(key, product.index);
         self.counters.delivered += 1;
-        self.events.push_back(ReceiverEvent::Delivered(Delivery {
+        self.events.push_back(ReceiverEvent::Delivered(DeliveredProduct {
             index: product.index,
             metadata: bop.metadata,
             data: product.data,

@@ -51,8 +51,9 @@
 //!   all three, so with a sink the bytes it holds for products in flight are bounded by
 //!   [`ReceiverConfig::in_flight_bytes_max`]. Blocks that arrive before their BOP stay in memory
 //!   (under [`ReceiverConfig::early_bytes_max`]) until the sink is opened. Either way each
-//!   delivery carries [`Delivery::fingerprint`], an order-independent digest of the blocks
-//!   taken. A sink error makes the product missed ([`MissReason::SinkFailed`]), never a panic.
+//!   delivery carries [`DeliveredProduct::fingerprint`], an order-independent digest of the
+//!   blocks taken. A sink error makes the product missed ([`MissReason::SinkFailed`]), never a
+//!   panic.
 //! * Bounds: in-flight products and bytes (oldest incomplete product abandoned:
 //!   [`MissReason::Evicted`]), product size ([`MissReason::TooLarge`]), early bytes; each hit
 //!   is counted and reported as [`ReceiverEvent::BoundHit`].
@@ -168,17 +169,17 @@ impl Default for IndexTrust {
 /// What the receiver does with the bytes of data blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Assembly {
-    /// Assemble each product in memory: [`Delivery::data`] holds its bytes.
+    /// Assemble each product in memory: [`DeliveredProduct::data`] holds its bytes.
     #[default]
     Memory,
-    /// Keep no product bytes, only which ranges arrived: [`Delivery::data`] is empty and
-    /// [`Delivery::fingerprint`] is the only witness of the content. Memory bounds are
+    /// Keep no product bytes, only which ranges arrived: [`DeliveredProduct::data`] is empty and
+    /// [`DeliveredProduct::fingerprint`] is the only witness of the content. Memory bounds are
     /// accounted as if the bytes were held, so bounds behave as with [`Assembly::Memory`]. For
     /// the simulator at scale (hundreds of receivers of gigabytes each).
     Discard,
     /// Write each product through the [`ProductSink`] given to [`Receiver::with_sink`]:
-    /// [`Delivery::data`] is empty and the bytes are in the sink (opened at the BOP, closed
-    /// before the product's event). Blocks that arrive before the BOP are held in memory.
+    /// [`DeliveredProduct::data`] is empty and the bytes are in the sink (opened at the BOP,
+    /// closed before the product's event). Blocks that arrive before the BOP are held in memory.
     Sink,
 }
 
@@ -212,7 +213,7 @@ pub enum ReceiverEvent {
         index: ProductIndex,
     },
     /// A product arrived whole.
-    Delivered(Delivery),
+    Delivered(DeliveredProduct),
     /// A product will not arrive over FMTP: fetch it another way (LDM: REQUEST_PRODUCT).
     Missed {
         /// The product.
@@ -239,7 +240,7 @@ pub enum ReceiverEvent {
 
 /// A delivered product.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Delivery {
+pub struct DeliveredProduct {
     /// The product index.
     pub index: ProductIndex,
     /// The BOP metadata (LDM: the MD5 signature).
@@ -263,9 +264,9 @@ pub struct Delivery {
     pub latency_ns: i64,
 }
 
-impl std::fmt::Debug for Delivery {
+impl std::fmt::Debug for DeliveredProduct {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Delivery")
+        f.debug_struct("DeliveredProduct")
             .field("index", &self.index)
             .field("size", &self.data.len())
             .field("metadata_len", &self.metadata.len())
@@ -542,9 +543,9 @@ impl Receiver {
 }
 
 /// The fingerprint of one data block: a 64-bit mix of its offset, its length and its first and
-/// last 8 bytes (O(1) whatever the length). [`Delivery::fingerprint`] sums it over the blocks of
-/// a product; a wrong offset, a missing or doubled block, or a block of another product changes
-/// the sum (with overwhelming probability when the sampled bytes differ).
+/// last 8 bytes (O(1) whatever the length). [`DeliveredProduct::fingerprint`] sums it over the
+/// blocks of a product; a wrong offset, a missing or doubled block, or a block of another product
+/// changes the sum (with overwhelming probability when the sampled bytes differ).
 pub fn block_fingerprint(offset: u32, block: &[u8]) -> u64 {
     let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
     match (block.first_chunk::<8>(), block.last_chunk::<8>()) {

@@ -12,8 +12,8 @@ use crate::wire::{self, Body, METADATA_LEN_MAX, Message};
 
 use super::interest::InterestSet;
 use super::{
-    EnqueueError, EnqueueRefusal, Product, ReceiverId, ReceiverState, Sender, SenderCounters, SenderEvent, SentProduct,
-    Transmit, WorkKind, sync_ready,
+    EnqueueError, EnqueueRefusal, OutgoingProduct, ReceiverId, ReceiverState, Sender, SenderCounters, SenderEvent,
+    SentProduct, Transmit, WorkKind, sync_ready,
 };
 
 #[cfg(doc)]
@@ -51,7 +51,7 @@ impl Sender {
 
     /// Accepts a product for multicast and returns its index. The BOP start time is the wall
     /// time at `now`.
-    pub fn enqueue(&mut self, now: Instant, product: Product) -> Result<ProductIndex, EnqueueError> {
+    pub fn enqueue(&mut self, now: Instant, product: OutgoingProduct) -> Result<ProductIndex, EnqueueError> {
         self.advance(now);
         let refuse = |reason, product| Err(EnqueueError { reason, product });
         if product.metadata.len() > METADATA_LEN_MAX {
@@ -72,7 +72,7 @@ impl Sender {
         self.next_key += 1;
         let index = self.index_of(key);
         let start_time = self.wall_clock.wall_at(self.now);
-        let Product { data, metadata } = product;
+        let OutgoingProduct { data, metadata } = product;
         self.products.insert(
             key,
             SentProduct {

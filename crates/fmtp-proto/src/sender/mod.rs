@@ -120,12 +120,12 @@ slice_product_data!(bytes::Bytes, Arc<[u8]>, Vec<u8>, Box<[u8]>, &'static [u8]);
 
 /// A product handed to the sender: its bytes and the BOP metadata (LDM: the 16-byte MD5
 /// signature, §3.4).
-pub struct Product {
+pub struct OutgoingProduct {
     data: Box<dyn ProductData>,
     metadata: Vec<u8>,
 }
 
-impl Product {
+impl OutgoingProduct {
     /// A product from its bytes and metadata (at most 1430 bytes, checked by
     /// [`Sender::enqueue`]).
     pub fn new(data: impl ProductData + 'static, metadata: impl Into<Vec<u8>>) -> Self {
@@ -143,9 +143,12 @@ impl Product {
     }
 }
 
-impl fmt::Debug for Product {
+impl fmt::Debug for OutgoingProduct {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Product").field("size", &self.size()).field("metadata_len", &self.metadata.len()).finish()
+        f.debug_struct("OutgoingProduct")
+            .field("size", &self.size())
+            .field("metadata_len", &self.metadata.len())
+            .finish()
     }
 }
 
@@ -260,7 +263,7 @@ pub struct EnqueueError {
     /// Why.
     pub reason: EnqueueRefusal,
     /// The product, unchanged.
-    pub product: Product,
+    pub product: OutgoingProduct,
 }
 
 /// Why a product was refused.

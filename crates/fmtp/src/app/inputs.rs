@@ -1,8 +1,8 @@
 //! The sender's inputs, streamed: [`plan`] checks them without reading their contents (files
 //! exist and are files or pipes; the trace parses), and [`prepare`] reads one when its turn
 //! comes — it computes the product's MD5 (the BOP metadata, needed before its first block goes
-//! out) and returns a [`Product`] whose bytes the sender reads back block by block, when it
-//! multicasts them and when it repairs them.
+//! out) and returns an [`OutgoingProduct`] whose bytes the sender reads back block by block, when
+//! it multicasts them and when it repairs them.
 //!
 //! Memory bound (what `fmtp send` holds of product bytes, whatever the size and number of its
 //! inputs):
@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use ldm7_fmtp_proto::{DataUnavailable, Product, ProductData};
+use ldm7_fmtp_proto::{DataUnavailable, OutgoingProduct, ProductData};
 use ldm7_io::BoundHits;
 use md5::{Digest, Md5};
 
@@ -81,7 +81,7 @@ pub(super) enum InputKind {
 /// A product ready to hand to the sender.
 pub(super) struct Prepared {
     /// The product (bytes and MD5 metadata).
-    pub product: Product,
+    pub product: OutgoingProduct,
     /// Its size.
     pub len: u64,
     /// Its due time after the start.
@@ -129,14 +129,14 @@ pub(super) fn prepare(input: &PlannedInput, key: u64, files: &Arc<OpenFiles>) ->
             let (data, digest) = hash_file(path, key, files)
                 .map_err(|error| AppError::Input(format!("cannot read {}: {error}", path.display())))?;
             let len = data.len;
-            (Product::new(data, digest.to_vec()), len)
+            (OutgoingProduct::new(data, digest.to_vec()), len)
         }
         InputKind::Stream(path) => {
             let unreadable = |error: io::Error| AppError::Input(format!("cannot read {}: {error}", path.display()));
             let mut file = File::open(path).map_err(unreadable)?;
             let mut bytes = Vec::new();
             let (digest, len) = md5_of_reader(&mut file, |chunk| bytes.extend_from_slice(chunk)).map_err(unreadable)?;
-            (Product::new(bytes, digest.to_vec()), len)
+            (OutgoingProduct::new(bytes, digest.to_vec()), len)
         }
         InputKind::Synthetic { position, len } => {
             let data = SyntheticData { position: *position, len: *len };
@@ -150,7 +150,7 @@ pub(super) fn prepare(input: &PlannedInput, key: u64, files: &Arc<OpenFiles>) ->
                 offset += take as u64;
             }
             let digest: [u8; 16] = hasher.finalize().into();
-            (Product::new(data, digest.to_vec()), *len)
+            (OutgoingProduct::new(data, digest.to_vec()), *len)
         }
     };
     Ok(Prepared { product, len, due: input.due })
@@ -382,63 +382,18 @@ fn replay_plan(trace: &Path, limit: Option<usize>, speed: Speedup) -> Result<Vec
         .collect())
 }
 
-/// Bytes `[offset, offset + out.len())` of the deterministic pseudo-random content of the
-/// product at `position`: the position itself (8 bytes, big-endian), so that equal sizes never
-/// give equal products, then SplitMix64 words (little-endian), word `k` from state
-/// `seed + (k + 1) × γ` — computable at any offset.
+/// Bytes `[offset, offset + out.len())` of the synthetic content of the product at `position`:
+/// the workspace's one content generator (`ldm7_types::content`), run seed `0x5eed`.
 pub(super) fn synthetic_fill(position: u64, offset: u64, out: &mut [u8]) {
-    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-    let seed = position.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed;
-    let prefix = position.to_be_bytes();
-    let mut at = offset;
-    let mut written = 0;
-    while written < out.len() {
-        let (word, skip) = if at < 8 {
-            (prefix, at as usize)
-        } else {
-            let k = (at - 8) / 8;
-            let mut z = seed.wrapping_add(k.wrapping_add(1).wrapping_mul(GAMMA));
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            ((z ^ (z >> 31)).to_le_bytes(), ((at - 8) % 8) as usize)
-        };
-        let take = (8 - skip).min(out.len() - written);
-        out[written..written + take].copy_from_slice(&word[skip..skip + take]);
-        written += take;
-        at += take as u64;
-    }
+    ldm7_types::content::fill(ldm7_types::content::product_seed(0x5eed, position), offset, out);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The content as it was generated before it could be read at any offset: sequentially.
-    fn synthetic_sequential(position: u64, len: usize) -> Vec<u8> {
-        let mut state = position.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed;
-        let mut data = Vec::with_capacity(len + 8);
-        data.extend_from_slice(&position.to_be_bytes());
-        while data.len() < len {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            data.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
-        }
-        data.truncate(len);
-        data
-    }
-
     #[test]
-    fn synthetic_content_reads_the_same_at_any_offset() {
-        for position in [0u64, 1, 7, 12_345] {
-            let whole = synthetic_sequential(position, 3000);
-            for (offset, len) in [(0usize, 3000usize), (0, 5), (3, 9), (8, 8), (13, 1448), (1448, 1552), (2999, 1)] {
-                let mut out = vec![0u8; len];
-                synthetic_fill(position, offset as u64, &mut out);
-                assert_eq!(out, whole[offset..offset + len], "position {position}, [{offset}, +{len})");
-            }
-        }
+    fn synthetic_products_differ_by_position() {
         let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 100]);
         synthetic_fill(0, 0, &mut a);
         synthetic_fill(1, 0, &mut b);

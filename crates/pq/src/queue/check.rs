@@ -45,6 +45,9 @@ impl Queue {
     }
 
     /// Reads every product and cross-checks the tables and totals (what `ldm7 queue check` does).
+    /// One function on purpose: one read transaction walks the tables once, and each check
+    /// compares what the walk has counted so far; split, the counts would travel between
+    /// functions for no gain.
     pub fn check(&self) -> Result<CheckReport, StorageError> {
         let snapshot = self.snapshot()?;
         let txn = &snapshot.txn;

@@ -36,7 +36,7 @@ mod read;
 pub use check::{CheckReport, MinimumResidence, QueueStats};
 pub use error::{CreateError, InsertError, OpenError, StorageError};
 pub use insert::InsertOutcome;
-pub use read::{Follower, OwnedProduct, Product, Snapshot};
+pub use read::{Follower, OwnedProduct, QueuedProduct, Snapshot};
 
 /// Name of the LMDB data file inside the queue directory.
 pub const DATA_FILE: &str = "data.mdb";

@@ -1,5 +1,5 @@
-//! Reading: zero-copy snapshots ([`Snapshot`], [`Product`]), owned copies, and followers woken
-//! by inserts in any process ([`Follower`]).
+//! Reading: zero-copy snapshots ([`Snapshot`], [`QueuedProduct`]), owned copies, and followers
+//! woken by inserts in any process ([`Follower`]).
 
 use std::time::Duration;
 
@@ -28,6 +28,13 @@ impl Queue {
         self.notifier.wait(changes, timeout);
     }
 
+    /// Wakes every thread (of any process) waiting in [`Queue::wait_for_change`] or a
+    /// [`Follower`]'s wait, as an insert would: they re-check the queue, find nothing new, and
+    /// look at whatever else they wait for (a stopping server's flag).
+    pub fn wake_waiters(&self) {
+        self.notifier.notify();
+    }
+
     /// Follows the queue from insertion time `from` (inclusive).
     pub fn follow(&self, from: Timestamp) -> Follower<'_> {
         Follower {
@@ -53,13 +60,13 @@ impl std::fmt::Debug for Snapshot<'_> {
 
 impl<'q> Snapshot<'q> {
     /// The first product inserted at or after `from`.
-    pub fn product_at_or_after(&self, from: Timestamp) -> Result<Option<Product<'_>>, StorageError> {
+    pub fn product_at_or_after(&self, from: Timestamp) -> Result<Option<QueuedProduct<'_>>, StorageError> {
         let key = u64::try_from(from.as_unix_micros()).unwrap_or(0);
         self.queue.products.get_greater_than_or_equal_to(&self.txn, &key)?.map(|entry| self.product(entry)).transpose()
     }
 
     /// The product with this signature.
-    pub fn product_by_signature(&self, signature: &Signature) -> Result<Option<Product<'_>>, StorageError> {
+    pub fn product_by_signature(&self, signature: &Signature) -> Result<Option<QueuedProduct<'_>>, StorageError> {
         let Some(key) = self.queue.signatures.get(&self.txn, signature.as_bytes())? else {
             return Ok(None);
         };
@@ -70,7 +77,7 @@ impl<'q> Snapshot<'q> {
     pub fn products_from(
         &self,
         from: Timestamp,
-    ) -> Result<impl Iterator<Item = Result<Product<'_>, StorageError>> + '_, StorageError> {
+    ) -> Result<impl Iterator<Item = Result<QueuedProduct<'_>, StorageError>> + '_, StorageError> {
         let key = u64::try_from(from.as_unix_micros()).unwrap_or(0);
         let range = self.queue.products.range(&self.txn, &(key..))?;
         Ok(range.map(move |entry| self.product(entry?)))
@@ -80,21 +87,21 @@ impl<'q> Snapshot<'q> {
     pub fn products_before_reversed(
         &self,
         before: Timestamp,
-    ) -> Result<impl Iterator<Item = Result<Product<'_>, StorageError>> + '_, StorageError> {
+    ) -> Result<impl Iterator<Item = Result<QueuedProduct<'_>, StorageError>> + '_, StorageError> {
         let key = u64::try_from(before.as_unix_micros()).unwrap_or(0);
         let range = self.queue.products.rev_range(&self.txn, &(..key))?;
         Ok(range.map(move |entry| self.product(entry?)))
     }
 
     /// The product of a `products` entry, its record found if it is packed.
-    fn product<'s>(&'s self, (key, bytes): (u64, &'s [u8])) -> Result<Product<'s>, StorageError> {
-        Product::from_record(key, self.queue.record(&self.txn, bytes)?)
+    fn product<'s>(&'s self, (key, bytes): (u64, &'s [u8])) -> Result<QueuedProduct<'s>, StorageError> {
+        QueuedProduct::from_record(key, self.queue.record(&self.txn, bytes)?)
     }
 }
 
 /// A product read from a snapshot; `data` borrows the queue's memory map (no copy).
 #[derive(Clone, Debug)]
-pub struct Product<'s> {
+pub struct QueuedProduct<'s> {
     /// When it was inserted into this queue (its key).
     pub insertion: Timestamp,
     /// Its queue sequence number (consecutive products have consecutive numbers, so a gap
@@ -106,7 +113,7 @@ pub struct Product<'s> {
     pub data: &'s [u8],
 }
 
-impl<'s> Product<'s> {
+impl<'s> QueuedProduct<'s> {
     fn from_record(key: u64, record: &'s [u8]) -> Result<Self, StorageError> {
         let view = RecordView::parse(record)?;
         Ok(Self {
@@ -156,7 +163,7 @@ impl Follower<'_> {
     pub fn next_with<R>(
         &mut self,
         timeout: Option<Duration>,
-        visit: impl FnOnce(&Product<'_>) -> R,
+        visit: impl FnOnce(&QueuedProduct<'_>) -> R,
     ) -> Result<Option<R>, StorageError> {
         let deadline = timeout.map(|timeout| std::time::Instant::now() + timeout);
         loop {

@@ -1,7 +1,7 @@
 //! The subscriber side of LDM-7 (a RECEIVE entry; ldm7-multicast.md §2.2 steps 1, 3–5, §2.3,
 //! §2.4): subscribes to the upstream, receives the feed by FMTP into the product queue, fetches
 //! what FMTP could not deliver through the backstop (REQUEST_PRODUCT) and what it missed while
-//! away through the backlog (REQUEST_BACKLOG), and logs one [`Delivery`] line per product.
+//! away through the backlog (REQUEST_BACKLOG), and logs one [`QueueDelivery`] line per product.
 //!
 //! One task per RECEIVE entry, on the server's LDM-7 runtime. What to ask the upstream for and
 //! when — the backstop, the backlog and its fence, the quiet-feed tail check, the resume point
@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use ldm7_fmtp::udp::{MulticastConfig, receive_buffer_bytes};
-use ldm7_fmtp::{FmtpReceiver, ReceivedProduct, ReceiverNotice, ReceiverOptions};
+use ldm7_fmtp::{FmtpReceiver, ReceivedBytes, ReceiverNotice, ReceiverOptions};
 use ldm7_fmtp_proto::{ParityChoice, ParityConfig, ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
 use ldm7_io::Clock;
 use ldm7_io::log_target::PRODUCT;
@@ -270,68 +270,8 @@ impl Session<'_> {
         let result = 'session: loop {
             // Events of the control session.
             while let Some(event) = session.poll_event() {
-                match event {
-                    SubscriberEvent::Subscribed { info } => {
-                        receiver = Some(self.start_receiver(&info)?);
-                        host_drops_seen = 0;
-                        self.counters.subscriptions.fetch_add(1, Ordering::Relaxed);
-                        if self.core.subscribed() {
-                            tracing::info!("{}: resubscribed", self.name);
-                        }
-                        let repair = match info.answer {
-                            None => "unicast repairs (the publisher is not ldm7)".to_owned(),
-                            Some(SubscribeAnswer { parity: None }) => "unicast repairs (no parity)".to_owned(),
-                            Some(SubscribeAnswer { parity: Some(parity) }) => format!(
-                                "parity repair {}/{} on port {}",
-                                parity.group_blocks, parity.shards, parity.port
-                            ),
-                        };
-                        tracing::info!(
-                            "{}: subscribed: group {}, FMTP server {}, FMTP address {}, {repair}",
-                            self.name,
-                            info.mcast_info.group,
-                            info.mcast_info.server,
-                            info.fmtp_addr
-                        );
-                    }
-                    SubscriberEvent::Refused { status } => return Err(SessionEnd::Refused(status)),
-                    SubscriberEvent::MissedProduct { index, product } => {
-                        self.core.backstop_delivered(index, product.info.signature);
-                        inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
-                    }
-                    SubscriberEvent::NoSuchProduct { index } => {
-                        self.core.no_such_product(index);
-                        self.counters.no_such_product.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
-                    }
-                    SubscriberEvent::BacklogProduct { product } => {
-                        inserter.submit(Job::control(DeliveryMode::Backlog, None, product)).await?;
-                    }
-                    SubscriberEvent::BacklogComplete => {
-                        if self.core.backlog_complete() {
-                            tracing::debug!("{}: the quiet feed's tail is complete", self.name);
-                        } else {
-                            tracing::info!(
-                                "All backlog data-products received: feed={}, server={}",
-                                self.receive.feedtype,
-                                self.receive.host
-                            );
-                        }
-                    }
-                    SubscriberEvent::Unexpected { proc, index, expected } => {
-                        tracing::warn!(
-                            "{}: Unexpected product: {proc:?} for index {index} (expected {expected:?})",
-                            self.name
-                        );
-                    }
-                    SubscriberEvent::RequestsOverBound => {
-                        tracing::warn!(
-                            "{}: too many products requested at once; the backlog will cover the rest",
-                            self.name
-                        );
-                    }
-                    SubscriberEvent::Unserved(call) => tracing::warn!("{}: {call}", self.name),
-                    SubscriberEvent::Closed(result) => break 'session result.map_err(SessionEnd::from),
+                if let Some(closed) = self.on_event(event, &mut receiver, &mut inserter, &mut host_drops_seen).await? {
+                    break 'session closed;
                 }
             }
             self.apply(&mut session)?;
@@ -418,6 +358,73 @@ impl Session<'_> {
             Ok(()) => Err(SessionEnd::Closed),
             Err(end) => Err(end),
         }
+    }
+
+    /// Acts on one event of the control session; `Some` with how it ended when it closed.
+    async fn on_event(
+        &mut self,
+        event: SubscriberEvent,
+        receiver: &mut Option<FmtpReceiver>,
+        inserter: &mut Inserter,
+        host_drops_seen: &mut u64,
+    ) -> Result<Option<Result<(), SessionEnd>>, SessionEnd> {
+        match event {
+            SubscriberEvent::Subscribed { info } => {
+                *receiver = Some(self.start_receiver(&info)?);
+                *host_drops_seen = 0;
+                self.counters.subscriptions.fetch_add(1, Ordering::Relaxed);
+                if self.core.subscribed() {
+                    tracing::info!("{}: resubscribed", self.name);
+                }
+                let repair = match info.answer {
+                    None => "unicast repairs (the publisher is not ldm7)".to_owned(),
+                    Some(SubscribeAnswer { parity: None }) => "unicast repairs (no parity)".to_owned(),
+                    Some(SubscribeAnswer { parity: Some(parity) }) => {
+                        format!("parity repair {}/{} on port {}", parity.group_blocks, parity.shards, parity.port)
+                    }
+                };
+                tracing::info!(
+                    "{}: subscribed: group {}, FMTP server {}, FMTP address {}, {repair}",
+                    self.name,
+                    info.mcast_info.group,
+                    info.mcast_info.server,
+                    info.fmtp_addr
+                );
+            }
+            SubscriberEvent::Refused { status } => return Err(SessionEnd::Refused(status)),
+            SubscriberEvent::MissedProduct { index, product } => {
+                self.core.backstop_delivered(index, product.info.signature);
+                inserter.submit(Job::control(DeliveryMode::Inserted, Some(index), product)).await?;
+            }
+            SubscriberEvent::NoSuchProduct { index } => {
+                self.core.no_such_product(index);
+                self.counters.no_such_product.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("{}: Requested product {index} doesn't exist", self.name);
+            }
+            SubscriberEvent::BacklogProduct { product } => {
+                inserter.submit(Job::control(DeliveryMode::Backlog, None, product)).await?;
+            }
+            SubscriberEvent::BacklogComplete => {
+                if self.core.backlog_complete() {
+                    tracing::debug!("{}: the quiet feed's tail is complete", self.name);
+                } else {
+                    tracing::info!(
+                        "All backlog data-products received: feed={}, server={}",
+                        self.receive.feedtype,
+                        self.receive.host
+                    );
+                }
+            }
+            SubscriberEvent::Unexpected { proc, index, expected } => {
+                tracing::warn!("{}: Unexpected product: {proc:?} for index {index} (expected {expected:?})", self.name);
+            }
+            SubscriberEvent::RequestsOverBound => {
+                tracing::warn!("{}: too many products requested at once; the backlog will cover the rest", self.name);
+            }
+            SubscriberEvent::Unserved(call) => tracing::warn!("{}: {call}", self.name),
+            SubscriberEvent::Closed(result) => return Ok(Some(result.map_err(SessionEnd::from))),
+        }
+        Ok(None)
     }
 
     /// Applies the decisions made so far on the control session (module documentation).
@@ -705,13 +712,13 @@ struct Job {
 
 enum Payload {
     /// As FMTP delivered it: an XDR product (header and data) and the BOP metadata.
-    Fmtp { product: ReceivedProduct, metadata: Vec<u8> },
+    Fmtp { product: ReceivedBytes, metadata: Vec<u8> },
     /// From the control connection (backstop, backlog).
-    Control(ldm7_ldm_proto::Product),
+    Control(ldm7_ldm_proto::WireProduct),
 }
 
 impl Job {
-    fn control(mode: DeliveryMode, index: Option<u32>, product: ldm7_ldm_proto::Product) -> Self {
+    fn control(mode: DeliveryMode, index: Option<u32>, product: ldm7_ldm_proto::WireProduct) -> Self {
         Self { mode, index, retransmitted_blocks: None, start: None, payload: Payload::Control(product) }
     }
 }
@@ -851,7 +858,7 @@ impl Inserter {
 /// Checks a product that came over the control connection and inserts it (blocking).
 fn insert_control(
     queue: &Queue,
-    product: ldm7_ldm_proto::Product,
+    product: ldm7_ldm_proto::WireProduct,
 ) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable> {
     let info = product.info;
     if product.data.len() != info.size as usize {
@@ -904,7 +911,7 @@ fn hash_in_memory_products(hasher: md5_many::Md5Many, jobs: &[Job]) -> Vec<Optio
     let data: Vec<Option<&[u8]>> = jobs
         .iter()
         .map(|job| match &job.payload {
-            Payload::Fmtp { product: ReceivedProduct::Memory(bytes), metadata } => {
+            Payload::Fmtp { product: ReceivedBytes::Memory(bytes), metadata } => {
                 let (info, at) = product::decode(bytes, bytes.len() as u64, metadata).ok()?;
                 bytes.get(at..at.checked_add(info.size as usize)?)
             }
@@ -926,14 +933,14 @@ fn hash_in_memory_products(hasher: md5_many::Md5Many, jobs: &[Job]) -> Vec<Optio
 /// of its data if already computed ([`hash_in_memory_products`]).
 fn insert_fmtp(
     queue: &Queue,
-    product: ReceivedProduct,
+    product: ReceivedBytes,
     metadata: &[u8],
     digest: Option<Signature>,
 ) -> Result<(ProdInfo, Result<InsertOutcome, InsertError>), Unusable> {
     let len = product.len();
     let spooled = match product {
-        ReceivedProduct::Spooled(spooled) => spooled,
-        ReceivedProduct::Memory(bytes) => {
+        ReceivedBytes::Spooled(spooled) => spooled,
+        ReceivedBytes::Memory(bytes) => {
             let (info, at) = product::decode(&bytes, len, metadata)?;
             let data = &bytes[at..at + info.size as usize];
             match digest {
@@ -946,7 +953,7 @@ fn insert_fmtp(
             let outcome = queue.insert(&info, data);
             return Ok((info, outcome));
         }
-        ReceivedProduct::Discarded => return Err(Unusable::Discarded),
+        ReceivedBytes::Discarded => return Err(Unusable::Discarded),
     };
     let mut head = vec![0u8; HEAD_BYTES.min(usize::try_from(len).unwrap_or(HEAD_BYTES))];
     spooled.read_at(0, &mut head).map_err(Unusable::Spool)?;
@@ -1055,7 +1062,7 @@ mod tests {
         let len = product::fmtp_len(bytes.len(), info.size) as usize;
         bytes.extend_from_slice(data);
         bytes.resize(len, 0);
-        let payload = Payload::Fmtp { product: ReceivedProduct::Memory(bytes), metadata: info.signature.0.to_vec() };
+        let payload = Payload::Fmtp { product: ReceivedBytes::Memory(bytes), metadata: info.signature.0.to_vec() };
         let job = Job { mode: DeliveryMode::Received, index: None, retransmitted_blocks: None, start: None, payload };
         (job, info)
     }
@@ -1069,12 +1076,12 @@ mod tests {
         let (b, b_info) = memory_product("B", b"second");
         let (mut c, c_info) = memory_product("C", &[7; 70_001]);
         // C's data changed on its way: the same length, another MD5.
-        if let Payload::Fmtp { product: ReceivedProduct::Memory(bytes), .. } = &mut c.payload {
+        if let Payload::Fmtp { product: ReceivedBytes::Memory(bytes), .. } = &mut c.payload {
             let at = bytes.len() - 10;
             bytes[at] ^= 1;
         }
         let discarded = Job {
-            payload: Payload::Fmtp { product: ReceivedProduct::Discarded, metadata: vec![0; 16] },
+            payload: Payload::Fmtp { product: ReceivedBytes::Discarded, metadata: vec![0; 16] },
             ..memory_product("D", b"d").0
         };
         let jobs = vec![a, discarded, b, c];

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use ldm7_fmtp::udp::{MulticastConfig, buffer_bytes_for_rate, parity_group_of};
 use ldm7_fmtp::{FmtpSender, MacSigning, ParityConfig, SenderNotice, SenderOptions, SigningHandle};
-use ldm7_fmtp_proto::{DeadlinePolicy, Pacing, Product, ProductIndex, SenderConfig, SenderEvent, WallClock};
+use ldm7_fmtp_proto::{DeadlinePolicy, OutgoingProduct, Pacing, ProductIndex, SenderConfig, SenderEvent, WallClock};
 use ldm7_io::Clock;
 use ldm7_ldm_proto::{
     CidrAddr, Ldm7Status, McastInfo, McastSubInfo, ParityAnswer, SubscribeAnswer, SubscribeOffer, VcEndPoint,
@@ -64,7 +64,8 @@ use crate::access::{self, PeerHost, ProductFilter};
 use crate::config::{Config, Multicast};
 use crate::settings::{Deadline, MulticastSettings, PathSettings, Settings};
 
-/// How long the queue reader waits for a product before looking at the stop flag.
+/// How long the queue reader waits for a product before it looks at the stop flag again (a
+/// stopping server wakes it at once: `Queue::wake_waiters`; this bounds a missed wake-up).
 const READER_POLL: Duration = Duration::from_millis(250);
 
 /// Bytes of Ethernet (14), IPv4 (20) and UDP (8) headers per datagram: pacing counts what tc
@@ -555,6 +556,98 @@ impl Multicaster {
     }
 }
 
+/// What a feed's FMTP sender is started with, and what the feed keeps of it.
+struct FmtpSetup {
+    options: SenderOptions,
+    /// The online rate monitor, when `[multicast] rate_control` is set.
+    violation_monitor: Option<Arc<Mutex<RateControl>>>,
+    /// The parity coding, and where shards go (`None`: parity off).
+    parity: Option<(ParityConfig, SocketAddrV4)>,
+}
+
+/// The FMTP sender's options for a feed from its MULTICAST entry and settings: sockets, pacing
+/// (counting the wire overhead), deadline, parity, MAC, and the repair connections' admission
+/// (an address the pool handed out); and the feed's rate monitor.
+#[allow(clippy::too_many_arguments)]
+fn fmtp_setup(
+    entry: &Multicast,
+    settings: &MulticastSettings,
+    group: SocketAddrV4,
+    interface: Ipv4Addr,
+    first_index: ProductIndex,
+    admission: &Arc<Mutex<Admission>>,
+    counters: &Arc<PublisherCounters>,
+    name: &str,
+) -> Result<FmtpSetup, FeedError> {
+    let multicast = MulticastConfig {
+        group: SocketAddr::V4(group),
+        interface: IpAddr::V4(interface),
+        interface_index: 0,
+        ttl: settings.ttl,
+        loopback: true,
+        // The highest rate the feed may reach.
+        buffer_bytes: buffer_bytes_for_rate(
+            settings.rate_control.as_ref().and_then(|c| c.steps.last()).unwrap_or(&settings.rate).bits_per_s(),
+        ),
+    };
+    let mut proto = SenderConfig::with_rate(settings.rate.bits_per_s());
+    for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
+        *pacing = Pacing { overhead_bytes_per_message: WIRE_OVERHEAD_BYTES, ..*pacing };
+    }
+    proto.first_index = first_index;
+    proto.multicast_without_receivers = true;
+    proto.queued_products_max = settings.product_queue_max;
+    let violation_monitor = match &settings.rate_control {
+        Some(control) => {
+            let (anchor, wall) = Clock::wall_anchor();
+            // Every product FMTP may hold: the retained ones, the queued ones, and those
+            // on their way in.
+            let followed_max = proto.retained_products_max + proto.queued_products_max + 1024;
+            let wall_clock = WallClock { instant: anchor, wall };
+            let monitor = RateControl::new(control, wall_clock, followed_max, WIRE_OVERHEAD_BYTES)
+                .map_err(FeedError::RateControl)?;
+            Some(Arc::new(Mutex::new(monitor)))
+        }
+        None => None,
+    };
+    proto.deadline = match settings.deadline {
+        Deadline::Constant(duration) => DeadlinePolicy::Constant(duration),
+        Deadline::Proportional { factor, min } => DeadlinePolicy::Proportional { f_snd: factor, min },
+    };
+    let parity = settings.parity_config().map(|config| {
+        let SocketAddr::V4(to) = parity_group_of(SocketAddr::V4(group)) else { unreachable!("an IPv4 group") };
+        (config, to)
+    });
+    proto.parity = parity.map(|(config, _)| config);
+    let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
+    let mut options = SenderOptions::new(multicast, retx_listen, proto);
+    options.mac_level = settings.mac_level;
+    options.mac_rotation = settings.mac_rotation;
+    options.mac_signing = if settings.mac_lists { MacSigning::Lists } else { MacSigning::Datagram };
+    options.parity_group = parity.map(|(_, to)| SocketAddr::V4(to));
+    if let Some(path) = &settings.identity {
+        // Checked when the settings were read; a file changed since is an error now.
+        let identity =
+            ldm7_config::keys::read_identity(path).map_err(|error| FeedError::Identity(error.to_string()))?;
+        options.identity = Some(Arc::new(identity));
+    }
+    let authorize_admission = admission.clone();
+    let authorize_counters = counters.clone();
+    let feed_name = name.to_string();
+    options.authorize = Arc::new(move |peer: SocketAddr| {
+        let allowed = match peer.ip() {
+            IpAddr::V4(address) => admitted(&authorize_admission, address),
+            IpAddr::V6(address) => address.to_ipv4_mapped().is_some_and(|a| admitted(&authorize_admission, a)),
+        };
+        if !allowed {
+            authorize_counters.repair_connections_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("{feed_name}: refused an FMTP repair connection from {peer}: address not allocated");
+        }
+        allowed
+    });
+    Ok(FmtpSetup { options, violation_monitor, parity })
+}
+
 fn path_service(settings: &PathSettings) -> Option<Box<dyn PathService + Send>> {
     match settings {
         PathSettings::None => None,
@@ -756,72 +849,9 @@ impl Feed {
             }
             address => address,
         };
-        let multicast = MulticastConfig {
-            group: SocketAddr::V4(group),
-            interface: IpAddr::V4(interface),
-            interface_index: 0,
-            ttl: settings.ttl,
-            loopback: true,
-            // The highest rate the feed may reach.
-            buffer_bytes: buffer_bytes_for_rate(
-                settings.rate_control.as_ref().and_then(|c| c.steps.last()).unwrap_or(&settings.rate).bits_per_s(),
-            ),
-        };
-        let mut proto = SenderConfig::with_rate(settings.rate.bits_per_s());
-        for pacing in [&mut proto.multicast_pacing, &mut proto.retx_pacing].into_iter().flatten() {
-            *pacing = Pacing { overhead_bytes_per_message: WIRE_OVERHEAD_BYTES, ..*pacing };
-        }
-        proto.first_index = first_index;
-        proto.multicast_without_receivers = true;
-        proto.queued_products_max = settings.product_queue_max;
-        let violation_monitor = match &settings.rate_control {
-            Some(control) => {
-                let (anchor, wall) = Clock::wall_anchor();
-                // Every product FMTP may hold: the retained ones, the queued ones, and those
-                // on their way in.
-                let followed_max = proto.retained_products_max + proto.queued_products_max + 1024;
-                let wall_clock = WallClock { instant: anchor, wall };
-                let monitor = RateControl::new(control, wall_clock, followed_max, WIRE_OVERHEAD_BYTES)
-                    .map_err(FeedError::RateControl)?;
-                Some(Arc::new(Mutex::new(monitor)))
-            }
-            None => None,
-        };
-        proto.deadline = match settings.deadline {
-            Deadline::Constant(duration) => DeadlinePolicy::Constant(duration),
-            Deadline::Proportional { factor, min } => DeadlinePolicy::Proportional { f_snd: factor, min },
-        };
-        let parity = settings.parity_config().map(|config| {
-            let SocketAddr::V4(to) = parity_group_of(SocketAddr::V4(group)) else { unreachable!("an IPv4 group") };
-            (config, to)
-        });
-        proto.parity = parity.map(|(config, _)| config);
-        let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
-        let mut options = SenderOptions::new(multicast, retx_listen, proto);
-        options.mac_level = settings.mac_level;
-        options.mac_rotation = settings.mac_rotation;
-        options.mac_signing = if settings.mac_lists { MacSigning::Lists } else { MacSigning::Datagram };
-        options.parity_group = parity.map(|(_, to)| SocketAddr::V4(to));
-        if let Some(path) = &settings.identity {
-            // Checked when the settings were read; a file changed since is an error now.
-            let identity =
-                ldm7_config::keys::read_identity(path).map_err(|error| FeedError::Identity(error.to_string()))?;
-            options.identity = Some(Arc::new(identity));
-        }
-        let authorize_admission = admission.clone();
-        let authorize_counters = counters.clone();
-        let feed_name = name.clone();
-        options.authorize = Arc::new(move |peer: SocketAddr| {
-            let allowed = match peer.ip() {
-                IpAddr::V4(address) => admitted(&authorize_admission, address),
-                IpAddr::V6(address) => address.to_ipv4_mapped().is_some_and(|a| admitted(&authorize_admission, a)),
-            };
-            if !allowed {
-                authorize_counters.repair_connections_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("{feed_name}: refused an FMTP repair connection from {peer}: address not allocated");
-            }
-            allowed
-        });
+        let FmtpSetup { options, violation_monitor, parity } =
+            fmtp_setup(&entry, &settings, group, interface, first_index, &admission, &counters, &name)?;
+        let retx_listen = options.retx_listen;
         let sender = runtime.block_on(FmtpSender::start(options)).map_err(|source| FeedError::Sockets {
             retx_listen,
             group,
@@ -861,84 +891,14 @@ impl Feed {
             signing: sender.signing_handle(),
             reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
         });
-        if let (Some(control), Some(settings)) = (&violation_monitor, &feed.settings.rate_control) {
-            let shaped_interface = rate_control::shaped_interface(interface);
-            let steps: Vec<String> = settings.steps.iter().map(ToString::to_string).collect();
-            tracing::info!(
-                "{name}: rate monitor on: steps {}, interval {:?}, W {:?}, alpha {}, beta {}, lower after {} calm intervals; \
-                 the path {}{} follows",
-                steps.join(" → "),
-                settings.interval,
-                settings.wait,
-                settings.alpha,
-                settings.beta,
-                settings.lower_after,
-                feed.path_name,
-                shaped_interface.as_deref().map(|dev| format!(" and the HTB tree on {dev}")).unwrap_or_default()
-            );
-            let actuators = Actuators {
-                feed: name.clone(),
-                path,
-                path_name: feed.path_name.clone(),
-                shaped_interface,
-                pacing: sender.rate_handle(),
-            };
-            let task = runtime.spawn(rate_control::run(control.clone(), settings.interval, actuators));
-            *feed.rate_task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        if let Some(control) = &violation_monitor {
+            feed.start_rate_monitor(control, interface, path, sender.rate_handle(), &runtime);
         }
         let products = sender.product_sender();
-        let mut notices = sender;
         // Notices: read so that the sender never waits on them; log what matters. The task owns
         // the sender: aborting it (`stop`) drops the sender, which stops FMTP and makes a
         // waiting `send` return.
-        let notices_name = name.clone();
-        let notices_refusals = feed.key_refusals.clone();
-        let notices_level = feed.settings.mac_level;
-        let monitor = violation_monitor;
-        let notice_task = runtime.spawn(async move {
-            let monitor = monitor.as_deref();
-            while let Some(notice) = notices.next_notice().await {
-                match notice {
-                    SenderNotice::Event(SenderEvent::Sent { index, size }) => {
-                        tracing::debug!("{notices_name}: multicast product {} ({size} bytes)", index.0);
-                    }
-                    SenderNotice::Event(SenderEvent::BoundHit { bound, receiver }) => {
-                        tracing::debug!("{notices_name}: FMTP bound {bound:?} hit (receiver {receiver:?})");
-                    }
-                    SenderNotice::Event(SenderEvent::Released { index, unfinished, .. }) => {
-                        if let Some(monitor) = monitor {
-                            monitor.lock().unwrap_or_else(PoisonError::into_inner).released(index, &unfinished);
-                        }
-                    }
-                    SenderNotice::Event(SenderEvent::Completed(completion)) => {
-                        if let Some(monitor) = monitor {
-                            monitor.lock().unwrap_or_else(PoisonError::into_inner).completed(&completion);
-                        }
-                    }
-                    SenderNotice::ReceiverJoined(id, peer) => {
-                        tracing::info!("{notices_name}: FMTP receiver {peer} connected ({id})");
-                    }
-                    SenderNotice::ReceiverLeft(id, departure) => {
-                        tracing::info!("{notices_name}: FMTP {id} disconnected");
-                        if notices_refusals.lock().unwrap_or_else(PoisonError::into_inner).left(&departure) {
-                            tracing::error!(
-                                "{notices_name}: the FMTP receiver at {host} closed its repair connection right after \
-                                 the key exchange {KEY_REFUSALS_BEFORE_HOLD} times in a row: its MAC level is most \
-                                 likely not this feed's, {notices_level} (set FMTP_MAC_LEVEL={level} for a reference \
-                                 LDM-7 subscriber, mac_level = {level} in [receive] of an ldm7 subscriber's settings); \
-                                 its subscriptions are refused for {hold} s",
-                                host = departure.peer.ip(),
-                                level = notices_level.number(),
-                                hold = KEY_REFUSAL_HOLD.as_secs()
-                            );
-                        }
-                    }
-                    SenderNotice::Refused(error) => {
-                        tracing::error!("{notices_name}: FMTP refused a product: {}", error.reason);
-                    }
-                }
-            }
-        });
+        let notice_task = runtime.spawn(feed.clone().log_notices(sender, violation_monitor));
         *feed.fmtp.lock().unwrap_or_else(PoisonError::into_inner) = Some(notice_task);
         let reader_feed = feed.clone();
         let reader = std::thread::Builder::new()
@@ -947,6 +907,89 @@ impl Feed {
             .map_err(FeedError::Runtime)?;
         *feed.reader.lock().unwrap_or_else(PoisonError::into_inner) = Some(reader);
         Ok(feed)
+    }
+
+    /// Starts the feed's rate monitor task (`rate_control`): it steps the path, the HTB tree on
+    /// the interface toward the group (when there is one) and the FMTP pacing.
+    fn start_rate_monitor(
+        &self,
+        control: &Arc<Mutex<RateControl>>,
+        interface: Ipv4Addr,
+        path: SharedPath,
+        pacing: ldm7_fmtp::RateHandle,
+        runtime: &tokio::runtime::Handle,
+    ) {
+        let Some(settings) = &self.settings.rate_control else { return };
+        let name = &self.name;
+        let shaped_interface = rate_control::shaped_interface(interface);
+        let steps: Vec<String> = settings.steps.iter().map(ToString::to_string).collect();
+        tracing::info!(
+            "{name}: rate monitor on: steps {}, interval {:?}, W {:?}, alpha {}, beta {}, lower after {} calm intervals; \
+             the path {}{} follows",
+            steps.join(" → "),
+            settings.interval,
+            settings.wait,
+            settings.alpha,
+            settings.beta,
+            settings.lower_after,
+            self.path_name,
+            shaped_interface.as_deref().map(|dev| format!(" and the HTB tree on {dev}")).unwrap_or_default()
+        );
+        let actuators =
+            Actuators { feed: name.clone(), path, path_name: self.path_name.clone(), shaped_interface, pacing };
+        let task = runtime.spawn(rate_control::run(control.clone(), settings.interval, actuators));
+        *self.rate_task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+    }
+
+    /// Reads the FMTP sender's notices until it ends, so that it never waits on them: logs what
+    /// matters, feeds the rate monitor, and holds off hosts whose receivers fail the key
+    /// exchange. Owns the sender: aborting this task (`stop`) drops it.
+    async fn log_notices(self: Arc<Self>, mut notices: FmtpSender, monitor: Option<Arc<Mutex<RateControl>>>) {
+        let monitor = monitor.as_deref();
+        let notices_name = &self.name;
+        let notices_refusals = &self.key_refusals;
+        let notices_level = self.settings.mac_level;
+        while let Some(notice) = notices.next_notice().await {
+            match notice {
+                SenderNotice::Event(SenderEvent::Sent { index, size }) => {
+                    tracing::debug!("{notices_name}: multicast product {} ({size} bytes)", index.0);
+                }
+                SenderNotice::Event(SenderEvent::BoundHit { bound, receiver }) => {
+                    tracing::debug!("{notices_name}: FMTP bound {bound:?} hit (receiver {receiver:?})");
+                }
+                SenderNotice::Event(SenderEvent::Released { index, unfinished, .. }) => {
+                    if let Some(monitor) = monitor {
+                        monitor.lock().unwrap_or_else(PoisonError::into_inner).released(index, &unfinished);
+                    }
+                }
+                SenderNotice::Event(SenderEvent::Completed(completion)) => {
+                    if let Some(monitor) = monitor {
+                        monitor.lock().unwrap_or_else(PoisonError::into_inner).completed(&completion);
+                    }
+                }
+                SenderNotice::ReceiverJoined(id, peer) => {
+                    tracing::info!("{notices_name}: FMTP receiver {peer} connected ({id})");
+                }
+                SenderNotice::ReceiverLeft(id, departure) => {
+                    tracing::info!("{notices_name}: FMTP {id} disconnected");
+                    if notices_refusals.lock().unwrap_or_else(PoisonError::into_inner).left(&departure) {
+                        tracing::error!(
+                            "{notices_name}: the FMTP receiver at {host} closed its repair connection right after \
+                             the key exchange {KEY_REFUSALS_BEFORE_HOLD} times in a row: its MAC level is most \
+                             likely not this feed's, {notices_level} (set FMTP_MAC_LEVEL={level} for a reference \
+                             LDM-7 subscriber, mac_level = {level} in [receive] of an ldm7 subscriber's settings); \
+                             its subscriptions are refused for {hold} s",
+                            host = departure.peer.ip(),
+                            level = notices_level.number(),
+                            hold = KEY_REFUSAL_HOLD.as_secs()
+                        );
+                    }
+                }
+                SenderNotice::Refused(error) => {
+                    tracing::error!("{notices_name}: FMTP refused a product: {}", error.reason);
+                }
+            }
+        }
     }
 
     /// Follows the queue from now and hands every product of the feed to FMTP, until stopped.
@@ -995,7 +1038,7 @@ impl Feed {
                     }
                 }
             }
-            if runtime.block_on(products.send(Product::new(product, metadata))).is_err() {
+            if runtime.block_on(products.send(OutgoingProduct::new(product, metadata))).is_err() {
                 // The feed being stopped drops the sender: not an error then.
                 if !self.stop.load(Ordering::Relaxed) {
                     tracing::error!("{}: the FMTP sender stopped; multicasting stops", self.name);

@@ -29,10 +29,10 @@ use super::publisher::Subscription;
 use crate::Shared;
 use crate::access::PeerHost;
 use crate::conn::ConnectionError;
-use crate::wait::{Input, wait_input};
+use crate::wait::{Input, wait_input_or_stop};
 
-/// How long the thread waits for input when it has nothing else to do (it looks at the
-/// shutdown flag this often).
+/// How long the thread waits for input when it has nothing else to do (it answers fences, the
+/// backstop requests for products not yet multicast, this often; a stop wakes it at once).
 const IDLE_WAIT: Duration = Duration::from_millis(250);
 /// How long it waits for input between batches of work.
 const BUSY_WAIT: Duration = Duration::from_millis(1);
@@ -139,15 +139,16 @@ pub(crate) fn serve(
         if let Some(result) = ended {
             break result.map_err(ConnectionError::from);
         }
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.is_stopping() {
             break Ok(());
         }
         let busy = !requests.is_empty() || backlog.is_some();
         let longest = if busy { BUSY_WAIT } else { IDLE_WAIT };
-        match wait_input(&mut stream, &mut buf, inbound.poll_timeout(), longest) {
+        match wait_input_or_stop(&mut stream, &mut buf, inbound.poll_timeout(), Some(longest), &shared.stop) {
             Ok(Input::Bytes(n)) => inbound.handle_input(Clock::now(), &buf[..n]),
             Ok(Input::Timeout) => inbound.handle_timeout(Clock::now()),
             Ok(Input::Eof) => inbound.handle_eof(),
+            Ok(Input::Stopped) => break Ok(()),
             Err(error) => {
                 tracing::debug!("{peer}: read: {error}");
                 inbound.handle_eof();

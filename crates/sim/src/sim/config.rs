@@ -163,6 +163,20 @@ pub struct SimConfig {
     /// Whether members that get a product without loss may take it whole, without being
     /// handed its BOP and EOP one by one (docs/simulator.md; on by default, off to compare).
     pub whole_products: bool,
+    /// The LDM-7 backstop (`None`: FMTP alone, what it misses is counted missed).
+    pub backstop: Option<Backstop>,
+}
+
+/// The LDM-7 subscriber's backstop in the simulation: every receiver runs the subscriber's
+/// decisions ([`ldm7_ldm_proto::downstream7::Downstream7`], as the server's RECEIVE does) on
+/// its FMTP reports, and each product it asks for (REQUEST_PRODUCT: missed, or skipped by a
+/// jump of the index) arrives over unicast a round trip later plus its transfer at `rate`.
+/// The unicast path is a delay, not a shared link; the backlog and tail-check requests the
+/// decisions also make are counted, not served (receivers here do not restart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backstop {
+    /// The unicast transfer rate of a backstop product, bits per second.
+    pub rate_bits_per_s: u64,
 }
 
 impl SimConfig {
@@ -180,7 +194,14 @@ impl SimConfig {
             liveness: Liveness::default(),
             time_limit: Duration::from_secs(7 * 24 * 3600),
             whole_products: true,
+            backstop: None,
         }
+    }
+
+    /// Sets the LDM-7 backstop ([`Backstop`]) at `rate_bits_per_s` for every receiver.
+    pub fn with_backstop(mut self, rate_bits_per_s: u64) -> Self {
+        self.backstop = Some(Backstop { rate_bits_per_s });
+        self
     }
 
     /// Sets parity repair ([`ldm7_fmtp_proto::parity`]) at the sender and every receiver:

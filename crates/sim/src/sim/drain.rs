@@ -4,7 +4,8 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use ldm7_fmtp_proto::{Destination, Instant, ReceiverId, SenderEvent};
+use ldm7_fmtp_proto::{Destination, Instant, ProductIndex, ReceiverId, SenderEvent};
+use ldm7_ldm_proto::downstream7::{FmtpReport, UpstreamRequest};
 
 use crate::ledger::Violation;
 
@@ -148,6 +149,23 @@ impl Simulation {
             }
         }
         while let Some(event) = node.receiver.poll_event() {
+            if let Some(subscriber) = &mut node.subscriber {
+                subscriber.fmtp(at, fmtp_report(&event), None);
+                while let Some(decision) = subscriber.poll_decision() {
+                    // The backstop: REQUEST_PRODUCT answered a round trip plus the product's
+                    // transfer later. Backlog and fence requests concern restarts (none here).
+                    if let UpstreamRequest::RequestProduct(index) = decision {
+                        let index = ProductIndex(index);
+                        let bytes = u64::from(self.ledger.size_of(index).unwrap_or(0));
+                        let rate = self.backstop.map_or(u64::MAX, |backstop| backstop.rate_bits_per_s.max(1));
+                        let transfer = Duration::from_secs_f64(bytes as f64 * 8.0 / rate as f64);
+                        self.queue.push(at.max(self.now) + node.rtt + transfer, Event::Backstop { receiver, index });
+                        self.counters.backstop_requests += 1;
+                    } else {
+                        self.counters.backlog_requests += 1;
+                    }
+                }
+            }
             if let (Some(log), ldm7_fmtp_proto::ReceiverEvent::Delivered(delivery)) = (&mut self.delivery_log, &event) {
                 log.push(DeliveryRecord {
                     receiver,
@@ -187,5 +205,21 @@ impl Simulation {
             }
         }
         Ok(())
+    }
+}
+
+/// An FMTP receiver's event as the LDM-7 subscriber's decisions see it (as the server's driver
+/// reports its receiver's notices).
+fn fmtp_report(event: &ldm7_fmtp_proto::ReceiverEvent) -> FmtpReport {
+    use ldm7_fmtp_proto::ReceiverEvent;
+    match event {
+        ReceiverEvent::Delivered(delivery) => {
+            let signature = delivery.metadata.get(..16).and_then(|bytes| <[u8; 16]>::try_from(bytes).ok());
+            FmtpReport::Delivered(delivery.index.0, signature.map(ldm7_types::Signature))
+        }
+        ReceiverEvent::Started { index } => FmtpReport::Started(index.0),
+        ReceiverEvent::Missed { index, .. } => FmtpReport::Missed(index.0),
+        ReceiverEvent::IndexGap { first, last } => FmtpReport::IndexGap(first.0, last.0),
+        ReceiverEvent::BoundHit { .. } => FmtpReport::Other,
     }
 }

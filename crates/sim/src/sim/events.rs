@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ldm7_fmtp_proto::{EnqueueRefusal, Instant, Product, ReceiverId};
+use ldm7_fmtp_proto::{EnqueueRefusal, Instant, OutgoingProduct, ReceiverId};
 use ldm7_types::Signature;
 
 use crate::ledger::{Content, ProductRecord, Violation};
@@ -13,6 +13,11 @@ use crate::workload::{PatternData, ProductSpec, bytes_fingerprint, pattern_bytes
 use super::{ContentMode, Event, Ride, Simulation, content_seed};
 
 impl Simulation {
+    /// Handles one simulator event. One function on purpose: the event loop's dispatch, an arm
+    /// per kind of event (sender and receiver wakes, datagrams on the multicast path, repair
+    /// stream segments, connection resets, products due), each a few lines that hand the event
+    /// to a state machine and route its output; the staleness rules above are the one place
+    /// every kind is decided together.
     pub(super) fn handle(&mut self, event: Event) -> Result<(), Violation> {
         let stale = match &event {
             // A wake is stale if another replaced it or its timer was cancelled meanwhile.
@@ -45,7 +50,8 @@ impl Simulation {
             | Event::WholeEnds { .. }
             | Event::ToSender { .. }
             | Event::Writable { .. }
-            | Event::Join { .. } => {}
+            | Event::Join { .. }
+            | Event::Backstop { .. } => {}
         }
         if !stale {
             self.last_active = self.now;
@@ -160,6 +166,13 @@ impl Simulation {
                 self.drain_sender()
             }
             Event::Liveness => self.on_liveness(),
+            Event::Backstop { receiver, index } => {
+                let signature = self.ledger.backstop_delivered(receiver, index)?;
+                if let Some(subscriber) = &mut self.nodes[receiver].subscriber {
+                    subscriber.backstop_delivered(index.0, ldm7_types::Signature(signature));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -193,7 +206,7 @@ impl Simulation {
                     let bytes: Arc<[u8]> = pattern_bytes(content_seed, spec.size).into();
                     let metadata = Signature::md5_of(&bytes).0;
                     let fingerprint = bytes_fingerprint(&bytes);
-                    (Product::new(bytes.clone(), metadata), Content::Bytes(bytes), metadata, fingerprint)
+                    (OutgoingProduct::new(bytes.clone(), metadata), Content::Bytes(bytes), metadata, fingerprint)
                 }
                 ContentMode::Pattern => {
                     let mut metadata = [0u8; 16];
@@ -201,7 +214,7 @@ impl Simulation {
                     metadata[8..].copy_from_slice(&mix64(content_seed ^ u64::from(spec.size)).to_le_bytes());
                     let data = PatternData { seed: content_seed, len: spec.size };
                     let fingerprint = pattern_fingerprint(content_seed, spec.size);
-                    (Product::new(data, metadata), Content::Pattern(content_seed), metadata, fingerprint)
+                    (OutgoingProduct::new(data, metadata), Content::Pattern(content_seed), metadata, fingerprint)
                 }
             };
             match self.sender.enqueue(self.now, product) {

@@ -31,8 +31,9 @@ use crate::due::{DueList, LossCalendar};
 use crate::ledger::{Ledger, Violation};
 use crate::net::{BottleneckState, Channel, LossProcess, UplinkState};
 use crate::queue::EventQueue;
-use crate::rng::{SimRng, mix64};
+use crate::rng::SimRng;
 use crate::workload::{ProductSpec, Workload};
+use ldm7_ldm_proto::downstream7::{Downstream7, Downstream7Config};
 
 mod config;
 mod drain;
@@ -42,7 +43,7 @@ mod members;
 mod report;
 mod stream;
 
-pub use config::{ContentMode, DropFilter, Liveness, ReceiverSpec, SimConfig, SimConfigError};
+pub use config::{Backstop, ContentMode, DropFilter, Liveness, ReceiverSpec, SimConfig, SimConfigError};
 pub use report::{DeliveryRecord, Failure, ReceiverReport, Report};
 
 use stream::Request;
@@ -50,12 +51,13 @@ use stream::Request;
 /// The seed of the pattern content of the product at `position` (0 for the first) of a run
 /// with seed `seed`.
 fn content_seed(seed: u64, position: u64) -> u64 {
-    mix64(seed ^ mix64(position.wrapping_add(1)))
+    ldm7_types::content::product_seed(seed, position)
 }
 
 /// The simulation.
 pub struct Simulation {
     seed: u64,
+    backstop: Option<Backstop>,
     content: ContentMode,
     liveness: Liveness,
     time_limit: Instant,
@@ -178,6 +180,18 @@ impl Simulation {
                 in_flight_bytes_max: receiver_config.in_flight_bytes_max,
                 datagrams_lost: 0,
                 next_loss: u64::MAX,
+                subscriber: config.backstop.map(|_| {
+                    let mut subscriber = Downstream7::new(
+                        Downstream7Config {
+                            time_offset: Duration::from_secs(3600),
+                            retry_min: Duration::from_secs(1),
+                            retry_max: Duration::from_secs(30),
+                        },
+                        None,
+                    );
+                    subscriber.session_started(now);
+                    subscriber
+                }),
             });
             lanes.push(Lane { group: group as u32, ..Lane::default() });
             let plain = spec.to_sender.rate_bits_per_s.is_none() && spec.stalls.is_empty() && spec.resets.is_empty();
@@ -205,6 +219,7 @@ impl Simulation {
         queue.push(now, Event::Arrival);
         Ok(Self {
             seed,
+            backstop: config.backstop,
             content: config.content,
             liveness: config.liveness,
             time_limit: Instant::ZERO + config.time_limit,
@@ -443,6 +458,11 @@ enum Event {
     },
     /// Heal the network and send the sentinel.
     Liveness,
+    /// A product the receiver asked for through the backstop arrives.
+    Backstop {
+        receiver: usize,
+        index: ProductIndex,
+    },
 }
 
 struct Node {
@@ -463,6 +483,8 @@ struct Node {
     datagrams_lost: u64,
     /// Sampled losses: the group sequence number of the next datagram it loses.
     next_loss: u64,
+    /// The LDM-7 subscriber's decisions, with a backstop ([`Backstop`]).
+    subscriber: Option<Downstream7>,
 }
 
 /// How a receiver takes its group's next datagram when losses are sampled
@@ -700,4 +722,7 @@ struct Counters {
     resets: u64,
     sender_bound_hits: u64,
     whole_products: u64,
+    /// Products asked for through the backstop, and backlog or fence requests (not served).
+    backstop_requests: u64,
+    backlog_requests: u64,
 }

@@ -64,6 +64,10 @@ pub struct Report {
     /// Deliveries of products taken whole
     /// ([`SimConfig::whole_products`](crate::SimConfig::whole_products)).
     pub whole_products: u64,
+    /// Products asked for through the LDM-7 backstop (with [`crate::sim::Backstop`]).
+    pub backstop_requests: u64,
+    /// Backlog and fence requests the subscribers' decisions made (not served: no restarts).
+    pub backlog_requests: u64,
     /// The sender's counters.
     pub sender: SenderCounters,
     /// Per receiver, in configuration order.
@@ -99,6 +103,11 @@ impl Report {
     /// Products missed, all receivers.
     pub fn missed(&self) -> u64 {
         self.receivers.iter().map(|r| r.tally.missed).sum()
+    }
+
+    /// Products the LDM-7 backstop brought, all receivers.
+    pub fn backstop(&self) -> u64 {
+        self.receivers.iter().map(|r| r.tally.backstop).sum()
     }
 
     /// Products reported through index gaps, all receivers.
@@ -148,6 +157,15 @@ impl fmt::Display for Report {
             self.unknown_before_first_contact(),
             self.retransmitted_blocks()
         )?;
+        if self.backstop_requests > 0 {
+            writeln!(
+                f,
+                "backstop: {} products asked for, {} brought; missed for good {}",
+                self.backstop_requests,
+                self.backstop(),
+                (self.missed() + self.gap_reported()).saturating_sub(self.backstop())
+            )?;
+        }
         writeln!(
             f,
             "publisher egress {:.3} per product byte (multicast {}, repairs {}, parity {} bytes)",
@@ -195,6 +213,8 @@ impl Simulation {
                 .map_or((0, Duration::ZERO), |uplink| (uplink.bytes, uplink.wait_max)),
             datagram_deliveries: self.counters.datagram_deliveries,
             whole_products: self.counters.whole_products,
+            backstop_requests: self.counters.backstop_requests,
+            backlog_requests: self.counters.backlog_requests,
             sender: self.sender.counters().clone(),
             receivers: (0..self.nodes.len())
                 .map(|n| ReceiverReport {

@@ -1,0 +1,4 @@
+//! The simulator: scenarios and random runs: one test binary.
+
+mod random;
+mod scenarios;
