@@ -5,6 +5,8 @@
 //! - [`hostcfg`] and [`tc`]: the feed interface, its private address (which an LDM-7 subscriber
 //!   configures itself with [`hostcfg::ensure_address`]), receive-side loss, and the
 //!   publisher's HTB tree (multicast and retransmission classes, BFIFO) with its counters;
+//! - [`pool`]: the private addresses of a feed's subnet that the publisher hands to its
+//!   subscribers (a decision over addresses, no I/O);
 //! - [`lab`]: the namespace lab behind `ldm7 lab up | down | status | exec` (the subcommands
 //!   themselves live in the `ldm7` binary), hosts as network namespaces on one machine, joined by
 //!   a control network and by one path per feed;
@@ -18,6 +20,7 @@ pub mod hostcfg;
 pub mod lab;
 pub mod netns;
 pub mod path;
+pub mod pool;
 pub mod tc;
 
 pub use lab::{LabError, LabSpec, LabStatus};

@@ -5,7 +5,6 @@
 
 pub mod downstream7;
 pub mod index_map;
-pub mod pool;
 pub mod product;
 pub mod publisher;
 pub mod rate_control;

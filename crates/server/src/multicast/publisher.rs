@@ -57,12 +57,12 @@ use ldm7_pq::Queue;
 use ldm7_types::{FeedType, ProdClass, ProdSpec, Signature, Timestamp};
 
 use super::index_map::{IndexMap, IndexMapError};
-use super::pool::{Pool, PoolError};
 use super::product::QueuedProduct;
 use super::rate_control::{self, Actuators, RateControl, RateControlStatus, SharedPath};
 use crate::access::{self, PeerHost, ProductFilter};
 use crate::config::{Config, Multicast};
 use crate::settings::{Deadline, MulticastSettings, PathSettings, Settings};
+use ldm7_net::pool::{Pool, PoolError};
 
 /// How long the queue reader waits for a product before it looks at the stop flag again (a
 /// stopping server wakes it at once: `Queue::wake_waiters`; this bounds a missed wake-up).

@@ -54,6 +54,40 @@ fn content_seed(seed: u64, position: u64) -> u64 {
     ldm7_types::content::product_seed(seed, position)
 }
 
+/// Each delay group's parity, and whether its members may take products whole: all alike
+/// (`alike` per receiver: its TCP delay to the sender if that path is a plain delay, its parity
+/// settings and its receive timer's slack) and `whole_products` on.
+fn settle_groups(
+    groups: &mut [Group],
+    alike: &[(Option<Duration>, Option<ParityConfig>, Duration)],
+    whole_products: bool,
+) {
+    for group in groups {
+        let (to_sender, parity, _) = alike[group.members[0]];
+        group.parity = parity;
+        let same =
+            group.members.iter().all(|&m| alike[m].0.is_some() && alike[m].0 == to_sender && alike[m].1 == parity);
+        let gap_max = group.members.iter().map(|&m| alike[m].2).min().unwrap_or_default();
+        group.whole = match to_sender {
+            Some(to_sender) if same && whole_products => Some(WholeSpec { to_sender, gap_max }),
+            _ => None,
+        };
+    }
+}
+
+/// A receiver's LDM-7 subscriber decisions for the backstop ([`Backstop`]): one session, from
+/// `now`, with the server's defaults.
+fn backstop_subscriber(now: Instant) -> Downstream7 {
+    let config = Downstream7Config {
+        time_offset: Duration::from_secs(3600),
+        retry_min: Duration::from_secs(1),
+        retry_max: Duration::from_secs(30),
+    };
+    let mut subscriber = Downstream7::new(config, None);
+    subscriber.session_started(now);
+    subscriber
+}
+
 /// The simulation.
 pub struct Simulation {
     seed: u64,
@@ -180,18 +214,7 @@ impl Simulation {
                 in_flight_bytes_max: receiver_config.in_flight_bytes_max,
                 datagrams_lost: 0,
                 next_loss: u64::MAX,
-                subscriber: config.backstop.map(|_| {
-                    let mut subscriber = Downstream7::new(
-                        Downstream7Config {
-                            time_offset: Duration::from_secs(3600),
-                            retry_min: Duration::from_secs(1),
-                            retry_max: Duration::from_secs(30),
-                        },
-                        None,
-                    );
-                    subscriber.session_started(now);
-                    subscriber
-                }),
+                subscriber: config.backstop.map(|_| backstop_subscriber(now)),
             });
             lanes.push(Lane { group: group as u32, ..Lane::default() });
             let plain = spec.to_sender.rate_bits_per_s.is_none() && spec.stalls.is_empty() && spec.resets.is_empty();
@@ -205,17 +228,7 @@ impl Simulation {
                 queue.push(reset.at, Event::Reset { receiver: position, reconnect_after: reset.reconnect_after });
             }
         }
-        for group in &mut groups {
-            let (to_sender, parity, _) = alike[group.members[0]];
-            group.parity = parity;
-            let same =
-                group.members.iter().all(|&m| alike[m].0.is_some() && alike[m].0 == to_sender && alike[m].1 == parity);
-            let gap_max = group.members.iter().map(|&m| alike[m].2).min().unwrap_or_default();
-            group.whole = match to_sender {
-                Some(to_sender) if same && config.whole_products => Some(WholeSpec { to_sender, gap_max }),
-                _ => None,
-            };
-        }
+        settle_groups(&mut groups, &alike, config.whole_products);
         queue.push(now, Event::Arrival);
         Ok(Self {
             seed,

@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::net::Ipv4Addr;
 
-use ldm7_net::hostcfg::Ipv4Cidr;
+use crate::hostcfg::Ipv4Cidr;
 
 /// Why no address could be handed out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
