@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Subcommand;
-use ldm7_testbed::bench::{act, compare, ldm6, queue, reference};
+use ldm7_testbed::bench::{act, compare, ldm6, queue, reference, scour};
 use ldm7_types::Rate;
 
 use crate::common::{duration_arg, speed_arg};
@@ -24,6 +24,9 @@ pub enum BenchCommand {
     Act(BenchActArgs),
     /// LDM-6 unicast vs LDM-7 multicast on one lab path (root): throughput, latency, egress, CPU.
     Compare(BenchCompareArgs),
+    /// Deleting old files: `ldm7 scour` (side by side with LDM's `scour` when LDM_REF_BIN is
+    /// set) on a generated tree, survivors checked.
+    Scour(BenchScourArgs),
 }
 
 /// Runs a benchmark.
@@ -34,6 +37,7 @@ pub fn run(command: BenchCommand) -> CmdResult {
         BenchCommand::Ldm6(args) => ldm6::run(&args.into()),
         BenchCommand::Act(args) => act::run(&args.into()),
         BenchCommand::Compare(args) => compare::run(&args.into()),
+        BenchCommand::Scour(args) => scour::run(&args.into()),
     }
     .map_err(runtime)
 }
@@ -104,6 +108,42 @@ pub struct BenchInsertArgs {
 impl From<BenchInsertArgs> for reference::InsertOptions {
     fn from(args: BenchInsertArgs) -> Self {
         Self { dir: args.dir, sets: args.sets, repeat: args.repeat }
+    }
+}
+
+/// Arguments of `ldm7 bench scour`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchScourArgs {
+    /// Directory for the generated trees (default: the system temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Files in the tree (half of them old).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub files: usize,
+    /// Leaf directories the files are spread over.
+    #[arg(long, default_value_t = 10_000)]
+    pub dirs: usize,
+    /// Bytes per file.
+    #[arg(long, default_value_t = 1000, value_name = "BYTES")]
+    pub size: usize,
+    /// Runs per system; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: u32,
+    /// Worker threads of `ldm7 scour` [default: its own].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<u16>,
+}
+
+impl From<BenchScourArgs> for scour::ScourOptions {
+    fn from(args: BenchScourArgs) -> Self {
+        Self {
+            dir: args.dir,
+            files: args.files,
+            dirs: args.dirs,
+            size: args.size,
+            repeat: args.repeat,
+            threads: args.threads,
+        }
     }
 }
 

@@ -41,8 +41,8 @@ use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
-/// The program name in every line.
-const PROGRAM: &str = "ldm7";
+/// The program name in every line (a classic name may bring its own: `scour`).
+pub const PROGRAM: &str = "ldm7";
 
 /// Old log files kept by default: ldmadmin's `/log/count`.
 const KEEP_DEFAULT: u32 = 7;
@@ -105,8 +105,8 @@ pub enum LogSetupError {
     Installed,
 }
 
-/// Installs the process's subscriber as `args` say.
-pub fn install(args: &LogArgs) -> Result<(), LogSetupError> {
+/// Installs the process's subscriber as `args` say; its lines name `program`.
+pub fn install(args: &LogArgs, program: &'static str) -> Result<(), LogSetupError> {
     let sink = match &args.log_file {
         Some(path) if args.to_file() => {
             let reopen = Arc::new(AtomicBool::new(false));
@@ -119,6 +119,7 @@ pub fn install(args: &LogArgs) -> Result<(), LogSetupError> {
     let layer = LdmLayer {
         verbosity: Verbosity { verbose: args.verbose, debug: args.debug },
         json: args.log_json,
+        program,
         pid: std::process::id(),
         sink: Mutex::new(sink),
     };
@@ -198,8 +199,8 @@ impl Verbosity {
 }
 
 /// Formats one event as an LDM line (without the newline).
-pub fn ldm_line(now: SystemTime, pid: u32, level: LdmLevel, fields: &EventFields) -> String {
-    let mut line = format!("{} {PROGRAM}[{pid}] {} {}", log_time(now), level.name(), fields.message);
+pub fn ldm_line(now: SystemTime, program: &str, pid: u32, level: LdmLevel, fields: &EventFields) -> String {
+    let mut line = format!("{} {program}[{pid}] {} {}", log_time(now), level.name(), fields.message);
     for (name, value) in &fields.others {
         line.push_str(&format!(" {name}={value}"));
     }
@@ -207,12 +208,19 @@ pub fn ldm_line(now: SystemTime, pid: u32, level: LdmLevel, fields: &EventFields
 }
 
 /// Formats one event as a JSON object (without the newline).
-pub fn json_line(now: SystemTime, pid: u32, level: LdmLevel, target: &str, fields: &EventFields) -> String {
+pub fn json_line(
+    now: SystemTime,
+    program: &str,
+    pid: u32,
+    level: LdmLevel,
+    target: &str,
+    fields: &EventFields,
+) -> String {
     let others: serde_json::Map<String, serde_json::Value> =
         fields.others.iter().map(|(name, value)| (name.to_string(), serde_json::Value::from(value.as_str()))).collect();
     serde_json::json!({
         "time": log_time(now),
-        "program": PROGRAM,
+        "program": program,
         "pid": pid,
         "level": level.name(),
         "target": target,
@@ -261,6 +269,7 @@ impl Visit for EventFields {
 struct LdmLayer {
     verbosity: Verbosity,
     json: bool,
+    program: &'static str,
     pid: u32,
     sink: Mutex<Sink>,
 }
@@ -281,9 +290,9 @@ impl<S: Subscriber> Layer<S> for LdmLayer {
         event.record(&mut fields);
         let now = SystemTime::now();
         let mut line = if self.json {
-            json_line(now, self.pid, level, metadata.target(), &fields)
+            json_line(now, self.program, self.pid, level, metadata.target(), &fields)
         } else {
-            ldm_line(now, self.pid, level, &fields)
+            ldm_line(now, self.program, self.pid, level, &fields)
         };
         line.push('\n');
         let mut sink = self.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -449,13 +458,15 @@ mod tests {
         let at = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
         let fields = EventFields { message: "Starting Up".into(), others: vec![("peer", "10.0.0.1:388".into())] };
         assert_eq!(
-            ldm_line(at, 42, LdmLevel::Note, &fields),
+            ldm_line(at, PROGRAM, 42, LdmLevel::Note, &fields),
             "20231114T221320.123456Z ldm7[42] NOTE Starting Up peer=10.0.0.1:388"
         );
-        let json: serde_json::Value = serde_json::from_str(&json_line(at, 42, LdmLevel::Info, "t", &fields)).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&json_line(at, "scour", 42, LdmLevel::Info, "t", &fields)).unwrap();
         assert_eq!(json["time"], "20231114T221320.123456Z");
         assert_eq!(json["level"], "INFO");
         assert_eq!(json["pid"], 42);
+        assert_eq!(json["program"], "scour");
         assert_eq!(json["message"], "Starting Up");
         assert_eq!(json["fields"]["peer"], "10.0.0.1:388");
     }

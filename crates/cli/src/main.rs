@@ -1,5 +1,6 @@
 //! `ldm7`: one binary for the product queue and its tools. Invoked as `pqinsert`, `pqcat`,
-//! `notifyme`, `ldmsend`, `ldmd`, `pqcreate`, `pqmon` or `pqcheck` it behaves as that classic LDM command.
+//! `notifyme`, `ldmsend`, `ldmd`, `pqcreate`, `pqmon`, `pqcheck` or `scour` it behaves as that
+//! classic LDM command (`scour` also names itself so in its log lines).
 //!
 //! Exit codes: 0 ok, 1 bad usage or input, 2 runtime failure.
 //!
@@ -22,6 +23,7 @@ mod monitor_cmd;
 mod plan_cmd;
 mod queue_cmd;
 mod remote;
+mod scour_cmd;
 mod serve;
 mod trace_cmd;
 mod watch;
@@ -86,6 +88,8 @@ enum Command {
     /// Product traces: generate IDD-like traces from the workload model.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
+    /// Delete old files from the directories of a scour.conf (scour; from cron).
+    Scour(scour_cmd::ScourArgs),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -119,6 +123,7 @@ fn main() {
             .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Info(args)), log)),
         "pqcheck" => legacy::<queue_cmd::PathArgs>("pqcheck", argv)
             .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Check(args)), log)),
+        "scour" => legacy::<scour_cmd::ScourArgs>("scour", argv).map(|(args, log)| (Command::Scour(args), log)),
         _ => parse::<Cli>(argv).map(|cli| (cli.command, cli.log)),
     };
     let code = match parsed {
@@ -130,7 +135,8 @@ fn main() {
 
 /// Installs the log subscriber, runs the command, reports its failure; returns the exit code.
 fn run(name: &str, command: Command, log: &LogArgs) -> i32 {
-    if let Err(error) = logging::install(log) {
+    let program = if name == "scour" { "scour" } else { logging::PROGRAM };
+    if let Err(error) = logging::install(log, program) {
         eprintln!("{name}: error: {error}");
         return 1;
     }
@@ -166,6 +172,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Serve(args) => serve::run(&args),
         Command::Notify(args) => remote::notify(&args, with_signature),
         Command::Send(args) => remote::send(&args),
+        Command::Scour(args) => scour_cmd::run(&args),
     }
 }
 

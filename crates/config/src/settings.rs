@@ -81,6 +81,11 @@
 //! call_bytes_max = "64 KiB"       # longest record before a session, and from a downstream
 //! one_feeder_per_host = true      # a host's FEEDME ends this server's older feed to that host
 //!                                 # of the same feed (the reference's anti-DoS rule)
+//!
+//! [exec]                          # the EXEC entries' children (docs/server.md "EXEC")
+//! restart = false                 # start a child that exited again, after a back-off doubling
+//!                                 # from 1 s to restart_max (the reference does not restart)
+//! restart_max = "60s"             # longest back-off; a child that ran longer resets it
 //! ```
 
 use std::collections::BTreeMap;
@@ -381,6 +386,21 @@ impl Default for Ldm6Settings {
     }
 }
 
+/// What the server does with the children of its EXEC entries (`[exec]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecSettings {
+    /// Whether a child that exited is started again (after a back-off).
+    pub restart: bool,
+    /// The longest back-off between restarts; a child that ran longer resets it to 1 s.
+    pub restart_max: Duration,
+}
+
+impl Default for ExecSettings {
+    fn default() -> Self {
+        Self { restart: false, restart_max: Duration::from_secs(60) }
+    }
+}
+
 /// The settings file, typed.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Settings {
@@ -392,6 +412,8 @@ pub struct Settings {
     receive_feeds: BTreeMap<String, ReceiveSettings>,
     /// The LDM-6 server's bounds.
     pub ldm6: Ldm6Settings,
+    /// The EXEC entries' children.
+    pub exec: ExecSettings,
     /// Where the settings came from (`None`: defaults).
     pub source: Option<PathBuf>,
 }
@@ -413,7 +435,17 @@ impl Settings {
         let (receive, receive_feeds) = raw.receive.typed("receive", &value)?;
         let path = raw.path.typed(&value)?;
         let ldm6 = raw.ldm6.typed(&value)?;
-        Ok(Self { multicast, multicast_feeds, path, receive, receive_feeds, ldm6, source: Some(origin.to_path_buf()) })
+        let exec = raw.exec.typed(&value)?;
+        Ok(Self {
+            multicast,
+            multicast_feeds,
+            path,
+            receive,
+            receive_feeds,
+            ldm6,
+            exec,
+            source: Some(origin.to_path_buf()),
+        })
     }
 
     /// The publisher settings of `feed` (its overrides, else the defaults).
@@ -451,6 +483,34 @@ mod raw {
         pub receive: Section<ReceiveKeys>,
         #[serde(default)]
         pub ldm6: Ldm6Keys,
+        #[serde(default)]
+        pub exec: ExecKeys,
+    }
+
+    /// `[exec]`.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct ExecKeys {
+        restart: Option<bool>,
+        restart_max: Option<String>,
+    }
+
+    impl ExecKeys {
+        pub(super) fn typed(&self, value: Value<'_>) -> Result<ExecSettings, SettingsError> {
+            let mut settings = ExecSettings::default();
+            if let Some(restart) = self.restart {
+                settings.restart = restart;
+            }
+            if let Some(text) = &self.restart_max {
+                let max = parse_duration(text)
+                    .map_err(|error| value("exec.restart_max".into(), format!("{error}: e.g. \"60s\"")))?;
+                if max < Duration::from_secs(1) {
+                    return Err(value("exec.restart_max".into(), "at least 1s (the first back-off)".into()));
+                }
+                settings.restart_max = max;
+            }
+            Ok(settings)
+        }
     }
 
     /// `[ldm6]`.
@@ -957,6 +1017,16 @@ mod tests {
         assert_eq!(settings.ldm6, Ldm6Settings::default());
         assert_eq!(settings.ldm6.first_call_timeout, Duration::from_secs(120));
         assert!(settings.ldm6.one_feeder_per_host);
+    }
+
+    #[test]
+    fn the_exec_children() {
+        assert_eq!(parse("").unwrap().exec, ExecSettings::default());
+        let settings = parse("[exec]\nrestart = true\nrestart_max = \"5m\"\n").unwrap();
+        assert!(settings.exec.restart);
+        assert_eq!(settings.exec.restart_max, Duration::from_secs(300));
+        let error = parse("[exec]\nrestart_max = \"100ms\"\n").unwrap_err().to_string();
+        assert!(error.contains("exec.restart_max") && error.contains("at least 1s"), "{error}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! lives in `ldm7_types` and is re-exported here), the
 //! log targets every driver logs per-product lines with ([`log_target`]), the counter and
 //! once-per-episode logging decision for a named bound that was hit ([`bound`]), the stop
-//! signal a daemon's blocked threads wake on ([`stop`]), and the one way to pick a free local
+//! signal a daemon's blocked threads wake on ([`stop`]), a daemon's supervised child programs
+//! ([`children`]), and the one way to pick a free local
 //! port ([`free_port`]: the demo, the benchmarks and the tests).
 //!
 //! Protocol crates never read a clock; drivers (the FMTP driver, the server's session threads,
@@ -13,6 +14,7 @@
 
 pub use ldm7_types::backoff;
 pub mod bound;
+pub mod children;
 pub mod clock;
 pub mod log_target;
 pub mod stop;

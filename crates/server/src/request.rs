@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ldm7_io::Clock;
+use ldm7_io::{Clock, Stop};
 use ldm7_ldm_proto::{Downstream, DownstreamConfig, DownstreamEvent, FeedMode, SessionError};
 use ldm7_types::{ProdClass, Signature, Timestamp};
 use md5::{Digest, Md5};
@@ -83,18 +83,18 @@ fn save_state(path: &std::path::Path, signature: &Signature) {
 /// once).
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 
-/// Runs the request until the server stops.
-pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
+/// Runs the request until `stop` is given (the server stops, or a reload removed the REQUEST).
+pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec, stop: Arc<Stop>) {
     let state_path = request.state_path(&shared.options.state_dir);
     let mut resume_after = load_state(&state_path);
     let mut backoff = shared.options.retry_min;
-    while !shared.is_stopping() {
+    while !stop.is_stopped() {
         let started = Clock::now();
-        let outcome = session(&shared, &request, &state_path, &mut resume_after);
+        let outcome = session(&shared, &request, &state_path, &mut resume_after, &stop);
         if let Err(error) = &outcome {
             tracing::warn!("{}:{}: {error}", request.host, request.port);
         }
-        if shared.is_stopping() {
+        if stop.is_stopped() {
             break;
         }
         // A session that ran a while resets the back-off.
@@ -102,7 +102,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec) {
             backoff = shared.options.retry_min;
         }
         tracing::info!("{}:{}: reconnecting in {} s", request.host, request.port, backoff.as_secs_f64());
-        shared.sleep(backoff);
+        stop.wait(backoff);
         backoff = (backoff * 2).min(shared.options.retry_max);
     }
     if let Some(signature) = resume_after {
@@ -115,6 +115,7 @@ fn session(
     request: &RequestSpec,
     state_path: &std::path::Path,
     resume_after: &mut Option<Signature>,
+    stop: &Stop,
 ) -> Result<(), RequestError> {
     let mut stream = connect(&ServerAddress::new(request.host.clone(), request.port), CONNECT_TIMEOUT)?;
     let now = SystemTime::now();
@@ -186,7 +187,7 @@ fn session(
         if let Some(result) = ended {
             break result;
         }
-        if shared.is_stopping() {
+        if stop.is_stopped() {
             break Ok(());
         }
         // Read straight into the session's buffer: products stay where they arrived until they
@@ -194,13 +195,7 @@ fn session(
         let timeout = session.poll_timeout();
         // At most 250 ms: the resume point is saved between reads (SAVE_EVERY); a stop wakes it
         // at once.
-        match wait_input_or_stop(
-            &mut stream,
-            session.input_space(),
-            timeout,
-            Some(Duration::from_millis(250)),
-            &shared.stop,
-        ) {
+        match wait_input_or_stop(&mut stream, session.input_space(), timeout, Some(Duration::from_millis(250)), stop) {
             Ok(Input::Bytes(n)) => session.input_received(Clock::now(), n),
             Ok(Input::Timeout) => session.handle_timeout(Clock::now()),
             Ok(Input::Eof) => session.handle_eof(),

@@ -4,13 +4,14 @@
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ldm7_io::Stop;
+use ldm7_io::children::{ChildProgram, Children, Restart};
 use ldm7_ldm_proto::FeedMode;
 use ldm7_pq::Queue;
 use ldm7_types::Timestamp;
@@ -221,7 +222,9 @@ pub struct Server {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
     threads: Vec<JoinHandle<()>>,
-    children: Vec<Child>,
+    /// The REQUEST downstreams, changed by a reload.
+    requests: Mutex<Requests>,
+    children: Option<Children>,
     /// The RECEIVE subscribers' runtime, their stop signal and their tasks.
     subscribers: Option<Subscribers>,
     /// The Prometheus endpoint.
@@ -285,15 +288,15 @@ impl Server {
                 .expect("spawn"),
         );
         let config = shared.config();
+        let mut running = Vec::new();
         for request in requests(&config, local_addr.port()) {
-            let shared = shared.clone();
-            let name = format!("request {}", request.host);
-            threads.push(
-                std::thread::Builder::new().name(name).spawn(move || request::run(shared, request)).expect("spawn"),
-            );
+            running.push(RunningRequest::start(&shared, request).map_err(ServerError::Stop)?);
         }
         let subscribers = start_subscribers(&shared, &config, local_addr.port())?;
-        let children = start_execs(&config, shared.queue.path());
+        let exec = &shared.options.settings.exec;
+        let restart = exec.restart.then_some(Restart { max: exec.restart_max });
+        let children =
+            Children::start(exec_programs(&config, shared.queue.path()), restart).map_err(ServerError::Stop)?;
         let metrics = match shared.options.metrics_listen {
             Some(listen) => Some(
                 crate::prometheus::start(shared.clone(), listen)
@@ -301,7 +304,8 @@ impl Server {
             ),
             None => None,
         };
-        Ok(Self { shared, local_addr, threads, children, subscribers, metrics })
+        let requests = Mutex::new(Requests { running, ending: Vec::new() });
+        Ok(Self { shared, local_addr, threads, requests, children: Some(children), subscribers, metrics })
     }
 
     /// The address the server listens on.
@@ -314,11 +318,25 @@ impl Server {
         &self.shared
     }
 
-    /// Re-reads the configuration: new connections see the new ALLOW/ACCEPT entries at once;
-    /// REQUEST and EXEC changes take effect at the next start (as with LDM's `ldmadmin restart`).
+    /// Re-reads the whole configuration: new connections see the new ALLOW/ACCEPT entries at
+    /// once; REQUESTs removed end (saving their resume points) and REQUESTs added start, each
+    /// change logged; EXEC, MULTICAST and RECEIVE changes are logged as taking effect at the
+    /// next start. A configuration that does not load changes nothing.
     pub fn reload(&self) -> Result<(), ServerError> {
         let config = Config::load(&self.shared.options.config_path)?;
+        let previous = self.shared.config();
+        let wanted = requests(&config, self.local_addr.port());
+        for (what, before, after) in [
+            ("EXEC", format!("{:?}", previous.execs), format!("{:?}", config.execs)),
+            ("MULTICAST", format!("{:?}", previous.multicasts), format!("{:?}", config.multicasts)),
+            ("RECEIVE", format!("{:?}", previous.receives), format!("{:?}", config.receives)),
+        ] {
+            if before != after {
+                tracing::warn!("{what} entries changed: they take effect when the server starts again");
+            }
+        }
         *self.shared.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
+        self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner).reload(&self.shared, wanted);
         tracing::info!("Configuration reloaded from {}", self.shared.options.config_path.display());
         Ok(())
     }
@@ -346,6 +364,8 @@ impl Server {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        let requests = std::mem::take(&mut *self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        requests.stop();
         if let Some(Subscribers { runtime, stop, tasks }) = self.subscribers.take() {
             // Each subscriber ends its session and saves its resume point before the runtime
             // goes (dropping the runtime would cancel the tasks where they wait).
@@ -370,12 +390,8 @@ impl Server {
             Timestamp::from_system_time(std::time::SystemTime::now()),
             heartbeat,
         );
-        for child in &mut self.children {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = child.wait();
+        if let Some(children) = self.children.take() {
+            children.stop();
         }
     }
 }
@@ -455,6 +471,80 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
     }
 }
 
+/// The REQUEST downstreams running, and those a reload removed that are still ending.
+#[derive(Debug, Default)]
+struct Requests {
+    running: Vec<RunningRequest>,
+    ending: Vec<RunningRequest>,
+}
+
+/// One REQUEST's thread and its stop (the server's stop, or a reload that removed it).
+#[derive(Debug)]
+struct RunningRequest {
+    spec: RequestSpec,
+    stop: Arc<Stop>,
+    thread: JoinHandle<()>,
+}
+
+impl RunningRequest {
+    fn start(shared: &Arc<Shared>, spec: RequestSpec) -> std::io::Result<Self> {
+        let stop = Arc::new(Stop::new()?);
+        let (thread_shared, thread_spec, thread_stop) = (shared.clone(), spec.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("request {}", spec.host))
+            .spawn(move || request::run(thread_shared, thread_spec, thread_stop))?;
+        Ok(Self { spec, stop, thread })
+    }
+
+    /// What tells two REQUESTs apart: upstream, class and mode.
+    fn key(spec: &RequestSpec) -> String {
+        format!("{}:{} {} {:?}", spec.host, spec.port, spec.class, spec.mode)
+    }
+}
+
+impl Requests {
+    /// Ends the REQUESTs not `wanted` any more and starts the new ones, logging each. Those
+    /// ending are not waited for here (one may be connecting for up to 30 s): the stop joins
+    /// them.
+    fn reload(&mut self, shared: &Arc<Shared>, wanted: Vec<RequestSpec>) {
+        let wanted_keys: Vec<String> = wanted.iter().map(RunningRequest::key).collect();
+        let (kept, removed): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|running| wanted_keys.contains(&RunningRequest::key(&running.spec)));
+        for running in removed {
+            tracing::info!("REQUEST removed: {}", RunningRequest::key(&running.spec));
+            running.stop.stop();
+            self.ending.push(running);
+        }
+        self.running = kept;
+        for spec in wanted {
+            let key = RunningRequest::key(&spec);
+            if self.running.iter().any(|running| RunningRequest::key(&running.spec) == key) {
+                continue;
+            }
+            match RunningRequest::start(shared, spec) {
+                Ok(running) => {
+                    tracing::info!("REQUEST added: {key}");
+                    self.running.push(running);
+                }
+                Err(error) => tracing::error!("REQUEST {key}: cannot start it: {error}"),
+            }
+        }
+        self.ending.retain(|running| !running.thread.is_finished());
+    }
+
+    /// Stops every REQUEST and waits for each (each saves its resume point).
+    fn stop(self) {
+        let all: Vec<RunningRequest> = self.running.into_iter().chain(self.ending).collect();
+        for running in &all {
+            running.stop.stop();
+        }
+        for running in all {
+            let _ = running.thread.join();
+        }
+    }
+}
+
 /// The REQUEST entries as downstream runs; the first of a feed/pattern is primary.
 fn requests(config: &Config, default_port: u16) -> Vec<RequestSpec> {
     config
@@ -530,23 +620,27 @@ fn start_subscribers(
 const OWN_PROGRAMS: [&str; 9] =
     ["pqact", "pqinsert", "pqcat", "notifyme", "ldmsend", "pqcreate", "pqmon", "pqcheck", "ldmd"];
 
-/// Starts the EXEC entries, each with `LDM7_QUEUE` set to the server's queue (so a `pqact` or
-/// `pqinsert` without `-q` uses it, as the reference's read its queue from the registry).
-fn start_execs(config: &Config, queue: &std::path::Path) -> Vec<Child> {
-    let mut children = Vec::new();
-    for exec in &config.execs {
-        let Some((program, args)) = exec.argv.split_first() else { continue };
-        let mut command = exec_command(program);
-        command.args(args).env("LDM7_QUEUE", queue);
-        match command.spawn() {
-            Ok(child) => {
-                tracing::info!("EXEC {:?}: pid {}", exec.argv, child.id());
-                children.push(child);
+/// The EXEC entries' programs, each started with `LDM7_QUEUE` set to the server's queue (so a
+/// `pqact` or `pqinsert` without `-q` uses it, as the reference's read its queue from the
+/// registry); watched, their exits logged, restarted as `[exec]` says (`ldm7_io::children`).
+fn exec_programs(config: &Config, queue: &std::path::Path) -> Vec<ChildProgram> {
+    config
+        .execs
+        .iter()
+        .filter(|exec| !exec.argv.is_empty())
+        .map(|exec| {
+            let argv = exec.argv.clone();
+            let queue = queue.to_path_buf();
+            ChildProgram {
+                name: format!("{:?}", exec.argv),
+                // A process group of its own: the stop's SIGTERM reaches what a script started.
+                spawn: Box::new(move || {
+                    use std::os::unix::process::CommandExt;
+                    exec_command(&argv[0]).args(&argv[1..]).env("LDM7_QUEUE", &queue).process_group(0).spawn()
+                }),
             }
-            Err(error) => tracing::error!("EXEC {:?}: {error}", exec.argv),
-        }
-    }
-    children
+        })
+        .collect()
 }
 
 fn exec_command(program: &str) -> Command {

@@ -289,3 +289,72 @@ fn connections_beyond_max_clients_are_refused_and_counted() {
     assert!(server.log().contains("refusing"), "{}", tail(&server.log()));
     server.stop();
 }
+
+#[test]
+fn exec_children_are_reaped_logged_and_restarted_when_configured() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let conf = format!("{}EXEC \"sh exit3.sh\"\nEXEC \"sleep 600\"\n", allow_local());
+    let mut server = Node::new(root.path(), "s", "50M", &conf);
+    std::fs::write(server.dir.join("exit3.sh"), "exit 3\n").expect("script");
+    std::fs::write(server.dir.join("ldm7.toml"), "[exec]\nrestart = true\nrestart_max = \"2s\"\n").expect("settings");
+    server.start();
+    let count = |log: &str, needle: &str| log.lines().filter(|line| line.contains(needle)).count();
+    // A child that exits: its status logged as an error, and it is started again (1 s, then 2 s).
+    wait_until(Duration::from_secs(30), "the exiting child logged twice and started again", || {
+        (count(&server.log(), "child") >= 2 && count(&server.log(), "exited with status 3") >= 2).then_some(())
+    });
+    assert!(
+        server.log().contains("ERROR") && server.log().contains("starting it again in 1 s"),
+        "{}",
+        tail(&server.log())
+    );
+    // A child killed with SIGKILL: logged with the signal, started again with a new pid.
+    let started = "EXEC [\"sleep\", \"600\"]: pid ";
+    let pid = wait_until(Duration::from_secs(10), "the sleep child's pid", || {
+        server.log().lines().find_map(|line| line.split_once(started).map(|(_, pid)| pid.trim().to_owned()))
+    });
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().expect("kill").success());
+    wait_until(Duration::from_secs(30), "the killed child logged and started again", || {
+        let log = server.log();
+        (log.contains(&format!("child {pid} terminated by signal 9 (SIGKILL)")) && count(&log, started) >= 2)
+            .then_some(())
+    });
+    // Stopping ends every child: SIGTERM, each end logged as the server's own doing.
+    server.stop();
+    assert!(server.log().contains("terminated by SIGTERM (the server stops)"), "{}", tail(&server.log()));
+}
+
+#[test]
+fn sighup_adds_and_removes_requests_without_a_restart() {
+    let Some(trace) = support::ngrid_trace() else { return };
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut upstream = Node::new(root.path(), "up", "200M", &allow_local());
+    replay(&upstream, &trace, 50, 1);
+    upstream.start();
+    let mut down = Node::new(root.path(), "down", "200M", &allow_local());
+    down.start();
+    let hup = |node: &Node| {
+        assert!(Command::new("kill").args(["-HUP", &node.pid().to_string()]).status().expect("kill").success());
+    };
+    // Added by a reload: it starts and brings every product.
+    std::fs::write(down.dir.join("ldmd.conf"), request(&upstream)).expect("rewrite");
+    hup(&down);
+    down.wait_for(50, Duration::from_secs(60));
+    let added = format!("REQUEST added: 127.0.0.1:{}", upstream.port);
+    assert!(down.log().contains(&added), "{}", tail(&down.log()));
+    // Removed by a reload: it ends, and its connection to the upstream with it.
+    std::fs::write(down.dir.join("ldmd.conf"), allow_local()).expect("rewrite");
+    hup(&down);
+    wait_until(Duration::from_secs(30), "the removed REQUEST's connection closed", || {
+        (support::open_connections(upstream.port) == 0).then_some(())
+    });
+    assert!(down.log().contains(&format!("REQUEST removed: 127.0.0.1:{}", upstream.port)), "{}", tail(&down.log()));
+    // An EXEC added is not started by a reload: said so.
+    std::fs::write(down.dir.join("ldmd.conf"), format!("{}EXEC \"true\"\n", allow_local())).expect("rewrite");
+    hup(&down);
+    wait_until(Duration::from_secs(10), "the EXEC change logged", || {
+        down.log().contains("EXEC entries changed: they take effect when the server starts again").then_some(())
+    });
+    down.stop();
+    upstream.stop();
+}

@@ -13,5 +13,6 @@ mod ldm7;
 mod logging;
 mod monitor;
 mod plan;
+mod scour;
 mod support;
 mod trace;

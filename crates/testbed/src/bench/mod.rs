@@ -8,6 +8,8 @@
 //!   (`bench insert`);
 //! - [`ldm6`]: LDM-6 fan-out on loopback (`bench ldm6`);
 //! - [`act`]: product actions through `ldm7 act` (`bench act`);
+//! - [`scour`](mod@scour): deleting old files, `ldm7 scour` beside LDM's `scour` on the same
+//!   generated tree (`bench scour`);
 //! - [`compare`]: LDM-6 unicast against LDM-7 multicast on a lab path, with its figure
 //!   (`bench compare`, root).
 //!
@@ -19,3 +21,4 @@ pub mod compare;
 pub mod ldm6;
 pub mod queue;
 pub mod reference;
+pub mod scour;
