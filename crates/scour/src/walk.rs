@@ -174,7 +174,7 @@ pub struct PoolError {
 const THREADS_DEFAULT_MAX: usize = 64;
 
 /// The default number of worker threads: eight per core, at most [`THREADS_DEFAULT_MAX`].
-/// Deleting waits on the file system (journal, block bitmaps) more than it computes: on two
+/// Deleting waits off the CPU for the file system more than it computes: on two
 /// cores, 100,000 files half old (`ldm7 bench scour --files 100000 --dirs 1000 --threads N`)
 /// took 1.96 s with 2 threads, 1.39 s with 4, 1.06 s with 8, 0.85–0.96 s with 16 and no less
 /// with 32 or 64 (docs/operations.md).
