@@ -572,14 +572,7 @@ impl Process {
     /// Waits for the process to end until `deadline`, then kills it.
     fn reap(&mut self, deadline: Instant) {
         if let Some(mut child) = self.child.take() {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            crate::server::wait_or_kill(&mut child, deadline);
         }
     }
 }

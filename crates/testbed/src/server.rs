@@ -206,15 +206,7 @@ impl Server {
     /// Waits until the process has exited, at most until `deadline`, then kills it; its exit
     /// status when it exited by itself.
     pub fn wait_exit(&mut self, deadline: std::time::Instant) -> Option<ExitStatus> {
-        while self.child.is_some() && std::time::Instant::now() < deadline {
-            match self.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(_) => break,
-            }
-        }
-        self.kill();
-        None
+        self.child.take().and_then(|mut child| wait_or_kill(&mut child, deadline))
     }
 
     /// Its exit status once the process has exited on its own (`None` while it runs, and when it
@@ -327,6 +319,21 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Waits for `child` to exit until `deadline`, then kills it; its exit status when it exited by
+/// itself. (A server's [`Server::wait_exit`], and the demo's other processes.)
+pub(crate) fn wait_or_kill(child: &mut Child, deadline: std::time::Instant) -> Option<ExitStatus> {
+    while std::time::Instant::now() < deadline {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
