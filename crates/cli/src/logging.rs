@@ -23,15 +23,17 @@
 //! **Output.** Standard error by default; `-l FILE` appends to FILE (`-l -` is standard error),
 //! as ldmd does. `--log-max-size SIZE` rotates the file when a line would take it past SIZE:
 //! FILE becomes FILE.1, FILE.1 becomes FILE.2 … up to `--log-keep N` old files (the oldest is
-//! removed). SIGHUP reopens FILE, so an external logrotate can move it away and signal the
-//! process (when logging to a file the process no longer ends on SIGHUP; `ldm7 serve` also
-//! reloads its configuration on it). `--log-json` prints one JSON object per event instead:
+//! removed). SIGHUP and SIGUSR1 reopen FILE, so an external logrotate can move it away and signal
+//! the process (when logging to a file the process no longer ends on SIGHUP; `ldm7 serve` also
+//! reloads its configuration on it). SIGUSR1 never ends a process (LDM's "refresh logging"), nor
+//! does SIGUSR2, which cycles the level shown as LDM's programs do: NOTE → INFO (`-v`) → DEBUG
+//! (`-x`) → NOTE, logging a NOTE line with the new level. `--log-json` prints one JSON object per event instead:
 //! `{"time", "program", "pid", "level", "target", "message", "fields"}` with the LDM level.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -97,38 +99,58 @@ pub enum LogSetupError {
         /// Why.
         source: std::io::Error,
     },
-    /// SIGHUP cannot be caught.
-    #[error("cannot install the SIGHUP handler that reopens the log file: {0}")]
+    /// SIGHUP, SIGUSR1 or SIGUSR2 cannot be caught.
+    #[error("cannot install the signal handlers of logging (SIGHUP, SIGUSR1, SIGUSR2): {0}")]
     Signal(#[source] std::io::Error),
     /// Another subscriber is installed already (a bug: install once, in `main`).
     #[error("the log subscriber is installed already")]
     Installed,
 }
 
-/// Installs the process's subscriber as `args` say; its lines name `program`.
+/// Installs the process's subscriber as `args` say; its lines name `program`. SIGUSR1 (and, with
+/// a log file, SIGHUP) reopen the file; SIGUSR2 cycles the level (module doc).
 pub fn install(args: &LogArgs, program: &'static str) -> Result<(), LogSetupError> {
+    use signal_hook::consts::{SIGHUP, SIGUSR1, SIGUSR2};
+    let reopen = Arc::new(AtomicBool::new(false));
+    // Caught even when logging to standard error: LDM's programs do not end on SIGUSR1.
+    signal_hook::flag::register(SIGUSR1, reopen.clone()).map_err(LogSetupError::Signal)?;
     let sink = match &args.log_file {
         Some(path) if args.to_file() => {
-            let reopen = Arc::new(AtomicBool::new(false));
-            signal_hook::flag::register(signal_hook::consts::SIGHUP, reopen.clone()).map_err(LogSetupError::Signal)?;
+            signal_hook::flag::register(SIGHUP, reopen.clone()).map_err(LogSetupError::Signal)?;
             let rotation = args.log_max_size.map(|size| Rotation { size_max_bytes: size.bytes(), keep: args.log_keep });
             Sink::File(LogFile::open(path.clone(), rotation, reopen)?)
         }
         _ => Sink::Stderr,
     };
+    let lowest = Arc::new(AtomicU8::new(Verbosity { verbose: args.verbose, debug: args.debug }.lowest() as u8));
     let layer = LdmLayer {
-        verbosity: Verbosity { verbose: args.verbose, debug: args.debug },
+        lowest: lowest.clone(),
         json: args.log_json,
         program,
         pid: std::process::id(),
         sink: Mutex::new(sink),
     };
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
-        .map_err(|_| LogSetupError::Installed)
+        .map_err(|_| LogSetupError::Installed)?;
+    let mut cycles = signal_hook::iterator::Signals::new([SIGUSR2]).map_err(LogSetupError::Signal)?;
+    std::thread::Builder::new()
+        .name("log-level".into())
+        .spawn(move || {
+            for _ in cycles.forever() {
+                let level = LdmLevel::from_u8(lowest.load(Ordering::Relaxed)).cycled();
+                lowest.store(level as u8, Ordering::Relaxed);
+                // Every call site asks the layer again whether it is shown.
+                tracing::callsite::rebuild_interest_cache();
+                tracing::info!("SIGUSR2: logging level now {} (NOTE, INFO, DEBUG in turn)", level.name());
+            }
+        })
+        .map_err(LogSetupError::Signal)?;
+    Ok(())
 }
 
 /// LDM's log levels, least to most severe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum LdmLevel {
     /// Protocol detail (`-x`).
     Debug,
@@ -155,6 +177,25 @@ impl LdmLevel {
         })
     }
 
+    /// The next lowest level shown after SIGUSR2, as LDM cycles it: one level lower, and from
+    /// DEBUG back to NOTE.
+    pub fn cycled(self) -> LdmLevel {
+        match self {
+            LdmLevel::Debug => LdmLevel::Note,
+            LdmLevel::Info => LdmLevel::Debug,
+            LdmLevel::Note => LdmLevel::Info,
+            LdmLevel::Warn => LdmLevel::Note,
+            LdmLevel::Error => LdmLevel::Warn,
+        }
+    }
+
+    fn from_u8(value: u8) -> LdmLevel {
+        [LdmLevel::Debug, LdmLevel::Info, LdmLevel::Note, LdmLevel::Warn, LdmLevel::Error]
+            .into_iter()
+            .find(|level| *level as u8 == value)
+            .unwrap_or(LdmLevel::Note)
+    }
+
     /// The name in the line.
     pub fn name(self) -> &'static str {
         match self {
@@ -177,17 +218,14 @@ pub struct Verbosity {
 }
 
 impl Verbosity {
-    /// Whether an event with this metadata is printed.
-    pub fn shows(self, metadata: &Metadata<'_>) -> bool {
-        let Some(level) = LdmLevel::of(metadata) else { return false };
-        let target = metadata.target();
-        if !OUR_CRATE_PREFIXES.iter().any(|prefix| target.starts_with(prefix)) {
-            return level >= LdmLevel::Warn;
-        }
-        level >= self.lowest()
+    /// Whether an event with this metadata is printed (before any SIGUSR2).
+    #[cfg(test)]
+    fn shows(self, metadata: &Metadata<'_>) -> bool {
+        shown(metadata, self.lowest())
     }
 
-    fn lowest(self) -> LdmLevel {
+    /// The lowest level of our crates' events shown.
+    pub fn lowest(self) -> LdmLevel {
         if self.debug {
             LdmLevel::Debug
         } else if self.verbose {
@@ -196,6 +234,17 @@ impl Verbosity {
             LdmLevel::Note
         }
     }
+}
+
+/// Whether an event with this metadata is printed when `lowest` is the lowest level shown (other
+/// crates' events from WARN up whatever it is).
+fn shown(metadata: &Metadata<'_>, lowest: LdmLevel) -> bool {
+    let Some(level) = LdmLevel::of(metadata) else { return false };
+    let target = metadata.target();
+    if !OUR_CRATE_PREFIXES.iter().any(|prefix| target.starts_with(prefix)) {
+        return level >= LdmLevel::Warn;
+    }
+    level >= lowest
 }
 
 /// Formats one event as an LDM line (without the newline).
@@ -267,7 +316,8 @@ impl Visit for EventFields {
 
 /// The layer that filters, formats and writes.
 struct LdmLayer {
-    verbosity: Verbosity,
+    /// The lowest level shown (an `LdmLevel`): `-v`/`-x`, then cycled by SIGUSR2.
+    lowest: Arc<AtomicU8>,
     json: bool,
     program: &'static str,
     pid: u32,
@@ -276,11 +326,11 @@ struct LdmLayer {
 
 impl<S: Subscriber> Layer<S> for LdmLayer {
     fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
-        if self.verbosity.shows(metadata) { Interest::always() } else { Interest::never() }
+        if self.shows(metadata) { Interest::always() } else { Interest::never() }
     }
 
     fn enabled(&self, metadata: &Metadata<'_>, _context: Context<'_, S>) -> bool {
-        self.verbosity.shows(metadata)
+        self.shows(metadata)
     }
 
     fn on_event(&self, event: &Event<'_>, _context: Context<'_, S>) {
@@ -297,6 +347,12 @@ impl<S: Subscriber> Layer<S> for LdmLayer {
         line.push('\n');
         let mut sink = self.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         sink.write_line(line.as_bytes());
+    }
+}
+
+impl LdmLayer {
+    fn shows(&self, metadata: &Metadata<'_>) -> bool {
+        shown(metadata, LdmLevel::from_u8(self.lowest.load(Ordering::Relaxed)))
     }
 }
 
@@ -451,6 +507,13 @@ mod tests {
         assert_eq!(shown(quiet), [true, false, false, true, false, false, true]);
         assert_eq!(shown(verbose), [true, true, false, true, false, false, true]);
         assert_eq!(shown(debugging), [true, true, true, true, false, false, true]);
+        // SIGUSR2 as LDM: NOTE, INFO, DEBUG, NOTE again.
+        let cycle: Vec<LdmLevel> =
+            std::iter::successors(Some(LdmLevel::Note), |level| Some(level.cycled())).take(4).collect();
+        assert_eq!(cycle, [LdmLevel::Note, LdmLevel::Info, LdmLevel::Debug, LdmLevel::Note]);
+        for level in [LdmLevel::Debug, LdmLevel::Info, LdmLevel::Note, LdmLevel::Warn, LdmLevel::Error] {
+            assert_eq!(LdmLevel::from_u8(level as u8), level);
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ fn main() {
 
 /// Installs the log subscriber, runs the command, reports its failure; returns the exit code.
 fn run(name: &str, command: Command, log: &LogArgs) -> i32 {
-    let program = if name == "scour" { "scour" } else { logging::PROGRAM };
+    let program = classic_program(name).unwrap_or(logging::PROGRAM);
     if let Err(error) = logging::install(log, program) {
         eprintln!("{name}: error: {error}");
         return 1;
@@ -175,6 +175,16 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Scour(args) => scour_cmd::run(&args),
     }
 }
+
+/// The name in log lines of a program invoked by a classic name (`pqact[pid]`, as a site's log
+/// searches expect).
+fn classic_program(name: &str) -> Option<&'static str> {
+    CLASSIC_NAMES.iter().copied().find(|classic| *classic == name)
+}
+
+/// The classic names the binary answers to (as links to it).
+const CLASSIC_NAMES: &[&str] =
+    &["pqinsert", "pqcat", "pqact", "notifyme", "ldmsend", "ldmd", "pqcreate", "pqmon", "pqcheck", "scour"];
 
 fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<(T, LogArgs), i32> {
     use clap::CommandFactory;

@@ -83,9 +83,11 @@ fn create(args: &CreateArgs) -> CmdResult {
         }
     }
     let queue = Queue::create(&path, Capacity { bytes, slots }, args.force).map_err(|error| match error {
-        CreateError::Exists(_) | CreateError::NotAQueue(_) | CreateError::Capacity(_) | CreateError::NoSpace { .. } => {
-            input(error)
-        }
+        CreateError::Exists(_)
+        | CreateError::NotAQueue(_)
+        | CreateError::Capacity(_)
+        | CreateError::NoSpace { .. }
+        | CreateError::NoSpaceToReplace { .. } => input(error),
         CreateError::FileSystemFull { .. } | CreateError::Storage { .. } | CreateError::Open(_) => runtime(error),
     })?;
     let capacity = queue.capacity();

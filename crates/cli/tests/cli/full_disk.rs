@@ -203,6 +203,52 @@ fn create_with_the_disk_filling_at_each_step() {
     }
 }
 
+/// `queue create --force` replaces a queue only once the new one is whole: on a disk without room
+/// for the new queue, even with the old one's space, the old queue and its products stay as they
+/// were; with room only counting the old one's space, the old one makes way; with room beside it,
+/// the two are exchanged.
+#[test]
+fn force_on_a_full_disk_leaves_the_old_queue_as_it_was() {
+    if !skip_unless_root("force_on_a_full_disk_leaves_the_old_queue_as_it_was") {
+        return;
+    }
+    let disk = Tmpfs::mount(40 << 20);
+    let queue = disk.path("q.pq").display().to_string();
+    let products = tempfile::tempdir().expect("tempdir");
+    let product = product_file(products.path(), 0, 50_000);
+    let create = |size: &str| {
+        ["queue", "create", "--path", &queue, "--size", size, "--slots", "100", "--force"].map(str::to_owned)
+    };
+    let run = |args: &[String]| ldm7(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let empty = disk.free_bytes();
+    assert_eq!(exit_code(&["queue", "create"], &run(&create("4M"))), 0);
+    let queue_bytes = empty - disk.free_bytes();
+    ok(&["insert", "--queue", &queue, &product]);
+    // No room for a 20M queue even with the 4M one's space: refused, the old queue untouched.
+    disk.fill_leaving(queue_bytes / 2);
+    let output = run(&create("20M"));
+    assert_eq!(exit_code(&["queue", "create"], &output), 1, "{}", text(&output.stderr));
+    let error = text(&output.stderr);
+    assert!(error.contains("left as it was") && error.contains("--size"), "{error}");
+    sound(&queue);
+    assert_eq!(idents(&queue).len(), 1, "the old queue keeps its product");
+    // Nor for a 4M one beside it with half a queue free; a 4M one fits in its place.
+    let output = run(&create("4M"));
+    assert_eq!(exit_code(&["queue", "create"], &output), 0, "{}", text(&output.stderr));
+    sound(&queue);
+    assert_eq!(idents(&queue).len(), 0, "a new queue");
+    assert_eq!(builds_beside(disk.dir.path()), Vec::<String>::new());
+    // With room beside it: built whole, then exchanged; the old one's space comes back.
+    disk.unfill();
+    ok(&["insert", "--queue", &queue, &product]);
+    let free = disk.free_bytes();
+    assert_eq!(exit_code(&["queue", "create"], &run(&create("4M"))), 0);
+    sound(&queue);
+    assert_eq!(idents(&queue).len(), 0, "a new queue");
+    assert_eq!(builds_beside(disk.dir.path()), Vec::<String>::new());
+    assert_eq!(disk.free_bytes(), free, "the old queue's space was given back");
+}
+
 #[test]
 fn create_while_another_process_fills_the_disk() {
     if !skip_unless_root("create_while_another_process_fills_the_disk") {
@@ -339,12 +385,12 @@ fn a_damaged_data_file_is_refused_and_check_says_why() {
 }
 
 /// The moments of a creation a test kills it at, each seen in the file system (the order of
-/// `Queue::create`: the old queue removed, the build directory `q.pq.tmp-PID` beside it, its
-/// lock and notify files, its data file written with zeros, the rename into place).
+/// `Queue::create`: the build directory `q.pq.tmp-PID` beside the queue, its lock and notify
+/// files, its data file written with zeros, the exchange with the queue there or the rename into
+/// place).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum CreationStage {
     AtOnce,
-    OldQueueRemoved,
     BuildMade,
     LockReserved,
     NotifyReserved,
@@ -355,9 +401,8 @@ enum CreationStage {
 }
 
 impl CreationStage {
-    const ALL: [CreationStage; 9] = [
+    const ALL: [CreationStage; 8] = [
         Self::AtOnce,
-        Self::OldQueueRemoved,
         Self::BuildMade,
         Self::LockReserved,
         Self::NotifyReserved,
@@ -368,10 +413,9 @@ impl CreationStage {
     ];
 
     /// The stages in the order the rounds kill at.
-    const ROUNDS: [CreationStage; 9] = [
+    const ROUNDS: [CreationStage; 8] = [
         Self::AtOnce,
         Self::Renamed,
-        Self::OldQueueRemoved,
         Self::BuildMade,
         Self::LockReserved,
         Self::NotifyReserved,
@@ -381,8 +425,8 @@ impl CreationStage {
     ];
 
     /// Whether a creation of `queue` building in `build` has got this far (once the stages
-    /// before it were seen).
-    fn reached(self, queue: &Path, build: &Path) -> bool {
+    /// before it were seen); `before` is the queue directory's inode when the creation began.
+    fn reached(self, queue: &Path, build: &Path, before: Option<u64>) -> bool {
         use std::os::unix::fs::MetadataExt;
         let written = |numerator: u64| {
             std::fs::metadata(build.join("data.mdb"))
@@ -390,14 +434,15 @@ impl CreationStage {
         };
         match self {
             Self::AtOnce => true,
-            Self::OldQueueRemoved => !queue.exists(),
             Self::BuildMade => build.exists(),
             Self::LockReserved => build.join("lock.mdb").exists(),
             Self::NotifyReserved => build.join("notify").exists(),
             Self::DataFileMade => build.join("data.mdb").exists(),
             Self::DataQuarterWritten => written(1),
             Self::DataThreeQuartersWritten => written(3),
-            Self::Renamed => queue.join("data.mdb").exists(),
+            Self::Renamed => {
+                queue.join("data.mdb").exists() && std::fs::metadata(queue).ok().map(|queue| queue.ino()) != before
+            }
         }
     }
 }
@@ -409,6 +454,7 @@ fn a_killed_creation_leaves_no_queue_and_the_next_one_cleans_up() {
     let mut interrupted = 0;
     // A whole queue is made early on, so that a later round is killed while removing it.
     for stage in CreationStage::ROUNDS {
+        let before = std::fs::metadata(&queue).ok().map(|queue| std::os::unix::fs::MetadataExt::ino(&queue));
         let mut child = Command::new(LDM7)
             .args(["queue", "create", "--path", &queue, "--size", "200M", "--force"])
             .stdout(std::process::Stdio::null())
@@ -420,7 +466,8 @@ fn a_killed_creation_leaves_no_queue_and_the_next_one_cleans_up() {
         let build = dir.path().join(format!("q.pq.tmp-{}", child.id()));
         for step in CreationStage::ALL.into_iter().filter(|step| *step <= stage) {
             wait_until(Duration::from_secs(60), &format!("the creation to reach {step:?}"), || {
-                (step.reached(Path::new(&queue), &build) || child.try_wait().expect("try_wait").is_some()).then_some(())
+                (step.reached(Path::new(&queue), &build, before) || child.try_wait().expect("try_wait").is_some())
+                    .then_some(())
             });
         }
         let _ = child.kill();

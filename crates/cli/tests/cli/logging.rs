@@ -1,7 +1,8 @@
 //! The one logger, as operators see it from the real binary: LDM-style lines
 //! (`YYYYMMDDThhmmss.uuuuuuZ ldm7[pid] LEVEL message`), NOTE and above by default, INFO product
 //! lines with `-v`, DEBUG with `-x`, JSON with `--log-json`, `-l FILE` with rotation by size and
-//! reopening on SIGHUP.
+//! reopening on SIGHUP and SIGUSR1, SIGUSR2 cycling the level, and the classic program name
+//! (`ldmd[pid]`) when invoked by it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -23,6 +24,11 @@ fn stderr_lines(output: &Output) -> Vec<String> {
 
 /// `YYYYMMDDThhmmss.uuuuuuZ ldm7[pid] LEVEL message`: the level and the message, or why not.
 fn parse_line(line: &str, pid: Option<u32>) -> Result<(String, String), String> {
+    parse_program_line(line, "ldm7", pid)
+}
+
+/// `YYYYMMDDThhmmss.uuuuuuZ PROGRAM[pid] LEVEL message`: the level and the message, or why not.
+fn parse_program_line(line: &str, name: &str, pid: Option<u32>) -> Result<(String, String), String> {
     let mut parts = line.splitn(4, ' ');
     let (Some(time), Some(program), Some(level), Some(message)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -40,10 +46,10 @@ fn parse_line(line: &str, pid: Option<u32>) -> Result<(String, String), String> 
     if !time_ok {
         return Err(format!("time {time:?} is not YYYYMMDDThhmmss.uuuuuuZ: {line:?}"));
     }
-    let pid_text = program.strip_prefix("ldm7[").and_then(|rest| rest.strip_suffix(']'));
+    let pid_text = program.strip_prefix(name).and_then(|rest| rest.strip_prefix('[')?.strip_suffix(']'));
     match (pid_text.and_then(|text| text.parse::<u32>().ok()), pid) {
         (Some(got), Some(expected)) if got != expected => return Err(format!("pid {got}, expected {expected}")),
-        (None, _) => return Err(format!("program {program:?} is not ldm7[pid]: {line:?}")),
+        (None, _) => return Err(format!("program {program:?} is not {name}[pid]: {line:?}")),
         _ => {}
     }
     if !["DEBUG", "INFO", "NOTE", "WARN", "ERROR"].contains(&level) {
@@ -220,6 +226,70 @@ fn serve_reopens_its_log_file_on_sighup() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut server.0.stderr.take().expect("stderr"), &mut stderr).expect("read");
     assert_eq!(stderr, "", "everything went to the log file");
+}
+
+/// Invoked as `ldmd` (a link to the binary), the server's lines say `ldmd[pid]`. SIGUSR2 cycles the
+/// level NOTE → INFO → DEBUG → NOTE, each change logged; SIGUSR1 reopens the log file (after
+/// logrotate moved it) and ends nothing.
+#[test]
+fn ldmd_names_itself_and_sigusr1_reopens_and_sigusr2_cycles_the_level() {
+    let scratch = Scratch::new();
+    let queue = scratch.queue();
+    std::fs::write(scratch.path("ldmd.conf"), "ALLOW ANY ^((localhost|loopback)|(127\\.0\\.0\\.1\\.?))$\n")
+        .expect("config");
+    let ldmd = scratch.path("ldmd");
+    std::os::unix::fs::symlink(LDM7, &ldmd).expect("link ldmd");
+    let port = ldm7_io::free_port().expect("a free port");
+    let log = scratch.path("ldmd.log");
+    let mut server = Server(
+        Command::new(&ldmd)
+            .args(["-c", "ldmd.conf", "-q", &queue, "-P", &port.to_string(), "-l"])
+            .arg(&log)
+            .current_dir(scratch.dir.path())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ldmd"),
+    );
+    let pid = server.0.id();
+    let logged = |text: &str| scratch.text("ldmd.log").contains(text);
+    let debug_lines = |text: &str| {
+        text.lines()
+            .filter(|line| parse_program_line(line, "ldmd", Some(pid)).is_ok_and(|(level, _)| level == "DEBUG"))
+            .count()
+    };
+    wait_until(Duration::from_secs(10), "the server's first log line", || logged("Starting Up").then_some(()));
+    // A connection that closes at once logs a DEBUG line: shown only at DEBUG.
+    let closed_connection = || drop(std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+    closed_connection();
+    for level in ["INFO", "DEBUG"] {
+        signal(pid, "USR2");
+        let line = format!("NOTE SIGUSR2: logging level now {level}");
+        wait_until(Duration::from_secs(10), &line, || logged(&line).then_some(()));
+    }
+    let text = scratch.text("ldmd.log");
+    let before_debug = &text[..text.find("logging level now DEBUG").expect("the DEBUG line")];
+    assert_eq!(debug_lines(before_debug), 0, "a DEBUG line before the level was DEBUG: {before_debug}");
+    closed_connection();
+    wait_until(Duration::from_secs(10), "a DEBUG line", || (debug_lines(&scratch.text("ldmd.log")) > 0).then_some(()));
+    // logrotate moves the file, then SIGUSR1: the next line goes to a new file.
+    std::fs::rename(&log, scratch.path("ldmd.log.old")).expect("move the log");
+    signal(pid, "USR1");
+    signal(pid, "USR2");
+    wait_until(Duration::from_secs(10), "the level back at NOTE, in a new file", || {
+        logged("NOTE SIGUSR2: logging level now NOTE").then_some(())
+    });
+    closed_connection();
+    let old = scratch.text("ldmd.log.old");
+    assert!(!old.contains("level now NOTE"), "{old}");
+    for line in old.lines().chain(scratch.text("ldmd.log").lines()) {
+        parse_program_line(line, "ldmd", Some(pid)).unwrap();
+    }
+    signal(pid, "TERM");
+    let status = server.0.wait().expect("wait");
+    assert!(status.success(), "ldmd exits 0 after SIGTERM: {status}");
+    let text = scratch.text("ldmd.log");
+    let after_note = &text[text.find("logging level now NOTE").expect("the NOTE line")..];
+    assert_eq!(debug_lines(after_note), 0, "DEBUG lines after the level came back to NOTE: {after_note}");
 }
 
 /// A child killed when the test ends, however it ends.

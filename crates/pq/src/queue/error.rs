@@ -30,6 +30,23 @@ pub enum CreateError {
         /// Bytes available to this user on the file system.
         free: u64,
     },
+    /// `force` and the file system has less room than the new queue's file takes even with the
+    /// space of the queue being replaced; that queue is left as it was.
+    #[error(
+        "cannot replace product queue {path}: the new queue's file takes {needed} bytes and the file system \
+         has {free} free besides the {old} bytes of the queue there, which is left as it was: choose a \
+         smaller --size or another file system"
+    )]
+    NoSpaceToReplace {
+        /// The queue path.
+        path: PathBuf,
+        /// Bytes the new queue's files take.
+        needed: u64,
+        /// Bytes available to this user on the file system.
+        free: u64,
+        /// Bytes the queue being replaced takes on the disk.
+        old: u64,
+    },
     /// The file system filled up (or the user's quota ran out) while the queue was being
     /// written; what was written is removed.
     #[error(

@@ -23,15 +23,21 @@ use super::{
 
 impl Queue {
     /// Creates a queue at `path` (a directory). Refuses an existing path unless `force`, and
-    /// even then replaces only a product queue (removed first: its space may be what the new
-    /// one needs).
+    /// even then replaces only a product queue.
     ///
     /// The queue is built in `PATH.tmp-PID` beside `path` — its lock and notify files reserved,
     /// its data file written full of zeros, then its tables — and renamed into place, so `path`
-    /// holds a whole queue or nothing. A failure removes what it wrote; a build left by a killed
-    /// creation is removed by the next creation at the same path. Without `fsync` (the queue's
-    /// durability is LMDB's `MDB_NOSYNC`): after an operating-system crash a queue whose blocks
-    /// did not reach the disk is refused by [`Queue::open`] as damaged.
+    /// holds a whole queue or nothing. A queue being replaced stays until the new one is whole:
+    /// the two directories are exchanged in one rename (`RENAME_EXCHANGE`) and the old one is
+    /// removed after; a creation that fails, a full disk included, leaves it as it was. Only
+    /// when the file system has room for the new queue only with the old one's space is the old
+    /// one removed first (its products are what `force` gives up; the new queue's room was
+    /// checked, so only another process filling the disk meanwhile can then leave neither), and
+    /// when even that space is too little nothing is touched. A failure removes what it wrote;
+    /// a build left by a killed creation is removed by the next creation at the same path.
+    /// Without `fsync` (the queue's durability is LMDB's `MDB_NOSYNC`): after an
+    /// operating-system crash a queue whose blocks did not reach the disk is refused by
+    /// [`Queue::open`] as damaged.
     pub fn create(path: &Path, capacity: Capacity, force: bool) -> Result<Self, CreateError> {
         if capacity.bytes == 0 || capacity.slots == 0 {
             return Err(CreateError::Capacity("size and slots must both be at least 1".into()));
@@ -43,14 +49,24 @@ impl Queue {
         let Some(name) = path.file_name() else {
             return Err(CreateError::NotAQueue(path.to_owned()));
         };
+        let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut replacing = false;
         if path.exists() {
             if !force {
                 return Err(CreateError::Exists(path.to_owned()));
             }
-            remove_queue_files(path)?;
-            fs::remove_dir(path).map_err(|error| storage(error.into()))?;
+            let old = queue_allocated_bytes(path)?;
+            let needed = queue_file_bytes(capacity);
+            let free = available_bytes(parent).map_err(|error| storage(error.into()))?;
+            if free >= needed {
+                replacing = true;
+            } else if free.saturating_add(old) >= needed {
+                remove_queue_files(path)?;
+                fs::remove_dir(path).map_err(|error| storage(error.into()))?;
+            } else {
+                return Err(CreateError::NoSpaceToReplace { path: path.to_owned(), needed, free, old });
+            }
         }
-        let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|error| storage(error.into()))?;
         remove_stale_builds(parent, name);
         let mut build_name = name.to_owned();
@@ -64,7 +80,7 @@ impl Queue {
         // What a failed creation made is removed: a half-written file would hold the very
         // space whose lack made it fail.
         let built = Self::build(&build, capacity)
-            .and_then(|()| fs::rename(&build, path).map_err(|error| storage(error.into())))
+            .and_then(|()| move_into_place(&build, path, replacing).map_err(|error| storage(error.into())))
             .map_err(|error| match error {
                 CreateError::Storage { source, .. } if storage_is_no_space(&source) => {
                     CreateError::FileSystemFull { path: path.to_owned(), needed: queue_file_bytes(capacity) }
@@ -75,12 +91,11 @@ impl Queue {
                 }
                 other => other,
             });
-        if let Err(error) = built {
-            if remove_queue_files(&build).is_ok() {
-                let _ = fs::remove_dir(&build);
-            }
-            return Err(error);
+        // After an exchange the build directory holds the old queue: removed the same way.
+        if (built.is_err() || replacing) && remove_queue_files(&build).is_ok() {
+            let _ = fs::remove_dir(&build);
         }
+        built?;
         Ok(Self::open(path)?)
     }
 
@@ -390,6 +405,55 @@ fn remove_queue_files(path: &Path) -> Result<(), CreateError> {
         }
     }
     Ok(())
+}
+
+/// Puts the whole queue built in `build` at `path`: a rename, or with `replacing` an exchange
+/// with the queue there (which `build` then holds). Where the file system cannot exchange, the
+/// old queue is removed and the new one renamed into place.
+fn move_into_place(build: &Path, path: &Path, replacing: bool) -> io::Result<()> {
+    if !replacing {
+        return fs::rename(build, path);
+    }
+    match exchange(build, path) {
+        Err(error) if matches!(error.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)) => {
+            remove_queue_files(path).map_err(|error| io::Error::other(error.to_string()))?;
+            fs::remove_dir(path)?;
+            fs::rename(build, path)
+        }
+        result => result,
+    }
+}
+
+/// Exchanges two directories in one step (`renameat2` with `RENAME_EXCHANGE`).
+fn exchange(one: &Path, other: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = |path: &Path| {
+        std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))
+    };
+    let (one, other) = (c_path(one)?, c_path(other)?);
+    // SAFETY: both are NUL-terminated strings that outlive the call; renameat2 reads them only.
+    #[allow(unsafe_code)]
+    let status =
+        unsafe { libc::renameat2(libc::AT_FDCWD, one.as_ptr(), libc::AT_FDCWD, other.as_ptr(), libc::RENAME_EXCHANGE) };
+    if status == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// What the files of the queue at `path` take on the disk (refusing anything but a queue).
+fn queue_allocated_bytes(path: &Path) -> Result<u64, CreateError> {
+    if !path.is_dir() {
+        return Err(CreateError::NotAQueue(path.to_owned()));
+    }
+    let storage = |error: io::Error| CreateError::Storage { path: path.to_owned(), source: error.into() };
+    let mut bytes = 0;
+    for entry in fs::read_dir(path).map_err(storage)? {
+        let entry = entry.map_err(storage)?;
+        if ![DATA_FILE, LOCK_FILE, NOTIFY_FILE].iter().any(|known| entry.file_name() == *known) {
+            return Err(CreateError::NotAQueue(path.to_owned()));
+        }
+        bytes += allocated_bytes(&entry.metadata().map_err(storage)?);
+    }
+    Ok(bytes)
 }
 
 /// Whether process `pid` runs (a process killed but not yet reaped, a zombie, does not).
