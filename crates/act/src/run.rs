@@ -51,6 +51,10 @@ pub struct RunOptions {
     pub max_open: usize,
     /// Where the position is kept.
     pub state_file: PathBuf,
+    /// Where to start without a state file or `-o`: the server's start for an EXEC child of
+    /// `ldm7 serve` (`LDM7_SERVER_STARTED`), so that it acts on every product the server
+    /// inserted, however late it got going; `None`: the products that arrive from now on.
+    pub fresh_start: Option<Timestamp>,
     /// Notify an EDEX ingest of files written by `-edex` entries (`-e`).
     pub edex: bool,
 }
@@ -124,6 +128,13 @@ fn start(queue: &Queue, options: &RunOptions) -> Result<Timestamp, RunError> {
         }
     };
     let Some(saved) = saved else {
+        if let Some(started) = options.fresh_start.filter(|started| *started <= now) {
+            tracing::info!(
+                "act: no state file {}: starting with the products inserted since the server started ({started})",
+                options.state_file.display()
+            );
+            return Ok(started);
+        }
         tracing::info!("act: no state file {}: starting with new products", options.state_file.display());
         return Ok(now);
     };

@@ -63,7 +63,15 @@ pub struct ActArgs {
 
 /// Runs `ldm7 act`.
 pub fn run(args: &ActArgs) -> CmdResult {
-    let files = if args.conf.is_empty() { vec![PathBuf::from("pqact.conf")] } else { args.conf.clone() };
+    // Without files or a data directory: the site's (`$LDM7_SETTINGS`), else ./pqact.conf and
+    // the current directory.
+    let site = crate::common::site_settings()?;
+    let files = match (&site, args.conf.is_empty()) {
+        (_, false) => args.conf.clone(),
+        (Some(site), true) => vec![site.pqact.config.clone()],
+        (None, true) => vec![PathBuf::from("pqact.conf")],
+    };
+    let datadir = args.datadir.clone().or_else(|| site.map(|site| site.pqact.datadir));
     if args.check {
         return check(&files);
     }
@@ -80,7 +88,7 @@ pub fn run(args: &ActArgs) -> CmdResult {
         Some(path) => absolute(path)?,
         None => run::default_state_file(&files),
     };
-    if let Some(datadir) = &args.datadir {
+    if let Some(datadir) = &datadir {
         std::env::set_current_dir(datadir)
             .with_context(|| format!("cannot change to the data directory {}", datadir.display()))
             .map_err(input)?;
@@ -103,6 +111,10 @@ pub fn run(args: &ActArgs) -> CmdResult {
         max_open: args.max_open.unwrap_or_else(default_max_open),
         state_file,
         edex: args.edex,
+        fresh_start: std::env::var("LDM7_SERVER_STARTED")
+            .ok()
+            .and_then(|micros| micros.parse().ok())
+            .map(ldm7_types::Timestamp::from_unix_micros),
     };
     let summary = run::run(&queue, &options, &requests).map_err(runtime)?;
     let counters = summary.actions;

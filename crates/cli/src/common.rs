@@ -16,6 +16,15 @@ use crate::exit::{CmdResult, bad_input, input, runtime};
 /// products with them too.
 pub use ldm7_testbed::replay::{now, origin};
 
+/// The site's settings named by `$LDM7_SETTINGS`, which `ldm7 admin start` sets for the server
+/// and so for its EXEC children: where `pqact` and `scour` find their configuration and data
+/// directory when not told, as LDM's programs read the registry. `None` without the variable.
+pub fn site_settings() -> CmdResult<Option<ldm7_config::site::SiteSettings>> {
+    let Some(file) = std::env::var_os("LDM7_SETTINGS") else { return Ok(None) };
+    let settings = ldm7_config::settings::Settings::load(Path::new(&file)).map_err(crate::exit::input)?;
+    Ok(settings.site)
+}
+
 /// The queue used when none is given: `$LDM7_QUEUE`, else `./ldm7.pq`.
 pub fn default_queue() -> PathBuf {
     std::env::var_os("LDM7_QUEUE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("ldm7.pq"))

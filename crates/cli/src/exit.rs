@@ -10,6 +10,9 @@ pub enum Class {
     Input,
     /// The work failed while running: exit 2.
     Runtime,
+    /// Reported already, or silent by design (`ldm7 admin isrunning`): exit with this code and
+    /// print nothing more.
+    Quiet(i32),
 }
 
 /// A failure with its class.
@@ -27,7 +30,18 @@ impl Failure {
         match self.class {
             Class::Input => 1,
             Class::Runtime => 2,
+            Class::Quiet(code) => code,
         }
+    }
+
+    /// A failure that exits with `code` and prints nothing (a child's status passed on).
+    pub fn quiet(code: i32) -> Self {
+        Self { class: Class::Quiet(code), error: anyhow::anyhow!("exit status {code}") }
+    }
+
+    /// Whether nothing is to be printed.
+    pub fn is_quiet(&self) -> bool {
+        matches!(self.class, Class::Quiet(_))
     }
 }
 

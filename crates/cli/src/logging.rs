@@ -66,8 +66,9 @@ pub struct LogArgs {
     /// Debug: also log DEBUG lines; product lines carry the signature (LDM's -x).
     #[arg(short = 'x', long = "debug", global = true)]
     pub debug: bool,
-    /// Append log lines to FILE instead of standard error (`-` = standard error), as ldmd's -l.
-    #[arg(short = 'l', long = "log-file", value_name = "FILE", global = true)]
+    /// Append log lines to FILE instead of standard error (`-` = standard error), as ldmd's -l
+    /// [default: $LDM7_LOG_FILE, which `ldm7 serve` sets for its EXEC children].
+    #[arg(short = 'l', long = "log-file", value_name = "FILE", global = true, env = "LDM7_LOG_FILE")]
     pub log_file: Option<PathBuf>,
     /// Rotate the log file when it would grow past SIZE (e.g. 100M, 1GiB).
     #[arg(long = "log-max-size", value_name = "SIZE", global = true, requires = "log_file")]

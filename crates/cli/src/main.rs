@@ -9,6 +9,7 @@
 //! installed before the subcommand runs.
 
 mod act_cmd;
+mod admin_cmd;
 mod bench_cmd;
 mod cat;
 mod common;
@@ -90,6 +91,10 @@ enum Command {
     Trace(trace_cmd::TraceCommand),
     /// Delete old files from the directories of a scour.conf (scour; from cron).
     Scour(scour_cmd::ScourArgs),
+    /// Run a site as ldmadmin does: start, stop, check … from its settings (ldmadmin).
+    Admin(admin_cmd::AdminArgs),
+    /// Make an ldm7 home from an LDM installation (registry, ldmd.conf, pqact, scour, .info).
+    Import(admin_cmd::ImportArgs),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -124,6 +129,7 @@ fn main() {
         "pqcheck" => legacy::<queue_cmd::PathArgs>("pqcheck", argv)
             .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Check(args)), log)),
         "scour" => legacy::<scour_cmd::ScourArgs>("scour", argv).map(|(args, log)| (Command::Scour(args), log)),
+        "ldmadmin" => legacy::<admin_cmd::AdminArgs>("ldmadmin", argv).map(|(args, log)| (Command::Admin(args), log)),
         _ => parse::<Cli>(argv).map(|cli| (cli.command, cli.log)),
     };
     let code = match parsed {
@@ -142,6 +148,7 @@ fn run(name: &str, command: Command, log: &LogArgs) -> i32 {
     }
     match dispatch(command, log) {
         Ok(()) => 0,
+        Err(failure) if failure.is_quiet() => failure.exit_code(),
         Err(failure) => {
             if log.to_file() {
                 // The operator reading the log file sees why the process ended.
@@ -169,10 +176,12 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Plan(args) => plan_cmd::run(&args),
         Command::Trace(command) => trace_cmd::run(&command),
         Command::Fmtp(command) => fmtp_cmd::run(&command),
-        Command::Serve(args) => serve::run(&args),
+        Command::Serve(args) => serve::run(&args, log),
         Command::Notify(args) => remote::notify(&args, with_signature),
         Command::Send(args) => remote::send(&args),
         Command::Scour(args) => scour_cmd::run(&args),
+        Command::Admin(args) => admin_cmd::run(&args, log),
+        Command::Import(args) => admin_cmd::import_home(&args),
     }
 }
 
@@ -184,12 +193,28 @@ fn classic_program(name: &str) -> Option<&'static str> {
 
 /// The classic names the binary answers to (as links to it).
 const CLASSIC_NAMES: &[&str] =
-    &["pqinsert", "pqcat", "pqact", "notifyme", "ldmsend", "ldmd", "pqcreate", "pqmon", "pqcheck", "scour"];
+    &["pqinsert", "pqcat", "pqact", "notifyme", "ldmsend", "ldmd", "pqcreate", "pqmon", "pqcheck", "scour", "ldmadmin"];
 
 fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<(T, LogArgs), i32> {
     use clap::CommandFactory;
     use clap::FromArgMatches;
-    let command = Legacy::<T>::command().name(name);
+    // The help of a classic name says what the command does (its subcommand's text).
+    let subcommand = match name {
+        "pqinsert" => "insert",
+        "pqcat" => "cat",
+        "pqact" => "act",
+        "notifyme" => "notify",
+        "ldmsend" => "send",
+        "ldmd" => "serve",
+        "pqcreate" | "pqmon" | "pqcheck" => "queue",
+        "ldmadmin" => "admin",
+        other => other,
+    };
+    let about = Cli::command().find_subcommand(subcommand).and_then(|found| found.get_about().cloned());
+    let mut command = Legacy::<T>::command().name(name);
+    if let Some(about) = about {
+        command = command.about(about);
+    }
     match command.try_get_matches_from(argv).and_then(|matches| Legacy::<T>::from_arg_matches(&matches)) {
         Ok(parsed) => Ok((parsed.args, parsed.log)),
         Err(error) => Err(report_usage(error)),

@@ -63,12 +63,23 @@ pub struct ScourArgs {
 
 /// Runs `ldm7 scour`.
 pub fn run(args: &ScourArgs) -> CmdResult {
-    let config = args.config.clone().unwrap_or_else(|| PathBuf::from(CONFIG_DEFAULT));
+    // Without a configuration or a data directory: the site's (`$LDM7_SETTINGS`), else LDM's
+    // places under the current directory.
+    let site = crate::common::site_settings()?;
+    let config = args
+        .config
+        .clone()
+        .or_else(|| site.as_ref().map(|site| site.scour_config.clone()))
+        .unwrap_or_else(|| PathBuf::from(CONFIG_DEFAULT));
     let text = std::fs::read(&config).map_err(|error| {
         let hint = if args.config.is_some() { "check the path" } else { "give the configuration as the argument" };
         bad_input(format!("cannot read the scour configuration {}: {error}: {hint}", config.display()))
     })?;
-    let datadir = args.datadir.clone().unwrap_or_else(|| PathBuf::from("."));
+    let datadir = args
+        .datadir
+        .clone()
+        .or_else(|| site.as_ref().map(|site| site.pqact.datadir.clone()))
+        .unwrap_or_else(|| PathBuf::from("."));
     let resolver =
         Resolver::new(&datadir).with_context(|| format!("data directory {}", datadir.display())).map_err(input)?;
     let plan = ldm7_scour::plan(&text, &config, &resolver);

@@ -67,7 +67,7 @@ pub struct ServeArgs {
 }
 
 /// Runs the server until SIGTERM or SIGINT.
-pub fn run(args: &ServeArgs) -> CmdResult {
+pub fn run(args: &ServeArgs, log: &crate::logging::LogArgs) -> CmdResult {
     let settings = load_settings(args)?;
     if args.check {
         return check(args, &settings);
@@ -86,6 +86,10 @@ pub fn run(args: &ServeArgs) -> CmdResult {
     options.settings = std::sync::Arc::new(settings);
     options.stats_name = args.stats_name.clone();
     options.metrics_listen = args.metrics;
+    options.log_file = log.to_file().then(|| log.log_file.clone()).flatten().map(|file| {
+        // The children may run elsewhere: an absolute path.
+        std::path::absolute(&file).unwrap_or(file)
+    });
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(runtime)?;
     let server = Server::start(options).map_err(|error| match error {
         ldm7_server::ServerError::Config(_) | ldm7_server::ServerError::Queue { .. } => input(error),

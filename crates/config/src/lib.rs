@@ -8,3 +8,4 @@ pub mod access;
 pub mod keys;
 pub mod ldmd;
 pub mod settings;
+pub mod site;

@@ -87,6 +87,9 @@
 //!                                 # from 1 s to restart_max (the reference does not restart)
 //! restart_max = "60s"             # longest back-off; a child that ran longer resets it
 //! ```
+//!
+//! The site's sections — `home`, `[queue]`, `[server]`, `[log]`, `[pqact]`, `[scour]`,
+//! `[check]`: LDM's registry — are in [`crate::site`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -414,6 +417,8 @@ pub struct Settings {
     pub ldm6: Ldm6Settings,
     /// The EXEC entries' children.
     pub exec: ExecSettings,
+    /// The site: where its queue, configuration, log and data are (`None`: defaults, no file).
+    pub site: Option<crate::site::SiteSettings>,
     /// Where the settings came from (`None`: defaults).
     pub source: Option<PathBuf>,
 }
@@ -436,6 +441,16 @@ impl Settings {
         let path = raw.path.typed(&value)?;
         let ldm6 = raw.ldm6.typed(&value)?;
         let exec = raw.exec.typed(&value)?;
+        let site = crate::site::SiteKeys {
+            home: raw.home,
+            queue: raw.queue,
+            server: raw.server,
+            log: raw.log,
+            pqact: raw.pqact,
+            scour: raw.scour,
+            check: raw.check,
+        }
+        .typed(origin, &value)?;
         Ok(Self {
             multicast,
             multicast_feeds,
@@ -444,6 +459,7 @@ impl Settings {
             receive_feeds,
             ldm6,
             exec,
+            site: Some(site),
             source: Some(origin.to_path_buf()),
         })
     }
@@ -485,6 +501,19 @@ mod raw {
         pub ldm6: Ldm6Keys,
         #[serde(default)]
         pub exec: ExecKeys,
+        pub home: Option<PathBuf>,
+        #[serde(default)]
+        pub queue: crate::site::QueueKeys,
+        #[serde(default)]
+        pub server: crate::site::ServerKeys,
+        #[serde(default)]
+        pub log: crate::site::LogKeys,
+        #[serde(default)]
+        pub pqact: crate::site::PqactKeys,
+        #[serde(default)]
+        pub scour: crate::site::ScourKeys,
+        #[serde(default)]
+        pub check: crate::site::CheckKeys,
     }
 
     /// `[exec]`.

@@ -56,6 +56,9 @@ pub struct ServerOptions {
     pub stats_name: Option<String>,
     /// Where to serve Prometheus metrics (`GET /metrics`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// The server's log file, if it logs to one: its EXEC children log there too
+    /// (`LDM7_LOG_FILE`), each reopening it on SIGUSR1 as the server does.
+    pub log_file: Option<PathBuf>,
 }
 
 impl ServerOptions {
@@ -75,6 +78,7 @@ impl ServerOptions {
             settings: Arc::new(Settings::default()),
             stats_name: None,
             metrics_listen: None,
+            log_file: None,
         }
     }
 }
@@ -288,15 +292,18 @@ impl Server {
                 .expect("spawn"),
         );
         let config = shared.config();
+        // The EXEC children first, as the reference does: a pqact without a position starts at
+        // the products that arrive after it, and the REQUESTs bring the first ones.
+        let exec = &shared.options.settings.exec;
+        let restart = exec.restart.then_some(Restart { max: exec.restart_max });
+        let started = ldm7_types::Timestamp::from_system_time(std::time::SystemTime::now());
+        let children = Children::start(exec_programs(&config, &shared.options, shared.queue.path(), started), restart)
+            .map_err(ServerError::Stop)?;
         let mut running = Vec::new();
         for request in requests(&config, local_addr.port()) {
             running.push(RunningRequest::start(&shared, request).map_err(ServerError::Stop)?);
         }
         let subscribers = start_subscribers(&shared, &config, local_addr.port())?;
-        let exec = &shared.options.settings.exec;
-        let restart = exec.restart.then_some(Restart { max: exec.restart_max });
-        let children =
-            Children::start(exec_programs(&config, shared.queue.path()), restart).map_err(ServerError::Stop)?;
         let metrics = match shared.options.metrics_listen {
             Some(listen) => Some(
                 crate::prometheus::start(shared.clone(), listen)
@@ -622,8 +629,16 @@ const OWN_PROGRAMS: [&str; 9] =
 
 /// The EXEC entries' programs, each started with `LDM7_QUEUE` set to the server's queue (so a
 /// `pqact` or `pqinsert` without `-q` uses it, as the reference's read its queue from the
-/// registry); watched, their exits logged, restarted as `[exec]` says (`ldm7_io::children`).
-fn exec_programs(config: &Config, queue: &std::path::Path) -> Vec<ChildProgram> {
+/// registry) and `LDM7_SERVER_STARTED` to the server's start (Unix microseconds: a pqact with no
+/// position starts there, not missing what the REQUESTs brought while it was starting) and,
+/// when the server logs to a file, `LDM7_LOG_FILE` to it; watched, their exits logged,
+/// restarted as `[exec]` says (`ldm7_io::children`).
+fn exec_programs(
+    config: &Config,
+    options: &ServerOptions,
+    queue: &std::path::Path,
+    started: ldm7_types::Timestamp,
+) -> Vec<ChildProgram> {
     config
         .execs
         .iter()
@@ -631,12 +646,21 @@ fn exec_programs(config: &Config, queue: &std::path::Path) -> Vec<ChildProgram> 
         .map(|exec| {
             let argv = exec.argv.clone();
             let queue = queue.to_path_buf();
+            let log_file = options.log_file.clone();
             ChildProgram {
                 name: format!("{:?}", exec.argv),
                 // A process group of its own: the stop's SIGTERM reaches what a script started.
                 spawn: Box::new(move || {
                     use std::os::unix::process::CommandExt;
-                    exec_command(&argv[0]).args(&argv[1..]).env("LDM7_QUEUE", &queue).process_group(0).spawn()
+                    let mut command = exec_command(&argv[0]);
+                    command
+                        .args(&argv[1..])
+                        .env("LDM7_QUEUE", &queue)
+                        .env("LDM7_SERVER_STARTED", started.as_unix_micros().to_string());
+                    if let Some(file) = &log_file {
+                        command.env("LDM7_LOG_FILE", file);
+                    }
+                    command.process_group(0).spawn()
                 }),
             }
         })

@@ -17,6 +17,7 @@
 //!   (`data/captures/*.txt`).
 
 pub mod postgres;
+pub mod sntp;
 pub mod workspace;
 
 use std::ffi::OsStr;

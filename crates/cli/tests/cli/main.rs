@@ -2,6 +2,7 @@
 
 mod act;
 mod act_run;
+mod admin;
 mod cli;
 mod flags;
 mod fmtp;

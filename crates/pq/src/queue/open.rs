@@ -99,6 +99,19 @@ impl Queue {
         Ok(Self::open(path)?)
     }
 
+    /// Deletes the queue at `path` (its files and its directory); refuses anything that is not
+    /// a product queue.
+    pub fn remove(path: &Path) -> Result<(), CreateError> {
+        if !path.exists() {
+            return Err(CreateError::Storage {
+                path: path.to_owned(),
+                source: io::Error::new(io::ErrorKind::NotFound, "no product queue there").into(),
+            });
+        }
+        remove_queue_files(path)?;
+        fs::remove_dir(path).map_err(|error| CreateError::Storage { path: path.to_owned(), source: error.into() })
+    }
+
     /// Builds a queue in the empty directory `dir`: every byte of its files gets its disk block
     /// before anything is written through a map.
     fn build(dir: &Path, capacity: Capacity) -> Result<(), CreateError> {
