@@ -17,8 +17,10 @@ use crate::AdminError;
 use crate::registry::{Registry, truthy};
 
 /// The classic program names linked in the new home's `bin/` (what EXEC entries run).
-pub const CLASSIC_NAMES: &[&str] =
-    &["ldmadmin", "ldmd", "pqact", "pqinsert", "pqcat", "pqcreate", "pqmon", "pqcheck", "notifyme", "ldmsend", "scour"];
+pub const CLASSIC_NAMES: &[&str] = &[
+    "ldmadmin", "ldmd", "pqact", "pqinsert", "pqcat", "pqcreate", "pqmon", "pqcheck", "notifyme", "ldmsend", "scour",
+    "rtstats",
+];
 
 /// What an import did.
 #[derive(Debug, Default)]
@@ -112,6 +114,19 @@ pub fn import(plan: &ImportPlan) -> Result<ImportReport, AdminError> {
     ));
     for note in notes {
         report.left_out.push(note);
+    }
+    for exec in &config.execs {
+        let program = exec.argv.first().and_then(|first| Path::new(first).file_name()).and_then(|name| name.to_str());
+        let Some(program) = program else { continue };
+        if unsupported_program(program).is_some() {
+            continue;
+        }
+        let how = if CLASSIC_NAMES.contains(&program) {
+            format!("ldm7's {program} (bin/{program})")
+        } else {
+            "the same program, found on PATH as before".to_owned()
+        };
+        report.carried.push(format!("EXEC \"{}\": runs {how}", exec.argv.join(" ")));
     }
     for include in included_files(&ldmd_conf) {
         if let Ok(relative) = include.strip_prefix(ldmd_conf.parent().unwrap_or(Path::new("."))) {
@@ -369,7 +384,8 @@ fn settings_toml(registry: &Registry, plan: &ImportPlan, home: &Path) -> (String
 }
 
 /// ldmd.conf for the new home: every line kept, except EXEC entries of programs ldm7 has no
-/// equivalent of yet, which are commented out (each reported).
+/// equivalent of (`pqsurf`, `pqbinstats`), which are commented out (each reported). `pqact`,
+/// `rtstats` and `scour` are ldm7's own.
 fn translate_ldmd_conf(text: &str) -> (String, Vec<String>) {
     let mut notes = Vec::new();
     let mut out = String::new();
@@ -398,7 +414,6 @@ fn translate_ldmd_conf(text: &str) -> (String, Vec<String>) {
 /// Why an EXEC'd LDM program cannot run under ldm7, if it cannot.
 fn unsupported_program(program: &str) -> Option<&'static str> {
     match program {
-        "rtstats" => Some("ldm7 has no rtstats program yet: its server publishes per-minute statistics of its own"),
         "pqsurf" => Some("ldm7 has no pqsurf"),
         "pqbinstats" => Some("ldm7 has no pqbinstats"),
         _ => None,
@@ -522,9 +537,9 @@ mod tests {
 
     #[test]
     fn unsupported_execs_are_commented_out_and_the_rest_kept() {
-        let (text, notes) = translate_ldmd_conf("EXEC\t\"pqact\"\nEXEC \"rtstats -h host\"\nALLOW ANY ^x$\n");
+        let (text, notes) = translate_ldmd_conf("EXEC\t\"pqact\"\nEXEC \"pqsurf -v\"\nALLOW ANY ^x$\n");
         assert_eq!(text.lines().next(), Some("EXEC\t\"pqact\""));
-        assert!(text.contains("# EXEC \"rtstats -h host\""), "{text}");
+        assert!(text.contains("# EXEC \"pqsurf -v\""), "{text}");
         assert!(text.contains("ALLOW ANY ^x$"));
         assert_eq!(notes.len(), 1);
     }

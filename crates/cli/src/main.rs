@@ -24,6 +24,7 @@ mod monitor_cmd;
 mod plan_cmd;
 mod queue_cmd;
 mod remote;
+mod rtstats_cmd;
 mod scour_cmd;
 mod serve;
 mod trace_cmd;
@@ -95,6 +96,8 @@ enum Command {
     Admin(admin_cmd::AdminArgs),
     /// Make an ldm7 home from an LDM installation (registry, ldmd.conf, pqact, scour, .info).
     Import(admin_cmd::ImportArgs),
+    /// Send LDM's per-feed statistics reports of the queue's products to a host (rtstats).
+    Rtstats(rtstats_cmd::RtstatsArgs),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -130,6 +133,9 @@ fn main() {
             .map(|(args, log)| (Command::Queue(queue_cmd::QueueCommand::Check(args)), log)),
         "scour" => legacy::<scour_cmd::ScourArgs>("scour", argv).map(|(args, log)| (Command::Scour(args), log)),
         "ldmadmin" => legacy::<admin_cmd::AdminArgs>("ldmadmin", argv).map(|(args, log)| (Command::Admin(args), log)),
+        "rtstats" => {
+            legacy::<rtstats_cmd::RtstatsArgs>("rtstats", argv).map(|(args, log)| (Command::Rtstats(args), log))
+        }
         _ => parse::<Cli>(argv).map(|cli| (cli.command, cli.log)),
     };
     let code = match parsed {
@@ -182,6 +188,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Scour(args) => scour_cmd::run(&args),
         Command::Admin(args) => admin_cmd::run(&args, log),
         Command::Import(args) => admin_cmd::import_home(&args),
+        Command::Rtstats(args) => rtstats_cmd::run(&args),
     }
 }
 
@@ -192,8 +199,10 @@ fn classic_program(name: &str) -> Option<&'static str> {
 }
 
 /// The classic names the binary answers to (as links to it).
-const CLASSIC_NAMES: &[&str] =
-    &["pqinsert", "pqcat", "pqact", "notifyme", "ldmsend", "ldmd", "pqcreate", "pqmon", "pqcheck", "scour", "ldmadmin"];
+const CLASSIC_NAMES: &[&str] = &[
+    "pqinsert", "pqcat", "pqact", "notifyme", "ldmsend", "ldmd", "pqcreate", "pqmon", "pqcheck", "scour", "ldmadmin",
+    "rtstats",
+];
 
 fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<(T, LogArgs), i32> {
     use clap::CommandFactory;

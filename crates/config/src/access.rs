@@ -51,9 +51,11 @@ impl fmt::Display for PeerHost {
     }
 }
 
-/// Whether any ALLOW entry names the host.
+/// Whether the host may connect at all: an ALLOW or an ACCEPT entry names it (as the
+/// reference's `lcf_isHostOk`; what it may then ask for or send is decided per call).
 pub fn is_host_allowed(config: &Config, peer: &PeerHost) -> bool {
     config.allows.iter().any(|allow| peer.matches(&allow.host))
+        || config.accepts.iter().any(|accept| peer.matches(&accept.host))
 }
 
 /// The per-product test an upstream applies on top of the class: the OK and NOT EREs of the
@@ -206,6 +208,8 @@ mod tests {
         assert!(is_host_allowed(&by_ip, &PeerHost::from_ip("127.0.0.1".parse().unwrap())));
         let other = config("ALLOW ANY \\.ucar\\.edu$\n");
         assert!(!is_host_allowed(&other, &local()));
+        // A host that only pushes (ACCEPT) connects too.
+        assert!(is_host_allowed(&config("ACCEPT EXP ^rtstats- ^localhost$\n"), &local()));
         assert!(matches!(reduce_to_allowed(&other, &local(), &class(FeedType::EXP, ".*")), Allowed::NotAllowedHost));
     }
 

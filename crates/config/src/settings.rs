@@ -89,7 +89,7 @@
 //! ```
 //!
 //! The site's sections — `home`, `[queue]`, `[server]`, `[log]`, `[pqact]`, `[scour]`,
-//! `[check]`: LDM's registry — are in [`crate::site`].
+//! `[check]`, `[rtstats]`: LDM's registry — are in [`crate::site`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -449,6 +449,7 @@ impl Settings {
             pqact: raw.pqact,
             scour: raw.scour,
             check: raw.check,
+            rtstats: raw.rtstats,
         }
         .typed(origin, &value)?;
         Ok(Self {
@@ -514,6 +515,8 @@ mod raw {
         pub scour: crate::site::ScourKeys,
         #[serde(default)]
         pub check: crate::site::CheckKeys,
+        #[serde(default)]
+        pub rtstats: crate::site::RtstatsKeys,
     }
 
     /// `[exec]`.

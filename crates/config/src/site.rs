@@ -42,6 +42,10 @@
 //! time_servers = ["pool.ntp.org"] # /check-time: SNTP servers asked by `check` ([] = off)
 //! time_limit = "10s"              # /check-time/limit: the clock may be off by this much
 //! insertion_interval = "300s"     # /insertion-check-interval: newest product at most this old
+//!
+//! [rtstats]
+//! hosts = ["rtstats.unidata.ucar.edu"]   # the server runs `rtstats -h HOST` for each, as an
+//!                                 # `EXEC "rtstats -h HOST"` entry would [default: none]
 //! ```
 
 use std::net::IpAddr;
@@ -68,6 +72,8 @@ pub struct SiteSettings {
     pub scour_config: PathBuf,
     /// What `ldm7 admin check` checks.
     pub check: CheckSite,
+    /// The hosts the server sends rtstats reports to (beside EXEC "rtstats" entries).
+    pub rtstats_hosts: Vec<String>,
 }
 
 /// `[queue]`.
@@ -167,6 +173,7 @@ impl SiteSettings {
                 time_limit: Duration::from_secs(10),
                 insertion_interval: Duration::from_secs(300),
             },
+            rtstats_hosts: Vec::new(),
         }
     }
 
@@ -233,6 +240,12 @@ pub(crate) struct CheckKeys {
     insertion_interval: Option<String>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RtstatsKeys {
+    hosts: Option<Vec<String>>,
+}
+
 /// The site's sections of the file.
 #[derive(Debug, Default)]
 pub(crate) struct SiteKeys {
@@ -243,6 +256,7 @@ pub(crate) struct SiteKeys {
     pub pqact: PqactKeys,
     pub scour: ScourKeys,
     pub check: CheckKeys,
+    pub rtstats: RtstatsKeys,
 }
 
 impl SiteKeys {
@@ -341,6 +355,7 @@ impl SiteKeys {
         if let Some(text) = self.check.insertion_interval {
             site.check.insertion_interval = duration("check.insertion_interval", &text)?;
         }
+        site.rtstats_hosts = self.rtstats.hosts.unwrap_or_default();
         Ok(site)
     }
 }

@@ -17,5 +17,5 @@ pub mod sums;
 
 pub use delivery::{DeliveryLine, DeliveryMode, QueueDelivery};
 pub use product::{ProductError, StatsProduct};
-pub use rtstats::{RtStats, RtStatsError};
+pub use rtstats::{RtStats, RtStatsBins, RtStatsError};
 pub use sums::{Aggregator, BLOCK_SIZE, DeliveryEvent, Derived, Link, Minute, MinuteRow, MinuteSums, Mode};

@@ -95,10 +95,9 @@ fn serve_inner(
     stream.set_nodelay(true).ok();
     let config = shared.config();
     if !access::is_host_allowed(&config, peer) {
-        shared
-            .counters
-            .refusals
-            .refuse(ConnectionRefusal::Host, || format!("Denying connection from {peer}: no ALLOW entry matches"));
+        shared.counters.refusals.refuse(ConnectionRefusal::Host, || {
+            format!("Denying connection from {peer}: no ALLOW or ACCEPT entry matches")
+        });
         refuse_host(&mut stream);
         return Ok(());
     }
@@ -552,7 +551,7 @@ fn write_all(stream: &mut TcpStream, session: &mut Upstream, out: &mut Vec<u8>) 
     Ok(())
 }
 
-/// A host no ALLOW entry names: after its first call, a MSG_DENIED/AUTH_ERROR reply with
+/// A host no ALLOW or ACCEPT entry names: after its first call, a MSG_DENIED/AUTH_ERROR reply with
 /// xid 0, then a reset — what the reference does (ldm6-protocol.md §11).
 fn refuse_host(stream: &mut TcpStream) {
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok();

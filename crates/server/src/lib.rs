@@ -18,6 +18,7 @@ pub mod multicast;
 mod prometheus;
 pub mod receive;
 mod request;
+pub mod rtstats;
 mod server;
 pub mod stats;
 

@@ -624,8 +624,8 @@ fn start_subscribers(
 /// The classic LDM programs this executable is when called by their names (`pqact`,
 /// `pqinsert`, …): an EXEC of one of them that is not on `PATH` runs this executable under that
 /// name, so `EXEC "pqact etc/pqact.conf"` works with nothing but `ldm7` installed.
-const OWN_PROGRAMS: [&str; 9] =
-    ["pqact", "pqinsert", "pqcat", "notifyme", "ldmsend", "pqcreate", "pqmon", "pqcheck", "ldmd"];
+const OWN_PROGRAMS: [&str; 11] =
+    ["pqact", "pqinsert", "pqcat", "notifyme", "ldmsend", "pqcreate", "pqmon", "pqcheck", "ldmd", "rtstats", "scour"];
 
 /// The EXEC entries' programs, each started with `LDM7_QUEUE` set to the server's queue (so a
 /// `pqact` or `pqinsert` without `-q` uses it, as the reference's read its queue from the
@@ -639,16 +639,24 @@ fn exec_programs(
     queue: &std::path::Path,
     started: ldm7_types::Timestamp,
 ) -> Vec<ChildProgram> {
+    // `[rtstats] hosts`: an rtstats sender for each, as an `EXEC "rtstats -h HOST"` would be.
+    let rtstats = options
+        .settings
+        .site
+        .iter()
+        .flat_map(|site| &site.rtstats_hosts)
+        .map(|host| vec!["rtstats".to_owned(), "-h".to_owned(), host.clone()]);
     config
         .execs
         .iter()
-        .filter(|exec| !exec.argv.is_empty())
-        .map(|exec| {
-            let argv = exec.argv.clone();
+        .map(|exec| exec.argv.clone())
+        .chain(rtstats)
+        .filter(|argv| !argv.is_empty())
+        .map(|argv| {
             let queue = queue.to_path_buf();
             let log_file = options.log_file.clone();
             ChildProgram {
-                name: format!("{:?}", exec.argv),
+                name: format!("{argv:?}"),
                 // A process group of its own: the stop's SIGTERM reaches what a script started.
                 spawn: Box::new(move || {
                     use std::os::unix::process::CommandExt;

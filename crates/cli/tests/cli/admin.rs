@@ -136,8 +136,7 @@ fn an_imported_home_is_run_checked_and_stopped_with_ldmadmin() {
     for said in [
         "/queue/size 20M",
         "/server/enable-anti-DOS TRUE → [ldm6] one_feeder_per_host",
-        "rtstats",
-        "commented out",
+        "EXEC \"rtstats -h rtstats.unidata.ucar.edu\": runs ldm7's rtstats",
         "resumes after product 0123456789abcdef0123456789abcdef",
         "/metrics/count 4: ldm7 serves Prometheus metrics",
     ] {

@@ -12,6 +12,7 @@ mod ldm6_bounds;
 mod logging;
 mod monitor;
 mod plan;
+mod rtstats;
 mod scour;
 mod support;
 mod trace;

@@ -150,7 +150,7 @@ const SCOUR_CONF: &str = "# Keep decoded files two days (directories under the d
 /// An LDM home as ldmadmin runs one, with its registry naming its own paths (its programs read
 /// it through `LDM_REGISTRY_DIR`): EXEC "pqact" takes its queue, configuration and data
 /// directory from it.
-fn ldm_home(home: &Path, installed_registry: &Path, port: u16, up_port: u16) {
+fn ldm_home(home: &Path, installed_registry: &Path, port: u16, up_port: u16, stats_port: u16) {
     for dir in ["etc", "var/queues", "var/data", "var/logs"] {
         std::fs::create_dir_all(home.join(dir)).expect("mkdir");
     }
@@ -171,7 +171,7 @@ fn ldm_home(home: &Path, installed_registry: &Path, port: u16, up_port: u16) {
         format!(
             "# The site's feed from its upstream, its decoder and its statistics.\n\
              EXEC\t\"pqact\"\n\
-             EXEC\t\"rtstats -h 127.0.0.1 -P {port}\"\n\
+             EXEC\t\"rtstats -h 127.0.0.1 -P {stats_port}\"\n\
              REQUEST\tEXP\t\"^MIGRATE\"\t127.0.0.1:{up_port}\n\
              ALLOW\tANY\t{LOCAL}\n"
         ),
@@ -218,12 +218,24 @@ fn an_imported_ldm_home_files_the_feed_as_the_reference_did() {
     // The LDM site, imported before it ever ran (a copy taken at once).
     let ldm = root.join("ldm");
     let ldm_port = ldm7_io::free_port().expect("a free port");
-    ldm_home(&ldm, &installed_registry, ldm_port, up_port);
+    // The statistics host both sites' rtstats report to (an ldm7 server accepting them).
+    let stats = root.join("stats");
+    std::fs::create_dir_all(&stats).expect("mkdir");
+    let stats_port = ldm7_io::free_port().expect("a free port");
+    std::fs::write(stats.join("ldmd.conf"), format!("ACCEPT EXP ^rtstats- {LOCAL}\n")).expect("conf");
+    ok(Command::new(LDM7).args(["queue", "create", "--size", "10M", "--path"]).arg(stats.join("q.pq")));
+    let _stats_host = Group::spawn(
+        Command::new(LDM7)
+            .args(["serve", "-c", "ldmd.conf", "-q", "q.pq", "-P", &stats_port.to_string()])
+            .current_dir(&stats),
+        &stats.join("log"),
+    );
+    ldm_home(&ldm, &installed_registry, ldm_port, up_port, stats_port);
     let migrated = root.join("ldm7");
     let import =
         |home: &Path| ok(Command::new(LDM7).arg("import").arg(&ldm).arg("--to").arg(home).env_remove("LDM7_HOME"));
     let report = import(&migrated);
-    assert!(report.contains("rtstats") && report.contains("commented out"), "{report}");
+    assert!(report.contains("runs ldm7's rtstats"), "{report}");
     assert!(report.contains("/queue/size 200M"), "{report}");
     assert!(import(&migrated).contains("written: nothing"), "a second import changes nothing");
 
@@ -274,6 +286,15 @@ fn an_imported_ldm_home_files_the_feed_as_the_reference_did() {
         last
     };
     let reference_tree = settled(&ldm.join("var/data"));
+    // Its rtstats reports once a minute or so (its first report goes before any product).
+    let reports = |version: &str| {
+        let pattern = format!("^rtstats-{version}/ldm.site.test/EXP/");
+        let output = run(Command::new(LDM7).args(["cat", "-p", &pattern, "-q"]).arg(stats.join("q.pq")));
+        String::from_utf8_lossy(&output.stdout).lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    wait_until(Duration::from_secs(120), "the reference's rtstats report at the statistics host", || {
+        (!reports("6.15.0").is_empty()).then_some(())
+    });
     reference.stop();
 
     // The migrated site: its queue made, started.
@@ -301,6 +322,16 @@ fn an_imported_ldm_home_files_the_feed_as_the_reference_did() {
     assert!(site.admin_ok(&["pqactHUP"]).contains("pqact"));
     let log = std::fs::read_to_string(migrated.join("var/logs/ldmd.log")).expect("log");
     assert!(log.contains(" ldmd[") && log.contains(" pqact["), "{log}");
+    // Both sites' rtstats reported to the statistics host: LDM's and ldm7's, alike.
+    let ldm7_version = ldm7_metrics::rtstats::reporter_version();
+    wait_until(Duration::from_secs(60), "the migrated site's rtstats report", || {
+        (!reports(&ldm7_version).is_empty()).then_some(())
+    });
+    for line in reports("6.15.0").iter().chain(&reports(&ldm7_version)) {
+        let stats = ldm7_metrics::RtStats::parse(line.as_bytes()).expect("an rtstats line");
+        assert_eq!((stats.host.as_str(), stats.feed.as_str()), ("ldm.site.test", "EXP"), "{line}");
+        assert!(stats.products >= 1 && stats.products <= PRODUCTS as u64, "{line}");
+    }
     assert!(site.admin_ok(&["stop"]).contains("stopped"));
     assert_eq!(site.admin(&["isrunning"]).status.code(), Some(1));
 
