@@ -224,10 +224,11 @@ pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<R
         }
         let info = &product.info;
         if options.feed.intersects(info.feedtype) && options.pattern.is_match(&info.ident) {
+            // Every product read is logged (`-v`), matched or not, as LDM's pqact does.
+            tracing::info!(target: PRODUCT, "{info}");
             let chosen = conf.matching(info);
             if !chosen.is_empty() {
                 summary.matched += 1;
-                tracing::info!(target: PRODUCT, "{info}");
             }
             for (entry, matched) in chosen {
                 let args = super::arguments(entry, info, &matched);

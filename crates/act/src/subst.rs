@@ -150,6 +150,10 @@ pub fn date_indicators(text: &str, arrival: Timestamp) -> String {
         match indicator {
             Some((code, len)) => {
                 let day = u32::from(bytes[1] - b'0') * 10 + u32::from(bytes[2] - b'0');
+                if day > 31 {
+                    // As LDM's pqact reports it (the code's text is written, as there).
+                    tracing::error!("act: bad day of month in ident: {text}");
+                }
                 out.push_str(&date_code(day, &code.to_ascii_lowercase(), arrival));
                 rest = &candidate[len..];
             }

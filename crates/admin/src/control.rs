@@ -80,9 +80,7 @@ impl Site {
         if self.site.log.rotate {
             self.newlog(self.site.log.count)?;
         }
-        for dir in [&self.site.server.state_dir, &self.site.pqact.datadir] {
-            std::fs::create_dir_all(dir).map_err(AdminError::io(dir))?;
-        }
+        self.prepare_directories()?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -162,6 +160,9 @@ impl Site {
         if let Some(metrics) = site.server.metrics {
             command.args(["--metrics", &metrics.to_string()]);
         }
+        if let Some(user) = &site.server.user {
+            command.args(["--user", user]);
+        }
         if options.verbose {
             command.arg("-v");
         }
@@ -191,6 +192,70 @@ impl Site {
             ip => ip,
         };
         SocketAddr::new(ip, self.site.server.port)
+    }
+
+    /// Runs the server in the foreground, replacing this process (for a service manager:
+    /// systemd's `ExecStart`, whose main process the server then is); writes the pid file first.
+    /// Returns only on failure.
+    pub fn run_in_foreground(&self, options: &StartOptions) -> AdminError {
+        if let Some(pid) = self.running() {
+            return AdminError::Running { pid, what: "stop it first".into() };
+        }
+        if let Err(error) = self.prepare_directories() {
+            return error;
+        }
+        let pid_file = &self.site.server.pid_file;
+        if let Err(error) = std::fs::write(
+            pid_file,
+            format!(
+                "{}
+",
+                std::process::id()
+            ),
+        ) {
+            return AdminError::Io { path: pid_file.clone(), source: error };
+        }
+        let error = std::os::unix::process::CommandExt::exec(&mut self.serve_command(options));
+        let _ = std::fs::remove_file(pid_file);
+        AdminError::StartFailed(format!("{}: {error}", self.exe.display()))
+    }
+
+    /// The directories the server writes (log, state, data, pid file), made and, when the server
+    /// runs as another user, given to it.
+    pub fn prepare_directories(&self) -> Result<(), AdminError> {
+        let site = &self.site;
+        let mut dirs = vec![site.server.state_dir.clone(), site.pqact.datadir.clone()];
+        dirs.extend(site.log.file.parent().map(Path::to_path_buf));
+        dirs.extend(site.server.pid_file.parent().map(Path::to_path_buf));
+        for dir in &dirs {
+            std::fs::create_dir_all(dir).map_err(AdminError::io(dir))?;
+        }
+        self.give_to_user(&dirs)
+    }
+
+    /// Makes `paths` (and what directories among them hold) the server user's, when
+    /// `[server] user` is set and this runs as root; otherwise does nothing.
+    pub fn give_to_user(&self, paths: &[PathBuf]) -> Result<(), AdminError> {
+        let Some(user) = &self.site.server.user else { return Ok(()) };
+        if !nix::unistd::Uid::effective().is_root() {
+            return Ok(());
+        }
+        let account = nix::unistd::User::from_name(user)
+            .map_err(|error| AdminError::Other(format!("user {user}: {error}")))?
+            .ok_or_else(|| {
+                AdminError::Other(format!("[server] user {user} does not exist: create it (useradd --system {user})"))
+            })?;
+        for path in paths {
+            let mut all = vec![path.clone()];
+            if path.is_dir() && path.join("data.mdb").is_file() {
+                all.extend(std::fs::read_dir(path).map_err(AdminError::io(path))?.flatten().map(|entry| entry.path()));
+            }
+            for each in all {
+                std::os::unix::fs::chown(&each, Some(account.uid.as_raw()), Some(account.gid.as_raw()))
+                    .map_err(AdminError::io(&each))?;
+            }
+        }
+        Ok(())
     }
 
     /// Stops the running server (SIGTERM: it drains and exits) and removes the pid file;

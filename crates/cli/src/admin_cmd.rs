@@ -35,6 +35,11 @@ pub enum AdminCommand {
     Start(StartArgs),
     /// Stop the server (it drains and exits).
     Stop,
+    /// Run the server in the foreground (for systemd's ExecStart; not in LDM): the pid file,
+    /// then the server in this process.
+    Run(StartArgs),
+    /// Only the pre-checks of start (for systemd's ExecStartPre; not in LDM).
+    Precheck(StartArgs),
     /// Stop the server if it runs, then start it.
     Restart(StartArgs),
     /// Create the product queue with the settings' size and slots.
@@ -221,6 +226,14 @@ pub fn run(args: &AdminArgs, log: &LogArgs) -> CmdResult {
             let pid = site.start(&start_options(start, log)).map_err(input)?;
             println!("the server runs (pid {pid}); log: {}", site.site.log.file.display());
         }
+        AdminCommand::Run(start) => return Err(input(site.run_in_foreground(&start_options(start, log)))),
+        AdminCommand::Precheck(start) => {
+            site.pre_checks(&start_options(start, log)).map_err(input)?;
+            println!(
+                "pre-checks passed: the queue, {} and its pqact configurations",
+                site.site.server.config.display()
+            );
+        }
         AdminCommand::Stop => {
             let pid = site.stop().map_err(input)?;
             println!("the server (pid {pid}) stopped");
@@ -249,6 +262,7 @@ pub fn run(args: &AdminArgs, log: &LogArgs) -> CmdResult {
                 command.arg("--force");
             }
             status_of(command)?;
+            site.give_to_user(&[queue]).map_err(runtime)?;
         }
         AdminCommand::Delqueue(queue) => {
             if let Some(pid) = site.running() {

@@ -33,6 +33,14 @@ pub struct CatArgs {
     /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(short = 'q', long = "queue", value_name = "PATH")]
     pub queue: Option<PathBuf>,
+    /// Check each product's data against its signature (MD5); each mismatch is an ERROR line,
+    /// and any makes the exit status 1 (LDM's pqcat -c).
+    #[arg(short = 'c', long = "check-signatures")]
+    pub check_signatures: bool,
+    /// Also check the queue itself once the products are written (as `ldm7 queue check`;
+    /// LDM's pqcat -s).
+    #[arg(short = 's', long = "sanity")]
+    pub sanity: bool,
 }
 
 /// Runs `cat`. With `-v` each product's info line is logged (INFO; the data still goes to
@@ -46,7 +54,12 @@ pub fn run(args: &CatArgs, with_signature: bool) -> CmdResult {
     let selects = |feedtype: FeedType, ident: &str| feed.intersects(feedtype) && pattern.is_match(ident);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    let mut mismatches = 0u64;
     let mut emit = |info: &ldm7_types::ProdInfo, data: &[u8]| -> std::io::Result<()> {
+        if args.check_signatures && ldm7_types::Signature::md5_of(data) != info.signature {
+            mismatches += 1;
+            tracing::error!("cat: the data of {} do not match its signature", info.line(true));
+        }
         if args.info {
             writeln!(out, "{}", info.line(with_signature))
         } else {
@@ -84,8 +97,26 @@ pub fn run(args: &CatArgs, with_signature: bool) -> CmdResult {
             }
         }
     }
-    match out.flush() {
-        Err(error) if !broken_pipe(&error) => Err(runtime(error)),
-        _ => Ok(()),
+    if let Err(error) = out.flush() {
+        if !broken_pipe(&error) {
+            return Err(runtime(error));
+        }
     }
+    if args.sanity {
+        let report = queue.check().map_err(runtime)?;
+        for problem in &report.problems {
+            tracing::error!("cat: the queue: {problem}");
+        }
+        if !report.is_ok() {
+            return Err(runtime(anyhow::anyhow!(
+                "the queue has {} problem(s): see `ldm7 queue check`",
+                report.problems.len()
+            )));
+        }
+        tracing::info!("cat: the queue is sound ({} products)", report.product_count);
+    }
+    if mismatches > 0 {
+        return Err(crate::exit::bad_input(format!("{mismatches} product(s) whose data do not match their signature")));
+    }
+    Ok(())
 }

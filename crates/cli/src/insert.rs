@@ -34,6 +34,13 @@ pub struct InsertArgs {
     /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(short = 'q', long = "queue", value_name = "PATH")]
     pub queue: Option<PathBuf>,
+    /// Accepted for LDM's pqinsert (its first guess at a product's size, for standard input);
+    /// each file's size is known here.
+    #[arg(short = 'n', value_name = "SIZE")]
+    pub size_guess: Option<u64>,
+    /// Accepted for LDM's pqinsert (read the files rather than map them): files are read.
+    #[arg(short = 'r')]
+    pub read: bool,
     /// Insert synthetic products following this trace (`SIZE YYYYMMDDhhmmss.fff [FEED]` lines).
     #[arg(long, value_name = "TRACE", conflicts_with_all = ["files", "ident", "signature_from_ident"])]
     pub replay: Option<PathBuf>,

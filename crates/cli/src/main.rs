@@ -20,6 +20,7 @@ mod insert;
 mod insert_files;
 mod lab_cmd;
 mod logging;
+mod man_cmd;
 mod monitor_cmd;
 mod plan_cmd;
 mod queue_cmd;
@@ -98,6 +99,9 @@ enum Command {
     Import(admin_cmd::ImportArgs),
     /// Send LDM's per-feed statistics reports of the queue's products to a host (rtstats).
     Rtstats(rtstats_cmd::RtstatsArgs),
+    /// Write the man pages (the package's build runs it).
+    #[command(hide = true)]
+    Man(man_cmd::ManArgs),
 }
 
 /// A classic command: its own name, the arguments of one subcommand.
@@ -189,6 +193,7 @@ fn dispatch(command: Command, log: &LogArgs) -> CmdResult {
         Command::Admin(args) => admin_cmd::run(&args, log),
         Command::Import(args) => admin_cmd::import_home(&args),
         Command::Rtstats(args) => rtstats_cmd::run(&args),
+        Command::Man(args) => man_cmd::run(&args, &classic_commands()),
     }
 }
 
@@ -204,9 +209,36 @@ const CLASSIC_NAMES: &[&str] = &[
     "rtstats",
 ];
 
+/// Every classic name's command line, for its man page.
+fn classic_commands() -> Vec<(&'static str, clap::Command)> {
+    vec![
+        ("pqinsert", legacy_command::<insert::InsertArgs>("pqinsert")),
+        ("pqcat", legacy_command::<cat::CatArgs>("pqcat")),
+        ("pqact", legacy_command::<act_cmd::ActArgs>("pqact")),
+        ("notifyme", legacy_command::<remote::NotifyArgs>("notifyme")),
+        ("ldmsend", legacy_command::<remote::SendArgs>("ldmsend")),
+        ("ldmd", legacy_command::<serve::ServeArgs>("ldmd")),
+        ("pqcreate", legacy_command::<queue_cmd::CreateArgs>("pqcreate")),
+        ("pqmon", legacy_command::<queue_cmd::InfoArgs>("pqmon")),
+        ("pqcheck", legacy_command::<queue_cmd::PathArgs>("pqcheck")),
+        ("scour", legacy_command::<scour_cmd::ScourArgs>("scour")),
+        ("ldmadmin", legacy_command::<admin_cmd::AdminArgs>("ldmadmin")),
+        ("rtstats", legacy_command::<rtstats_cmd::RtstatsArgs>("rtstats")),
+    ]
+}
+
 fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<(T, LogArgs), i32> {
-    use clap::CommandFactory;
     use clap::FromArgMatches;
+    let command = legacy_command::<T>(name);
+    match command.try_get_matches_from(argv).and_then(|matches| Legacy::<T>::from_arg_matches(&matches)) {
+        Ok(parsed) => Ok((parsed.args, parsed.log)),
+        Err(error) => Err(report_usage(error)),
+    }
+}
+
+/// The command line of a classic name: its arguments, its subcommand's description.
+fn legacy_command<T: Args>(name: &'static str) -> clap::Command {
+    use clap::CommandFactory;
     // The help of a classic name says what the command does (its subcommand's text).
     let subcommand = match name {
         "pqinsert" => "insert",
@@ -224,10 +256,7 @@ fn legacy<T: Args>(name: &'static str, argv: Vec<OsString>) -> Result<(T, LogArg
     if let Some(about) = about {
         command = command.about(about);
     }
-    match command.try_get_matches_from(argv).and_then(|matches| Legacy::<T>::from_arg_matches(&matches)) {
-        Ok(parsed) => Ok((parsed.args, parsed.log)),
-        Err(error) => Err(report_usage(error)),
-    }
+    command
 }
 
 fn parse<P: Parser>(argv: Vec<OsString>) -> Result<P, i32> {

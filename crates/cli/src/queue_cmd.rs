@@ -44,6 +44,15 @@ pub struct InfoArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Print LDM's size parameters on one line and exit (pqmon -S, read by ldmadmin's
+    /// vetqueuesize): full (0/1), capacity bytes, most bytes used, bytes used, slots, most
+    /// products, products, age of the oldest and of the newest (s), minimum residence time
+    /// (s), and bytes and products at that time (-1 and 0 before any eviction).
+    #[arg(short = 'S', long = "size-parameters", conflicts_with = "json")]
+    pub size_parameters: bool,
+    /// Print again every so many seconds (pqmon -i; 0: once).
+    #[arg(short = 'i', long = "interval", value_name = "SECONDS", default_value_t = 0)]
+    pub interval: u64,
 }
 
 /// The queue path alone.
@@ -52,6 +61,10 @@ pub struct PathArgs {
     /// The queue [default: $LDM7_QUEUE or ./ldm7.pq].
     #[arg(long, short = 'q', visible_alias = "queue", value_name = "PATH")]
     pub path: Option<PathBuf>,
+    /// Accepted for LDM's pqcheck -F (create a missing writer counter): an ldm7 queue has
+    /// none; the check is the same.
+    #[arg(short = 'F', hide_short_help = true)]
+    pub force: bool,
 }
 
 /// Runs a queue subcommand.
@@ -98,13 +111,44 @@ fn create(args: &CreateArgs) -> CmdResult {
 fn info(args: &InfoArgs) -> CmdResult {
     let path = queue_path(args.path.path.as_deref());
     let queue = open_queue(&path)?;
-    let stats = queue.stats().map_err(runtime)?;
-    if args.json {
-        println!("{}", info_json(&path, &stats));
-    } else {
-        print!("{}", info_text(&path, &stats));
+    loop {
+        let stats = queue.stats().map_err(runtime)?;
+        if args.size_parameters {
+            println!("{}", size_parameters(&stats));
+        } else if args.json {
+            println!("{}", info_json(&path, &stats));
+        } else {
+            print!("{}", info_text(&path, &stats));
+        }
+        if args.interval == 0 {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(args.interval));
     }
-    Ok(())
+}
+
+/// pqmon -S's line: `full capacity maxbytes bytes slots maxslots products age_oldest
+/// age_newest min_residence mvrt_bytes mvrt_slots`.
+fn size_parameters(stats: &QueueStats) -> String {
+    let age = |time: Option<ldm7_types::Timestamp>| {
+        time.map_or(-1.0, |time| now().saturating_duration_since(time).as_secs_f64())
+    };
+    let (residence, mvrt_bytes, mvrt_slots) = match stats.mvrt {
+        Some(mvrt) => (mvrt.residence.as_secs() as i64, mvrt.used_bytes as i64, mvrt.used_slots),
+        None => (-1, -1, 0),
+    };
+    format!(
+        "{} {} {} {} {} {} {} {:.0} {:.0} {residence} {mvrt_bytes} {mvrt_slots}",
+        u8::from(stats.evicted_count > 0),
+        stats.capacity.bytes,
+        stats.used_bytes.max(mvrt_bytes.max(0) as u64),
+        stats.used_bytes,
+        stats.capacity.slots,
+        stats.product_count.max(mvrt_slots),
+        stats.product_count,
+        age(stats.oldest_insertion).max(0.0),
+        age(stats.newest_insertion),
+    )
 }
 
 fn check(args: &PathArgs) -> CmdResult {

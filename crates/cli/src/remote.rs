@@ -27,6 +27,12 @@ pub struct NotifyArgs {
     /// Exit (status 0) after this long without a message, e.g. 300 (seconds) or 5min.
     #[arg(short = 'T', long = "timeout", value_name = "DURATION", default_value = "300", value_parser = positive_duration_arg)]
     pub timeout: Duration,
+    /// The upstream's port (notifyme -P) [default: the one in --host, else 388].
+    #[arg(short = 'P', long = "port")]
+    pub port: Option<u16>,
+    /// How long to wait for the connection (notifyme -t, its RPC timeout), e.g. 25 (seconds).
+    #[arg(short = 't', long = "rpc-timeout", value_name = "DURATION", value_parser = positive_duration_arg)]
+    pub rpc_timeout: Option<Duration>,
 }
 
 /// Runs `notify`: one line per NOTIFICATION on standard output, as notifyme prints it (with
@@ -35,8 +41,15 @@ pub struct NotifyArgs {
 pub fn notify(args: &NotifyArgs, with_signature: bool) -> CmdResult {
     let (feedtype, pattern, from) = args.lines.selection()?;
     let class = ProdClass { from, to: Timestamp::END, specs: vec![ldm7_types::ProdSpec { feedtype, pattern }] };
-    let mut options = NotifyOptions::new(args.host.clone(), class);
+    let mut server = args.host.clone();
+    if let Some(port) = args.port {
+        server.port = port;
+    }
+    let mut options = NotifyOptions::new(server, class);
     options.silence = args.timeout;
+    if let Some(timeout) = args.rpc_timeout {
+        options.connect_timeout = timeout;
+    }
     let stdout = std::io::stdout();
     let mut seen = 0u64;
     let host = &args.host;

@@ -21,7 +21,7 @@ use crate::exit::{CmdResult, input, runtime};
 const RETRY_MAX_LOWEST: Duration = Duration::from_millis(10);
 
 /// Arguments of `ldm7 serve`.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct ServeArgs {
     /// The configuration file (ldmd.conf syntax).
     #[arg(long = "config", short = 'c', value_name = "LDMD_CONF", default_value = "ldmd.conf")]
@@ -48,15 +48,21 @@ pub struct ServeArgs {
     #[arg(long = "retry-max", value_name = "DURATION", default_value = "60", value_parser = retry_max_arg)]
     pub retry_max: Duration,
     /// Most connections served at once; more are refused (LDM's /server/max-clients).
-    #[arg(long = "max-clients", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long = "max-clients", short = 'M', default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_clients: u32,
     /// The settings file (multicast rate and deadline, path service, subscribers; see
     /// docs/ldm7.md) [default: ldm7.toml next to the configuration file, if there is one].
     #[arg(long = "settings", value_name = "LDM7_TOML")]
     pub settings: Option<PathBuf>,
-    /// Check the configuration and the settings, print what they define, and exit.
-    #[arg(long = "check")]
+    /// Check the configuration and the settings, print what they define, and exit (ldmd -n).
+    #[arg(long = "check", short = 'n')]
     pub check: bool,
+    /// Accepted for ldmd's -t (its LDM-5 RPC timeout): ldm7 speaks LDM-6 and LDM-7.
+    #[arg(short = 't', value_name = "SECONDS", hide_short_help = true)]
+    pub rpc_timeout: Option<u64>,
+    /// The configuration file, as ldmd's positional argument (instead of -c).
+    #[arg(value_name = "CONF_FILE", conflicts_with = "config")]
+    pub config_file: Option<PathBuf>,
     /// This server's name in its per-minute statistics products [default: the host name, with
     /// :PORT when the port is not 388].
     #[arg(long = "stats-name", value_name = "NAME")]
@@ -64,10 +70,16 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9388.
     #[arg(long = "metrics", value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// Run as this user once the port is bound (start as root to bind 388); the EXEC children
+    /// run as it too.
+    #[arg(long = "user", value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(args: &ServeArgs, log: &crate::logging::LogArgs) -> CmdResult {
+    // ldmd's positional configuration file stands for -c.
+    let args = &ServeArgs { config: args.config_file.clone().unwrap_or_else(|| args.config.clone()), ..args.clone() };
     let settings = load_settings(args)?;
     if args.check {
         return check(args, &settings);
@@ -86,6 +98,7 @@ pub fn run(args: &ServeArgs, log: &crate::logging::LogArgs) -> CmdResult {
     options.settings = std::sync::Arc::new(settings);
     options.stats_name = args.stats_name.clone();
     options.metrics_listen = args.metrics;
+    options.run_as = args.user.clone();
     options.log_file = log.to_file().then(|| log.log_file.clone()).flatten().map(|file| {
         // The children may run elsewhere: an absolute path.
         std::path::absolute(&file).unwrap_or(file)
@@ -95,6 +108,24 @@ pub fn run(args: &ServeArgs, log: &crate::logging::LogArgs) -> CmdResult {
         ldm7_server::ServerError::Config(_) | ldm7_server::ServerError::Queue { .. } => input(error),
         other => runtime(other),
     })?;
+    // Under systemd (Type=notify): ready once listening, and the watchdog fed while the server
+    // accepts connections. Elsewhere these do nothing.
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!("listening on {}", server.local_addr())),
+    ]);
+    if let Some(period) = sd_notify::watchdog_enabled() {
+        let health = server.health();
+        std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || {
+                while health.is_alive() {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                    std::thread::sleep(period / 2);
+                }
+            })
+            .map_err(runtime)?;
+    }
     for signal in signals.forever() {
         match signal {
             SIGHUP => {
@@ -105,6 +136,7 @@ pub fn run(args: &ServeArgs, log: &crate::logging::LogArgs) -> CmdResult {
             _ => break,
         }
     }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     server.stop();
     Ok(())
 }

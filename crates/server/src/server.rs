@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -59,6 +59,9 @@ pub struct ServerOptions {
     /// The server's log file, if it logs to one: its EXEC children log there too
     /// (`LDM7_LOG_FILE`), each reopening it on SIGUSR1 as the server does.
     pub log_file: Option<PathBuf>,
+    /// The user to run as once the port is bound (a server started as root to bind 388); its
+    /// EXEC children run as it too.
+    pub run_as: Option<String>,
 }
 
 impl ServerOptions {
@@ -79,6 +82,7 @@ impl ServerOptions {
             stats_name: None,
             metrics_listen: None,
             log_file: None,
+            run_as: None,
         }
     }
 }
@@ -124,6 +128,8 @@ pub struct Shared {
     /// Per-minute delivery statistics, published as products.
     pub(crate) stats: Arc<crate::stats::StatsPublisher>,
     active_connections: AtomicUsize,
+    /// The accept loop runs (the watchdog's sign of life, [`Health`]).
+    accepting: AtomicBool,
     session_ids: AtomicU32,
 }
 
@@ -195,6 +201,14 @@ pub enum ServerError {
     /// The LDM-7 runtime cannot start.
     #[error("cannot start the LDM-7 subscriber threads: {0}")]
     Runtime(#[source] std::io::Error),
+    /// The server cannot become the user it is to run as.
+    #[error("cannot run as user {user}: {why}")]
+    User {
+        /// The user.
+        user: String,
+        /// Why.
+        why: String,
+    },
     /// The stop signal cannot be made (the process is out of file descriptors).
     #[error("cannot make the stop signal: {0}: raise the open-files limit (ulimit -n)")]
     Stop(#[source] std::io::Error),
@@ -235,7 +249,30 @@ pub struct Server {
     metrics: Option<ldm7_prometheus::Endpoint>,
 }
 
+/// Whether a running server is well: its accept loop runs and it is not stopping (what the
+/// service manager's watchdog is told).
+#[derive(Clone)]
+pub struct Health(Arc<Shared>);
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Health").field("alive", &self.is_alive()).finish()
+    }
+}
+
+impl Health {
+    /// Whether the server accepts connections and is not stopping.
+    pub fn is_alive(&self) -> bool {
+        self.0.accepting.load(Ordering::Relaxed) && !self.0.is_stopping()
+    }
+}
+
 impl Server {
+    /// Its health, for a watchdog.
+    pub fn health(&self) -> Health {
+        Health(self.shared.clone())
+    }
+
     /// Loads the configuration, opens the queue, listens, starts the REQUEST downstreams and
     /// the EXEC children.
     pub fn start(options: ServerOptions) -> Result<Self, ServerError> {
@@ -249,6 +286,9 @@ impl Server {
         let local_addr =
             listener.local_addr().map_err(|source| ServerError::Listen { address: options.listen, source })?;
         listener.set_nonblocking(true).map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        if let Some(user) = &options.run_as {
+            run_as(user)?;
+        }
         let queue = Arc::new(queue);
         let multicaster = Arc::new(Multicaster::new(
             queue.clone(),
@@ -273,6 +313,7 @@ impl Server {
             host_connections: Arc::default(),
             feeders: Arc::default(),
             active_connections: AtomicUsize::new(0),
+            accepting: AtomicBool::new(true),
             session_ids: AtomicU32::new(0),
         });
         tracing::info!("Starting Up (ldm7 {}), listening on {local_addr}", env!("CARGO_PKG_VERSION"));
@@ -281,7 +322,17 @@ impl Server {
         threads.push(
             std::thread::Builder::new()
                 .name("accept".into())
-                .spawn(move || accept_loop(&acceptor, &listener))
+                .spawn(move || {
+                    // Cleared however the loop ends: the watchdog stops answering for the server.
+                    struct Accepting(Arc<Shared>);
+                    impl Drop for Accepting {
+                        fn drop(&mut self) {
+                            self.0.accepting.store(false, Ordering::Relaxed);
+                        }
+                    }
+                    let accepting = Accepting(acceptor.clone());
+                    accept_loop(&accepting.0, &listener);
+                })
                 .expect("spawn"),
         );
         let publisher = shared.clone();
@@ -689,6 +740,31 @@ fn exec_command(program: &str) -> Command {
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// Becomes `user` (its group and supplementary groups, then its user id), for good: a server
+/// started as root to bind port 388 gives root up before it reads a byte from the network.
+fn run_as(user: &str) -> Result<(), ServerError> {
+    use nix::unistd::{Uid, User, initgroups, setgid, setuid};
+    let failed = |why: String| ServerError::User { user: user.to_owned(), why };
+    let account = User::from_name(user)
+        .map_err(|error| failed(error.to_string()))?
+        .ok_or_else(|| failed("no such user (create it, or remove --user / [server] user)".into()))?;
+    if Uid::effective() == account.uid {
+        return Ok(());
+    }
+    if !Uid::effective().is_root() {
+        return Err(failed("only root can change users: start the server as root, or as that user".into()));
+    }
+    let name = std::ffi::CString::new(user).map_err(|_| failed("a NUL byte in the name".into()))?;
+    initgroups(&name, account.gid).map_err(|error| failed(format!("initgroups: {error}")))?;
+    setgid(account.gid).map_err(|error| failed(format!("setgid: {error}")))?;
+    setuid(account.uid).map_err(|error| failed(format!("setuid: {error}")))?;
+    if setuid(Uid::from_raw(0)).is_ok() {
+        return Err(failed("root could be regained after setuid".into()));
+    }
+    tracing::info!("Running as user {user} (uid {}, gid {})", account.uid, account.gid);
+    Ok(())
 }
 
 /// The peer at `ip` with its name looked up (reverse DNS; a failure leaves it nameless).

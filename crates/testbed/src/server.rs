@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// Further arguments of `ldm7 serve`.
     pub extra_args: Vec<String>,
+    /// Environment variables set for it (e.g. systemd's `NOTIFY_SOCKET`).
+    pub env: Vec<(String, String)>,
 }
 
 impl ServerConfig {
@@ -58,6 +60,7 @@ impl ServerConfig {
             settings: None,
             port: 388,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -134,6 +137,11 @@ impl Server {
         self.config.extra_args = args;
     }
 
+    /// Environment variables of the process, from the next start on.
+    pub fn set_env(&mut self, env: Vec<(String, String)>) {
+        self.config.env = env;
+    }
+
     /// Rewrites its `ldmd.conf` (read at the next start).
     pub fn set_ldmd_conf(&mut self, text: &str) -> Result<()> {
         self.config.ldmd_conf = text.to_string();
@@ -163,6 +171,7 @@ impl Server {
             .args(["serve", "-c", "ldmd.conf", "-q", "q.pq", "--state-dir", "state", "-v", "-l", "log"])
             .args(["-P", &self.config.port.to_string()])
             .args(&self.config.extra_args)
+            .envs(self.config.env.iter().map(|(name, value)| (name, value)))
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

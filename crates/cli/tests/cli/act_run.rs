@@ -591,3 +591,20 @@ fn an_ldmd_conf_exec_of_pqact_runs_the_actions() {
         std::fs::read_to_string(node.dir.join("pqact.conf.state")).ok().filter(|text| text.contains("# signature 0909"))
     });
 }
+
+/// As LDM's pqact: with `-v` every product read is logged, matched or not; a date indicator
+/// with a day of month above 31 is an ERROR line naming the string (the file is still written,
+/// with the code's text, as pqact writes it).
+#[test]
+fn verbose_logs_every_product_read_and_a_bad_day_of_month_is_reported() {
+    let mut lab = Lab::new();
+    lab.conf("EXP\t^DAY(..)\n\tFILE\t-close\tdays/(\\1:yyyy)\n");
+    lab.insert("EXP", "DAY35", b"thirty-five\n");
+    lab.insert("EXP", "NOTHING.MATCHES", b"unmatched\n");
+    let output = lab.act_once(&[]);
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    assert!(log.contains("DAY35") && log.contains("NOTHING.MATCHES"), "every product read is logged: {log}");
+    assert!(log.contains("ERROR act: bad day of month in ident: days/(35:yyyy)"), "{log}");
+    assert_eq!(lab.read_text("days/yyyy"), "thirty-five\n");
+}

@@ -3,6 +3,7 @@
 mod act;
 mod act_run;
 mod admin;
+mod classic_flags;
 mod cli;
 mod flags;
 mod fmtp;
@@ -11,6 +12,7 @@ mod ldm6;
 mod ldm6_bounds;
 mod logging;
 mod monitor;
+mod package;
 mod plan;
 mod rtstats;
 mod scour;

@@ -135,6 +135,11 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
         let link = links.as_array()?.first()?.clone();
         (link["last_minute"].as_i64()? == Minute::of(now).0 - 2).then_some(())
     });
+    // The rtstats product comes after the statistics products: stored a moment later.
+    wait_until(Duration::from_secs(30), "the monitor to store the rtstats report", || {
+        let nodes = json(port, "/api/nodes");
+        nodes.as_array()?.iter().any(|node| node["name"] == "ldm6.example.edu").then_some(())
+    });
     let nodes = json(port, "/api/nodes");
     let nodes = nodes.as_array().expect("an array");
     let find =

@@ -64,6 +64,11 @@ impl Node {
         self.server.set_extra_args([vec!["--retry-max".to_string(), "0.5".to_string()], args].concat());
     }
 
+    /// Environment variables of `ldm7 serve`, from the next start on.
+    pub fn set_env(&mut self, env: Vec<(String, String)>) {
+        self.server.set_env(env);
+    }
+
     /// The process id while it runs.
     pub fn pid(&self) -> u32 {
         self.server.pid().expect("the server runs")
