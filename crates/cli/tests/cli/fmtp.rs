@@ -318,8 +318,12 @@ fn forged_and_malformed_datagrams_on_the_group_cost_no_product_and_are_counted()
             .args(["--out", &out.display().to_string()]),
     );
     let forger = Forger::start(group.parse().expect("group"), out.clone());
+    // 10 Mbit/s: the 1.5 MB take over a second, so that the forger, a batch per product
+    // delivered, keeps up on a busy machine (at 100 Mbit/s the transfer took 0.12 s and a loaded
+    // run saw 705 forgeries).
     let sender = Command::new(LDM7)
         .args(["fmtp", "send", "--group", &group, "--retx-listen", &retx, "--receivers", "1", "--linger", "30s"])
+        .args(["--rate", "10M"])
         .args(&files)
         .output()
         .expect("run sender");
