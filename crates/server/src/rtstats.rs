@@ -36,6 +36,8 @@ pub struct RtstatsOptions {
     pub interval: Duration,
     /// Largest random addition to each interval.
     pub spread: Duration,
+    /// End when the parent process does (an EXEC child of a server that was killed).
+    pub exit_with_parent: bool,
 }
 
 /// Why the sender stopped.
@@ -55,8 +57,14 @@ pub fn run(queue: &Queue, options: &RtstatsOptions) -> Result<(), RtstatsError> 
     let mut seqno = 0u32;
     // The first report goes with the first product, as the reference's.
     let mut next_report = Instant::now();
+    let parent = std::os::unix::process::parent_id();
     loop {
-        let wait = next_report.saturating_duration_since(Instant::now());
+        if options.exit_with_parent && std::os::unix::process::parent_id() != parent {
+            tracing::info!("rtstats: the server that started it is gone: exiting");
+            return Ok(());
+        }
+        // At most a second at a time: the parent is looked at that often.
+        let wait = next_report.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
         let product = follower.next_with(Some(wait), |product| {
             let info = &product.info;
             (options.feed.intersects(info.feedtype) && options.pattern.is_match(&info.ident)).then(|| {
@@ -70,7 +78,8 @@ pub fn run(queue: &Queue, options: &RtstatsOptions) -> Result<(), RtstatsError> 
         if Instant::now() >= next_report {
             let reports = bins.take_changed();
             if reports.is_empty() {
-                // Nothing new: the next product is reported within a second of its arrival.
+                // Nothing new: the next product is reported within a second of its arrival (and
+                // the parent is looked at as often).
                 next_report = Instant::now() + options.interval.min(Duration::from_secs(1));
                 continue;
             }

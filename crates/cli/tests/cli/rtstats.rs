@@ -123,4 +123,15 @@ fn a_server_reports_to_the_hosts_its_settings_name() {
     });
     assert!(ident.starts_with("rtstats-") && ident.contains("/NGRID/"), "{ident}");
     assert_eq!(report.products, 1);
+    // A server killed outright leaves no rtstats behind.
+    let child = format!("rtstats -h 127.0.0.1:{}", stats.port);
+    let running = || {
+        std::fs::read_dir("/proc").expect("/proc").flatten().any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " ").trim_end() == child)
+        })
+    };
+    assert!(running(), "the server's rtstats runs");
+    site.kill9();
+    wait_until(Duration::from_secs(10), "its rtstats to end with it", || (!running()).then_some(()));
 }
