@@ -32,6 +32,17 @@ fn json(port: u16, path: &str) -> serde_json::Value {
     serde_json::from_str(&body).unwrap_or_else(|error| panic!("{path}: {error}: {body}"))
 }
 
+/// A monitor process, killed if the test ends before it stopped it (a failed assertion left it
+/// running).
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn insert(queue: &Queue, ident: &str, body: &[u8], arrival: Timestamp) {
     let info = ProdInfo {
         arrival,
@@ -126,6 +137,7 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
+        .map(KilledOnDrop)
         .expect("start ldm7 monitor");
     wait_until(Duration::from_secs(30), "the monitor to store the link's two minutes", || {
         if !support::listening(port) {
@@ -193,8 +205,8 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("throughput_fmtp"), "{body}");
 
-    let _ = Command::new("kill").args(["-TERM", &monitor.id().to_string()]).status();
-    let status = wait_until(Duration::from_secs(15), "the monitor to exit", || monitor.try_wait().expect("wait"));
+    let _ = Command::new("kill").args(["-TERM", &monitor.0.id().to_string()]).status();
+    let status = wait_until(Duration::from_secs(15), "the monitor to exit", || monitor.0.try_wait().expect("wait"));
     assert!(status.success());
     let log = std::fs::read_to_string(dir.join("log")).expect("log");
     assert!(log.contains("2 statistics products stored (1 refused, 0 seen before), 1 rtstats (0 refused)"), "{log}");
@@ -275,6 +287,7 @@ fn the_dashboard_in_a_real_browser() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(KilledOnDrop)
         .expect("start ldm7 monitor");
     wait_until(Duration::from_secs(30), "the monitor to store both links", || {
         if !support::listening(port) {
@@ -291,8 +304,8 @@ fn the_dashboard_in_a_real_browser() {
         .env("CHROMIUM", &chromium)
         .output()
         .expect("run node");
-    let _ = Command::new("kill").args(["-TERM", &monitor.id().to_string()]).status();
-    let _ = monitor.wait();
+    let _ = Command::new("kill").args(["-TERM", &monitor.0.id().to_string()]).status();
+    let _ = monitor.0.wait();
     node.stop();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "browser: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
