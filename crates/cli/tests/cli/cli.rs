@@ -320,7 +320,8 @@ fn killed_inserter_leaves_a_sound_queue() {
 fn fmtp_send_recv_on_loopback_with_drop() {
     let Some(trace) = shared_data_or_skip("traces/unidata_ldm_NEXRAD3_500prod_20150911T2259Z.txt") else { return };
     let scratch = Scratch::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    // Below the ephemeral range: a port bind(0) handed out can be another test's outgoing one.
+    let port = ldm7_io::free_port().expect("a free port");
     let group = format!("239.255.78.{}:{port}", port % 200 + 1);
     let retx = format!("127.0.0.1:{port}");
     let mut sender = Command::new(LDM7)

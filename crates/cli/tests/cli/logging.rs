@@ -190,7 +190,8 @@ fn serve_reopens_its_log_file_on_sighup() {
     let queue = scratch.queue();
     std::fs::write(scratch.path("ldmd.conf"), "ALLOW ANY ^((localhost|loopback)|(127\\.0\\.0\\.1\\.?))$\n")
         .expect("config");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    // Below the ephemeral range: a port bind(0) handed out can be another test's outgoing one.
+    let port = ldm7_io::free_port().expect("a free port");
     let log = scratch.path("ldmd.log");
     let mut server = Server(
         Command::new(LDM7)
