@@ -147,7 +147,7 @@ pub fn import(plan: &ImportPlan) -> Result<ImportReport, AdminError> {
         report.carried.push(format!("{} → {} (unchanged)", pqact_conf.display(), new_pqact_conf.display()));
     }
     for exec in &config.execs {
-        for file in exec_files(&exec.argv) {
+        for file in crate::pqact::pqact_arguments(&exec.argv).unwrap_or_default() {
             let source = plan.ldm_home.join(&file);
             let target = home.join(&file);
             if Path::new(&file).is_relative() && source.is_file() && target != new_pqact_conf {
@@ -420,25 +420,6 @@ fn unsupported_program(program: &str) -> Option<&'static str> {
     }
 }
 
-/// The files an EXEC'd pqact is given (its non-option arguments).
-fn exec_files(argv: &[String]) -> Vec<String> {
-    const WITH_VALUE: &[&str] = &["-l", "-d", "-q", "-p", "-f", "-i", "-t", "-o"];
-    let Some(program) = argv.first().and_then(|first| Path::new(first).file_name()) else { return Vec::new() };
-    if program != "pqact" {
-        return Vec::new();
-    }
-    let mut files = Vec::new();
-    let mut args = argv[1..].iter();
-    while let Some(arg) = args.next() {
-        if WITH_VALUE.contains(&arg.as_str()) {
-            args.next();
-        } else if !arg.starts_with('-') {
-            files.push(arg.clone());
-        }
-    }
-    files
-}
-
 /// The files an ldmd.conf INCLUDEs, recursively.
 fn included_files(conf: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
@@ -547,7 +528,7 @@ mod tests {
     #[test]
     fn exec_files_are_pqacts_positional_arguments() {
         let argv: Vec<String> = ["pqact", "-f", "ANY", "-d", "/data", "etc/a.conf"].map(String::from).to_vec();
-        assert_eq!(exec_files(&argv), ["etc/a.conf"]);
-        assert_eq!(exec_files(&["scour".to_owned()]), Vec::<String>::new());
+        assert_eq!(crate::pqact::pqact_arguments(&argv).unwrap(), ["etc/a.conf"]);
+        assert_eq!(crate::pqact::pqact_arguments(&["scour".to_owned()]), None);
     }
 }

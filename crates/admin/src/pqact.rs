@@ -22,9 +22,9 @@ pub struct PqactCheck {
     pub result: Result<usize, String>,
 }
 
-/// The configuration files of an EXEC command line that runs pqact (`pqact …` or `ldm7 act …`);
-/// `None` when it runs something else. Without a file argument, the site's default.
-pub fn pqact_files(argv: &[String], site: &Site) -> Option<Vec<PathBuf>> {
+/// The configuration-file arguments of an EXEC command line that runs pqact (`pqact …` or
+/// `ldm7 act …`), as written; `None` when it runs something else.
+pub fn pqact_arguments(argv: &[String]) -> Option<Vec<String>> {
     let program = Path::new(argv.first()?).file_name()?.to_str()?;
     let rest = match program {
         "pqact" => &argv[1..],
@@ -37,10 +37,17 @@ pub fn pqact_files(argv: &[String], site: &Site) -> Option<Vec<PathBuf>> {
         if OPTIONS_WITH_VALUE.contains(&arg.as_str()) {
             args.next();
         } else if !arg.starts_with('-') {
-            // EXEC children run in the site's home, as ldmd under ldmadmin runs in LDMHOME.
-            files.push(site.site.home.join(arg));
+            files.push(arg.clone());
         }
     }
+    Some(files)
+}
+
+/// The configuration files of an EXEC command line that runs pqact; `None` when it runs
+/// something else. Without a file argument, the site's default.
+pub fn pqact_files(argv: &[String], site: &Site) -> Option<Vec<PathBuf>> {
+    // EXEC children run in the site's home, as ldmd under ldmadmin runs in LDMHOME.
+    let mut files: Vec<PathBuf> = pqact_arguments(argv)?.iter().map(|arg| site.site.home.join(arg)).collect();
     if files.is_empty() {
         files.push(site.site.pqact.config.clone());
     }
