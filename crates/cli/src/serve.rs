@@ -4,7 +4,7 @@
 //! `--check` validates the configuration and the settings and exits. SIGTERM/SIGINT drain and
 //! exit; SIGHUP reloads the configuration (and reopens the log file, `crate::logging`).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,8 +32,9 @@ pub struct ServeArgs {
     /// TCP port (LDM's 388 needs root; any high port works without).
     #[arg(short = 'P', long = "port", default_value_t = 388)]
     pub port: u16,
-    /// Address to listen on.
-    #[arg(short = 'I', long = "listen", value_name = "ADDR", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    /// Address to listen on: `::` (the default) takes IPv6 and IPv4 connections, `0.0.0.0` IPv4
+    /// only, an address only connections to it.
+    #[arg(short = 'I', long = "listen", value_name = "ADDR", default_value_t = IpAddr::V6(Ipv6Addr::UNSPECIFIED))]
     pub listen: IpAddr,
     /// Directory for REQUEST resume points (`.<md5>.info` files).
     #[arg(long = "state-dir", value_name = "DIR", default_value = ".")]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ldm7_io::Clock;
 use ldm7_ldm_proto::{NotifyClient, NotifyEvent, PushClient, PushEvent, SessionError};
-use ldm7_types::{Instant, ProdClass, ProdInfo, Signature};
+use ldm7_types::{HostPort, HostPortError, Instant, ProdClass, ProdInfo, Signature};
 
 use crate::wait::{Input, wait_input};
 
@@ -34,10 +34,11 @@ const READ_SLICE: Duration = Duration::from_secs(1);
 /// Size of the read buffer of a client.
 const READ_BUFFER_BYTES: usize = 64 << 10;
 
-/// An LDM server's address as operators write it: `HOST[:PORT]` (port 388 by default).
+/// An LDM server's address as operators write it: `HOST[:PORT]` or `[IPv6]:PORT` (port 388 by
+/// default).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerAddress {
-    /// Host name or IPv4 address.
+    /// Host name, IPv4 address, or IPv6 address without brackets.
     pub host: String,
     /// TCP port.
     pub port: u16,
@@ -53,32 +54,28 @@ impl ServerAddress {
 impl FromStr for ServerAddress {
     type Err = AddressError;
 
+    /// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address ([`HostPort`]).
     fn from_str(text: &str) -> Result<Self, AddressError> {
-        let (host, port) = match text.split_once(':') {
-            Some((host, port)) => {
-                let port =
-                    port.parse::<u16>().ok().filter(|port| *port != 0).ok_or_else(|| AddressError(text.into()))?;
-                (host, port)
-            }
-            None => (text, LDM_PORT),
-        };
-        if host.is_empty() || host.contains(char::is_whitespace) {
-            return Err(AddressError(text.into()));
-        }
-        Ok(Self::new(host, port))
+        let parsed = HostPort::parse(text).map_err(AddressError)?;
+        Ok(Self::new(parsed.host, parsed.port.unwrap_or(LDM_PORT)))
     }
 }
 
 impl fmt::Display for ServerAddress {
+    /// `host:port`, an IPv6 address in brackets (`[2001:db8::1]:388`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
+        f.write_str(&ldm7_types::host::join(&self.host, self.port))
     }
 }
 
 /// A server address that is not `HOST[:PORT]`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid server address {0:?}: give HOST[:PORT] (a host name or IPv4 address; port 1-65535, 388 by default)")]
-pub struct AddressError(String);
+#[error(
+    "invalid server address {}: give HOST[:PORT] or [IPv6]:PORT (a host name, an IPv4 or IPv6 address; \
+     port 1-65535, 388 by default)",
+    .0
+)]
+pub struct AddressError(HostPortError);
 
 /// Why a connection to an LDM server could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -107,17 +104,27 @@ pub enum ConnectError {
     },
 }
 
-/// Opens a TCP connection to an LDM server (first address of the host, `timeout` at most).
+/// Opens a TCP connection to an LDM server: each of the host's addresses in the resolver's
+/// order (IPv6 and IPv4 alike) until one answers, `timeout` at most for each.
 pub fn connect(address: &ServerAddress, timeout: Duration) -> Result<TcpStream, ConnectError> {
-    let socket_address = (address.host.as_str(), address.port)
+    let candidates: Vec<_> = (address.host.as_str(), address.port)
         .to_socket_addrs()
         .map_err(|source| ConnectError::Resolve { host: address.host.clone(), source })?
-        .next()
-        .ok_or_else(|| ConnectError::NoAddress { host: address.host.clone() })?;
-    let stream = TcpStream::connect_timeout(&socket_address, timeout)
-        .map_err(|source| ConnectError::Connect { address: address.clone(), source })?;
-    stream.set_nodelay(true).ok();
-    Ok(stream)
+        .collect();
+    let mut last_error = None;
+    for socket_address in candidates {
+        match TcpStream::connect_timeout(&socket_address, timeout) {
+            Ok(stream) => {
+                stream.set_nodelay(true).ok();
+                return Ok(stream);
+            }
+            Err(source) => last_error = Some(source),
+        }
+    }
+    match last_error {
+        Some(source) => Err(ConnectError::Connect { address: address.clone(), source }),
+        None => Err(ConnectError::NoAddress { host: address.host.clone() }),
+    }
 }
 
 /// Why a client session failed.
@@ -400,5 +407,27 @@ mod tests {
             assert!(error.to_string().contains("HOST[:PORT]"), "{bad:?}: {error}");
         }
         assert_eq!(ServerAddress::new("h", 1).to_string(), "h:1");
+    }
+
+    #[test]
+    fn ipv6_server_addresses() {
+        assert_eq!("[::1]:38800".parse(), Ok(ServerAddress::new("::1", 38800)));
+        assert_eq!("2001:db8::1".parse(), Ok(ServerAddress::new("2001:db8::1", 388)));
+        assert_eq!(ServerAddress::new("::1", 388).to_string(), "[::1]:388");
+        for bad in ["::1:388:", "[::1", "[fe80::1]:388", "[host]:388"] {
+            let error = bad.parse::<ServerAddress>().unwrap_err();
+            assert!(error.to_string().contains("[IPv6]:PORT"), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn connects_over_ipv6_loopback() {
+        let Ok(listener) = std::net::TcpListener::bind("[::1]:0") else {
+            eprintln!("skipped: no IPv6 loopback here");
+            return;
+        };
+        let port = listener.local_addr().unwrap().port();
+        let stream = connect(&format!("[::1]:{port}").parse().unwrap(), Duration::from_secs(5)).unwrap();
+        assert!(stream.peer_addr().unwrap().is_ipv6());
     }
 }

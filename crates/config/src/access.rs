@@ -14,6 +14,7 @@ use std::net::IpAddr;
 
 use ldm7_types::{FeedType, Pattern, ProdClass, ProdInfo, ProdSpec};
 
+use crate::hosts::{HostMatch, peer_address};
 use crate::ldmd::Config;
 
 /// The peer of a connection: its address and, when it resolves, its name.
@@ -26,9 +27,9 @@ pub struct PeerHost {
 }
 
 impl PeerHost {
-    /// A peer known by address only.
+    /// A peer known by address only (an IPv4-mapped address as its IPv4 address).
     pub fn from_ip(ip: IpAddr) -> Self {
-        Self { ip, name: None }
+        Self { ip: peer_address(ip), name: None }
     }
 
     /// The name LDM puts in a relayed origin: the host name, else the address.
@@ -36,9 +37,9 @@ impl PeerHost {
         self.name.clone().unwrap_or_else(|| self.ip.to_string())
     }
 
-    /// Whether a host ERE names this peer (address or name).
-    pub fn matches(&self, pattern: &Pattern) -> bool {
-        pattern.is_match(&self.ip.to_string()) || self.name.as_deref().is_some_and(|name| pattern.is_match(name))
+    /// Whether an entry's host field names this peer (address or name).
+    pub fn matches(&self, host: &HostMatch) -> bool {
+        host.matches(self.ip, self.name.as_deref())
     }
 }
 

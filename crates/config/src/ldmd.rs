@@ -39,7 +39,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use ldm7_types::{FeedType, Pattern, ProdClass, ProdSpec};
+use ldm7_types::{FeedType, HostPort, Pattern, ProdClass, ProdSpec};
+
+use crate::hosts::HostMatch;
 
 /// Longest field (the reference's `char string[2000]`).
 pub const FIELD_MAX: usize = 1999;
@@ -64,8 +66,9 @@ impl fmt::Display for Location {
 pub struct Allow {
     /// Feeds allowed.
     pub feedtype: FeedType,
-    /// Hosts (case-insensitive, against address and name).
-    pub host: Pattern,
+    /// Hosts: an ERE (case-insensitive, against address and name), or an address or prefix
+    /// ([`HostMatch`]).
+    pub host: HostMatch,
     /// Products must match this.
     pub ok: Pattern,
     /// Products must not match this.
@@ -81,8 +84,8 @@ pub struct Accept {
     pub feedtype: FeedType,
     /// Products accepted.
     pub pattern: Pattern,
-    /// Hosts (case-insensitive).
-    pub host: Pattern,
+    /// Hosts, as ALLOW's.
+    pub host: HostMatch,
     /// Where.
     pub location: Location,
 }
@@ -149,12 +152,13 @@ impl Attachment {
 pub struct Multicast {
     /// The feed.
     pub feedtype: FeedType,
-    /// The multicast group.
-    pub group: std::net::Ipv4Addr,
+    /// The multicast group: IPv4 (224.0.0.0/4), or IPv6 (ff00::/8; a source-specific group is
+    /// in ff3x::/32) as an ldm7 extension.
+    pub group: std::net::IpAddr,
     /// Its UDP port (`None`: the server's port).
     pub group_port: Option<u16>,
-    /// The FMTP retransmission server's address (`0.0.0.0`: any).
-    pub fmtp_server: std::net::Ipv4Addr,
+    /// The FMTP retransmission server's address (`0.0.0.0` or `::`: any), of the group's family.
+    pub fmtp_server: std::net::IpAddr,
     /// Its TCP port (0: chosen by the system).
     pub fmtp_port: u16,
     /// Prefix length of the feed's private subnet around `fmtp_server` (0: none; subscribers
@@ -465,7 +469,7 @@ impl Config {
                 self.requests.push(Request {
                     feedtype: feedtype(fields[0], location)?,
                     pattern: product_pattern(fields[1], location)?,
-                    host: host.to_owned(),
+                    host,
                     port,
                     primary: true,
                     location: location.clone(),
@@ -508,14 +512,21 @@ impl Config {
                 if !group.is_multicast() {
                     return Err(entry_error(
                         location,
-                        format!("{group} is not an IPv4 multicast address (224.0.0.0/4); e.g. 239.77.1.1:38800"),
+                        format!(
+                            "{group} is not a multicast address: IPv4 224.0.0.0/4 (e.g. 239.77.1.1:38800) or IPv6 \
+                             ff00::/8 (e.g. [ff3e::8000:1]:38800)"
+                        ),
                     ));
                 }
+                let any = match group {
+                    std::net::IpAddr::V4(_) => std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                    std::net::IpAddr::V6(_) => std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                };
                 let mut entry = Multicast {
                     feedtype,
                     group,
                     group_port,
-                    fmtp_server: std::net::Ipv4Addr::UNSPECIFIED,
+                    fmtp_server: any,
                     fmtp_port: 0,
                     subnet_len: 0,
                     attachment: Attachment::default(),
@@ -523,10 +534,20 @@ impl Config {
                 };
                 if fields.len() == 7 {
                     let (server, port) = address_and_port(fields[2], "FMTP server", location)?;
+                    if server.is_ipv4() != group.is_ipv4() {
+                        return Err(entry_error(
+                            location,
+                            format!(
+                                "the FMTP server {server} and the group {group} are of different families: give \
+                                 both IPv4 or both IPv6"
+                            ),
+                        ));
+                    }
                     entry.fmtp_server = server;
                     entry.fmtp_port = port.unwrap_or(0);
-                    entry.subnet_len = fields[3].parse::<u8>().ok().filter(|len| *len <= 32).ok_or_else(|| {
-                        entry_error(location, format!("subnetLen {:?} is not a prefix length 0–32", fields[3]))
+                    let longest = if server.is_ipv4() { 32 } else { 128 };
+                    entry.subnet_len = fields[3].parse::<u8>().ok().filter(|len| *len <= longest).ok_or_else(|| {
+                        entry_error(location, format!("subnetLen {:?} is not a prefix length 0–{longest}", fields[3]))
                     })?;
                     entry.attachment = Attachment {
                         vlan: vlan(fields[4], location)?,
@@ -558,7 +579,7 @@ impl Config {
                 let (host, port) = host_and_port(fields[1], location)?;
                 let mut entry = Receive {
                     feedtype: feedtype(fields[0], location)?,
-                    host: host.to_owned(),
+                    host,
                     port,
                     interface: None,
                     attachment: Attachment::default(),
@@ -590,43 +611,48 @@ impl Config {
     }
 }
 
-/// `host[:port]` split at the first `:` (no IPv6 literals, as the reference).
-fn host_and_port<'a>(text: &'a str, location: &Location) -> Result<(&'a str, Option<u16>), ConfigError> {
-    let (host, port) = match text.split_once(':') {
-        Some((host, port)) => {
-            let port = port
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| entry_error(location, format!("invalid port in {text:?}: give host[:port]")))?;
-            (host, Some(port))
-        }
-        None => (text, None),
-    };
-    if host.is_empty() {
-        return Err(entry_error(location, format!("{text:?} has no host: give host[:port]")));
-    }
-    Ok((host, port))
+/// `host[:port]`, `[v6]:port` or a bare IPv6 address ([`HostPort`]).
+fn host_and_port(text: &str, location: &Location) -> Result<(String, Option<u16>), ConfigError> {
+    let parsed = HostPort::parse(text).map_err(|error| entry_error(location, error.to_string()))?;
+    Ok((parsed.host, parsed.port))
 }
 
-/// `a.b.c.d[:port]` (port 0: chosen by the system).
+/// `a.b.c.d[:port]` or `[v6][:port]` (port 0: chosen by the system).
 fn address_and_port(
     text: &str,
     what: &str,
     location: &Location,
-) -> Result<(std::net::Ipv4Addr, Option<u16>), ConfigError> {
-    let (host, port) = match text.split_once(':') {
-        Some((host, port)) => {
-            let port = port.parse::<u16>().map_err(|_| {
-                entry_error(location, format!("invalid port in {text:?}: give {what} as a.b.c.d[:port]"))
-            })?;
-            (host, Some(port))
+) -> Result<(std::net::IpAddr, Option<u16>), ConfigError> {
+    let usage = || format!("give {what} as a.b.c.d[:port] or [IPv6 address][:port]");
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (inside, after) = rest
+            .split_once(']')
+            .ok_or_else(|| entry_error(location, format!("no closing bracket in {text:?}: {}", usage())))?;
+        match after {
+            "" => (inside, None),
+            _ => match after.strip_prefix(':') {
+                Some(port) => (inside, Some(port)),
+                None => return Err(entry_error(location, format!("{text:?}: {}", usage()))),
+            },
         }
-        None => (text, None),
+    } else {
+        match text.matches(':').count() {
+            0 => (text, None),
+            1 => text.split_once(':').map(|(host, port)| (host, Some(port))).expect("one colon"),
+            _ => (text, None),
+        }
     };
+    let port = port
+        .map(|port| {
+            port.parse::<u16>().map_err(|_| entry_error(location, format!("invalid port in {text:?}: {}", usage())))
+        })
+        .transpose()?;
     let address = host
-        .parse::<std::net::Ipv4Addr>()
-        .map_err(|_| entry_error(location, format!("{what} {host:?} is not an IPv4 address (a.b.c.d[:port])")))?;
+        .parse::<std::net::IpAddr>()
+        .map_err(|_| entry_error(location, format!("{what} {host:?} is not an IPv4 or IPv6 address: {}", usage())))?;
+    if text.starts_with('[') && address.is_ipv4() {
+        return Err(entry_error(location, format!("{text:?}: {}", usage())));
+    }
     Ok((address, port))
 }
 
@@ -641,8 +667,8 @@ fn feedtype(text: &str, location: &Location) -> Result<FeedType, ConfigError> {
     text.parse::<FeedType>().map_err(|error| entry_error(location, format!("feedtype {text:?}: {error}")))
 }
 
-fn host_pattern(text: &str, location: &Location) -> Result<Pattern, ConfigError> {
-    Pattern::new_case_insensitive(text).map_err(|error| entry_error(location, format!("host pattern: {error}")))
+fn host_pattern(text: &str, location: &Location) -> Result<HostMatch, ConfigError> {
+    HostMatch::parse(text).map_err(|error| entry_error(location, error))
 }
 
 fn product_pattern(text: &str, location: &Location) -> Result<Pattern, ConfigError> {
@@ -716,9 +742,10 @@ mod tests {
         .unwrap();
         assert_eq!(config.allows.len(), 2);
         assert_eq!(config.allows[0].feedtype, FeedType::ANY);
-        assert!(config.allows[0].host.is_match("LOCALHOST"));
-        assert!(config.allows[0].host.is_match("127.0.0.1"));
-        assert!(config.allows[1].host.is_match("idd.unidata.ucar.edu"));
+        let ip = "192.0.2.1".parse().unwrap();
+        assert!(config.allows[0].host.matches(ip, Some("LOCALHOST")));
+        assert!(config.allows[0].host.matches("127.0.0.1".parse().unwrap(), None));
+        assert!(config.allows[1].host.matches(ip, Some("idd.unidata.ucar.edu")));
         assert!(config.allows[0].ok.matches_everything() && config.allows[0].not.is_none());
     }
 
@@ -802,7 +829,10 @@ mod tests {
         .unwrap();
         let short = &config.multicasts[0];
         assert_eq!((short.group.to_string(), short.group_port), ("239.77.1.1".into(), Some(38800)));
-        assert_eq!((short.fmtp_server, short.fmtp_port, short.subnet_len), (std::net::Ipv4Addr::UNSPECIFIED, 0, 0));
+        assert_eq!(
+            (short.fmtp_server, short.fmtp_port, short.subnet_len),
+            (std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED), 0, 0)
+        );
         assert!(!short.attachment.is_set());
         let long = &config.multicasts[1];
         assert_eq!((long.fmtp_server.to_string(), long.fmtp_port, long.subnet_len), ("10.77.2.1".into(), 38801, 24));
@@ -811,13 +841,31 @@ mod tests {
         assert_eq!((config.receives[0].host.as_str(), config.receives[0].port), ("pub.example.edu", None));
         let full = &config.receives[1];
         assert_eq!((full.port, full.interface.as_deref()), (Some(3880), Some("eth1.332")));
+        let v6 = parse(
+            "MULTICAST EXP [ff3e::8000:1]:38800 [fd00:77:1::1]:38801 64 0 dummy dummy\nRECEIVE EXP [fd00:76::1]:388\n",
+        )
+        .unwrap();
+        let multicast = &v6.multicasts[0];
+        assert_eq!((multicast.group.to_string(), multicast.group_port), ("ff3e::8000:1".into(), Some(38800)));
+        assert_eq!((multicast.fmtp_server.to_string(), multicast.subnet_len), ("fd00:77:1::1".into(), 64));
+        assert_eq!((v6.receives[0].host.as_str(), v6.receives[0].port), ("fd00:76::1", Some(388)));
+        let bare = parse("MULTICAST EXP ff3e::8000:2\n").unwrap();
+        assert_eq!(
+            (bare.multicasts[0].group.to_string(), bare.multicasts[0].fmtp_server.to_string()),
+            ("ff3e::8000:2".into(), "::".into())
+        );
         assert_eq!(full.attachment.vlan, 332);
         for (bad, why) in [
-            ("MULTICAST EXP 10.0.0.1\n", "not an IPv4 multicast"),
+            ("MULTICAST EXP 10.0.0.1\n", "not a multicast address: IPv4 224.0.0.0/4"),
+            ("MULTICAST EXP [fd00::1]:38800\n", "or IPv6 ff00::/8"),
+            ("MULTICAST EXP [ff3e::1]:38800 10.0.0.1 24 0 s p\n", "different families"),
+            ("MULTICAST EXP [ff3e::1]:38800 [fd00::1]:1 129 0 s p\n", "prefix length 0–128"),
+            ("MULTICAST EXP [239.1.1.1]:38800\n", "[IPv6 address][:port]"),
+            ("MULTICAST EXP [ff3e::1:38800\n", "no closing bracket"),
             ("MULTICAST EXP 239.1.1.1 10.0.0.1 24\n", "MULTICAST takes"),
             ("MULTICAST EXP 239.1.1.1 10.0.0.1 33 0 s p\n", "subnetLen"),
             ("MULTICAST EXP 239.1.1.1 10.0.0.1 24 5000 s p\n", "VLAN tag"),
-            ("MULTICAST EXP group.example\n", "not an IPv4 address"),
+            ("MULTICAST EXP group.example\n", "not an IPv4 or IPv6 address"),
             ("MULTICAST ANY 239.1.1.1\nMULTICAST EXP 239.1.1.2\n", "already multicast"),
             ("RECEIVE EXP\n", "RECEIVE takes"),
             ("RECEIVE EXP host:0\n", "invalid port"),

@@ -5,6 +5,7 @@
 //! them; the fuzz targets and `ldm7 serve --check` need nothing more.
 
 pub mod access;
+pub mod hosts;
 pub mod keys;
 pub mod ldmd;
 pub mod settings;

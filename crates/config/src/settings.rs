@@ -219,7 +219,7 @@ pub struct MulticastSettings {
     /// Multicast TTL.
     pub ttl: u32,
     /// The interface to multicast from, by address (`None`: from the MULTICAST entry).
-    pub interface: Option<std::net::Ipv4Addr>,
+    pub interface: Option<std::net::IpAddr>,
     /// How long the feed keeps multicasting after its last subscriber left.
     pub linger: Duration,
     /// Bound: subscribers of the feed at once.
@@ -780,10 +780,9 @@ mod raw {
                 settings.ttl = ttl;
             }
             if let Some(interface) = &self.interface {
-                settings.interface =
-                    Some(interface.parse().map_err(|_| {
-                        value(format!("{key}.interface"), format!("{interface:?} is not an IPv4 address"))
-                    })?);
+                settings.interface = Some(interface.parse().map_err(|_| {
+                    value(format!("{key}.interface"), format!("{interface:?} is not an IPv4 or IPv6 address"))
+                })?);
             }
             if let Some(max) = self.subscribers_max {
                 if max == 0 {

@@ -15,7 +15,7 @@
 //!
 //! [server]
 //! config = "etc/ldmd.conf"        # /server/config-path
-//! listen = "0.0.0.0"              # /server/ip-addr
+//! listen = "::"                   # /server/ip-addr ("::": IPv6 and IPv4)
 //! port = 388                      # /server/port
 //! max_clients = 256               # /server/max-clients
 //! max_latency = "3600s"           # /server/max-latency
@@ -154,7 +154,7 @@ impl SiteSettings {
             queue: QueueSite { path: at("var/queues/ldm.pq"), size: ByteSize::from_bytes(500_000_000), slots: None },
             server: ServerSite {
                 config: at("etc/ldmd.conf"),
-                listen: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                listen: IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
                 port: 388,
                 max_clients: 256,
                 max_latency: Duration::from_secs(3600),

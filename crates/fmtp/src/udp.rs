@@ -149,7 +149,8 @@ impl MulticastSender {
                 socket.bind(&SocketAddr::new(IpAddr::V4(interface), 0).into()).map_err(io("bind"))?;
             }
             (IpAddr::V6(_), IpAddr::V6(interface)) => {
-                socket.set_multicast_if_v6(config.interface_index).map_err(io("IPV6_MULTICAST_IF"))?;
+                let index = interface_index(config).map_err(io("IPV6_MULTICAST_IF"))?;
+                socket.set_multicast_if_v6(index).map_err(io("IPV6_MULTICAST_IF"))?;
                 socket.set_multicast_hops_v6(config.ttl).map_err(io("IPV6_MULTICAST_HOPS"))?;
                 socket.set_multicast_loop_v6(config.loopback).map_err(io("IPV6_MULTICAST_LOOP"))?;
                 socket.bind(&SocketAddr::new(IpAddr::V6(interface), 0).into()).map_err(io("bind"))?;
@@ -210,7 +211,8 @@ pub struct MulticastReceiver {
 
 impl MulticastReceiver {
     /// Binds to the group and port and joins on the interface; with `source`, joins
-    /// source-specifically (IPv4 only, as LDM-7 does) so only that sender's datagrams arrive.
+    /// source-specifically (IGMPv3 for IPv4, as LDM-7 does; MLDv2 for IPv6) so only that
+    /// sender's datagrams arrive.
     pub fn join(config: &MulticastConfig, source: Option<IpAddr>) -> Result<Self, SocketError> {
         check_group(config)?;
         let group = config.group;
@@ -233,8 +235,13 @@ impl MulticastReceiver {
             (IpAddr::V4(group_ip), IpAddr::V4(interface), _) => {
                 socket.join_multicast_v4(&group_ip, &interface).map_err(io("IP_ADD_MEMBERSHIP"))?
             }
+            (IpAddr::V6(group_ip), IpAddr::V6(_), Some(IpAddr::V6(source))) => {
+                let index = interface_index(config).map_err(io("MCAST_JOIN_SOURCE_GROUP"))?;
+                join_ssm_v6(&socket, group_ip, source, index).map_err(io("MCAST_JOIN_SOURCE_GROUP"))?
+            }
             (IpAddr::V6(group_ip), IpAddr::V6(_), _) => {
-                socket.join_multicast_v6(&group_ip, config.interface_index).map_err(io("IPV6_JOIN_GROUP"))?
+                let index = interface_index(config).map_err(io("IPV6_JOIN_GROUP"))?;
+                socket.join_multicast_v6(&group_ip, index).map_err(io("IPV6_JOIN_GROUP"))?
             }
             (group, interface, _) => return Err(SocketError::FamilyMismatch { group, interface }),
         }
@@ -311,6 +318,61 @@ fn force_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
 pub fn datagrams<'a>(buffer: &'a [u8], meta: &RecvMeta) -> impl Iterator<Item = &'a [u8]> {
     let filled = &buffer[..meta.len.min(buffer.len())];
     filled.chunks(meta.stride.max(1))
+}
+
+/// The index of the interface an IPv6 multicast socket uses: the configuration's, else that of
+/// the interface holding its address (loopback: `lo`).
+fn interface_index(config: &MulticastConfig) -> io::Result<u32> {
+    if config.interface_index != 0 {
+        return Ok(config.interface_index);
+    }
+    if config.interface.is_unspecified() {
+        // The kernel's choice (by the route to the group).
+        return Ok(0);
+    }
+    index_of_address(config.interface)
+}
+
+/// The index of the interface that holds `address`.
+pub fn index_of_address(address: IpAddr) -> io::Result<u32> {
+    let holder = nix::ifaddrs::getifaddrs()?
+        .find(|entry| {
+            entry.address.as_ref().is_some_and(|held| {
+                held.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())) == Some(address)
+                    || held.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())) == Some(address)
+            })
+        })
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface holds {address}")))?;
+    Ok(nix::net::if_::if_nametoindex(holder.interface_name.as_str())?)
+}
+
+/// Joins `group` from `source` only on interface `index` (MLDv2 source-specific,
+/// `MCAST_JOIN_SOURCE_GROUP`; socket2 has the IPv4 call only).
+#[allow(unsafe_code)]
+fn join_ssm_v6(socket: &Socket, group: Ipv6Addr, source: Ipv6Addr, index: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let storage = |address: Ipv6Addr| {
+        // SAFETY: an all-zero sockaddr_storage is a valid value.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: sockaddr_storage is large enough and aligned for a sockaddr_in6.
+        let v6 = unsafe { &mut *std::ptr::from_mut(&mut storage).cast::<libc::sockaddr_in6>() };
+        v6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        v6.sin6_addr.s6_addr = address.octets();
+        storage
+    };
+    let request =
+        libc::group_source_req { gsr_interface: index, gsr_group: storage(group), gsr_source: storage(source) };
+    // SAFETY: the option value is a live group_source_req of the length given.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::MCAST_JOIN_SOURCE_GROUP,
+            std::ptr::from_ref(&request).cast(),
+            std::mem::size_of::<libc::group_source_req>() as libc::socklen_t,
+        )
+    };
+    if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 fn check_group(config: &MulticastConfig) -> Result<(), SocketError> {

@@ -113,11 +113,74 @@ pub fn addresses(netns: Option<&str>, dev: &str) -> Result<Vec<Ipv4Cidr>, Addres
     parse_addresses(&text).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
 }
 
+/// The global IPv6 addresses of interface `dev` (link-local ones left out), in the kernel's
+/// order.
+pub fn addresses6(netns: Option<&str>, dev: &str) -> Result<Vec<ipnet::Ipv6Net>, AddressError> {
+    let command = Cmd::new("ip").netns(netns).args(["-j", "-6", "addr", "show", "dev", dev, "scope", "global"]);
+    let text = command.run().map_err(|error| address_error(error, netns, dev))?;
+    parse_addresses6(&text).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
+}
+
+/// Gives interface `dev` IPv6 address `net` (without duplicate address detection: the
+/// publisher's pool makes it unique) unless it has it already. Returns true when it added it.
+pub fn ensure_address6(netns: Option<&str>, dev: &str, net: ipnet::Ipv6Net) -> Result<bool, AddressError> {
+    if addresses6(netns, dev)?.contains(&net) {
+        return Ok(false);
+    }
+    match Cmd::new("ip").netns(netns).args(["-6", "addr", "add", &net.to_string(), "dev", dev, "nodad"]).run() {
+        Ok(_) => Ok(true),
+        Err(error) if error.stderr().contains("File exists") => Ok(false),
+        Err(error) => Err(address_error(error, netns, dev)),
+    }
+}
+
+/// Removes IPv6 address `net` from interface `dev`. Returns true when it removed it.
+pub fn remove_address6(netns: Option<&str>, dev: &str, net: ipnet::Ipv6Net) -> Result<bool, AddressError> {
+    if !addresses6(netns, dev)?.contains(&net) {
+        return Ok(false);
+    }
+    match Cmd::new("ip").netns(netns).args(["-6", "addr", "del", &net.to_string(), "dev", dev]).run() {
+        Ok(_) => Ok(true),
+        Err(error) if error.stderr().contains("Cannot assign") => Ok(false),
+        Err(error) => Err(address_error(error, netns, dev)),
+    }
+}
+
+/// The IPv6 addresses in the output of `ip -j -6 addr show dev DEV`.
+fn parse_addresses6(text: &str) -> Result<Vec<ipnet::Ipv6Net>, String> {
+    let links: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|error| error.to_string())?;
+    let mut found = Vec::new();
+    for info in links.iter().filter_map(|l| l["addr_info"].as_array()).flatten() {
+        if info["family"] != "inet6" {
+            continue;
+        }
+        let address = info["local"].as_str().and_then(|a| a.parse::<std::net::Ipv6Addr>().ok());
+        let prefix_len = info["prefixlen"].as_u64().and_then(|p| u8::try_from(p).ok());
+        match (address, prefix_len.and_then(|p| address.and_then(|a| ipnet::Ipv6Net::new(a, p).ok()))) {
+            (Some(_), Some(net)) => found.push(net),
+            _ => return Err(format!("an address entry without local and prefixlen: {info}")),
+        }
+    }
+    Ok(found)
+}
+
 /// The interface holding IPv4 address `address` in namespace `netns`, if any.
 pub fn interface_with_address(netns: Option<&str>, address: Ipv4Addr) -> Result<Option<String>, AddressError> {
     let command = Cmd::new("ip").netns(netns).args(["-j", "-4", "addr", "show"]);
     let text = command.run()?;
     interface_in(&text, address).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
+}
+
+/// The interface of this namespace that holds `address` (IPv4 or IPv6), if one does.
+pub fn interface_holding(address: std::net::IpAddr) -> Option<String> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|entry| {
+        let held = entry.address.as_ref().and_then(|held| {
+            held.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| held.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        });
+        (held == Some(address)).then(|| entry.interface_name.clone())
+    })
 }
 
 /// Gives interface `dev` address `cidr` unless it has exactly that address and prefix already.
@@ -217,6 +280,19 @@ pub fn set_address(netns: Option<&str>, dev: &str, address: Ipv4Cidr) -> Result<
     Ok(())
 }
 
+/// Assigns an IPv6 address to `dev` without duplicate address detection (usable at once; the
+/// lab numbers its addresses itself); an address already present is not an error.
+pub fn set_address6(netns: Option<&str>, dev: &str, address: ipnet::Ipv6Net) -> Result<(), CommandError> {
+    Cmd::new("ip").netns(netns).args(["-6", "addr", "replace", &address.to_string(), "dev", dev, "nodad"]).run()?;
+    Ok(())
+}
+
+/// Routes IPv6 multicast group `group` out of `dev`.
+pub fn add_multicast_route6(netns: Option<&str>, dev: &str, group: std::net::Ipv6Addr) -> Result<(), CommandError> {
+    Cmd::new("ip").netns(netns).args(["-6", "route", "replace", &format!("{group}/128"), "dev", dev]).run()?;
+    Ok(())
+}
+
 /// The interface the route to `destination` leaves by (`ip route get`), if the kernel has a
 /// route.
 pub fn route_device(netns: Option<&str>, destination: Ipv4Addr) -> Result<Option<String>, CommandError> {
@@ -261,14 +337,28 @@ pub fn receive_loss_rule(dev: &str, loss: LossPercent) -> Vec<String> {
 /// Drops `loss` of the packets arriving on `dev` (iptables `statistic`, chain INPUT), so
 /// multicast, retransmissions and control traffic to that host are all affected.
 pub fn install_receive_loss(netns: Option<&str>, dev: &str, loss: LossPercent) -> Result<(), CommandError> {
+    install_receive_loss_with(netns, dev, loss, "iptables")
+}
+
+/// [`install_receive_loss`] for IPv6 (ip6tables `statistic`, the same rule).
+pub fn install_receive_loss6(netns: Option<&str>, dev: &str, loss: LossPercent) -> Result<(), CommandError> {
+    install_receive_loss_with(netns, dev, loss, "ip6tables")
+}
+
+fn install_receive_loss_with(
+    netns: Option<&str>,
+    dev: &str,
+    loss: LossPercent,
+    program: &str,
+) -> Result<(), CommandError> {
     if loss.is_zero() {
         return Ok(());
     }
     let rule = receive_loss_rule(dev, loss);
     // Idempotent: add only when the same rule is not there yet.
-    let present = Cmd::new("iptables").netns(netns).args(["-C", "INPUT"]).args(rule.clone()).run().is_ok();
+    let present = Cmd::new(program).netns(netns).args(["-C", "INPUT"]).args(rule.clone()).run().is_ok();
     if !present {
-        Cmd::new("iptables").netns(netns).args(["-A", "INPUT"]).args(rule).run()?;
+        Cmd::new(program).netns(netns).args(["-A", "INPUT"]).args(rule).run()?;
     }
     Ok(())
 }

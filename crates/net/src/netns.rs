@@ -5,7 +5,7 @@
 //! it was, so tests can put a sender in one lab host and a receiver in another.
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::command::{Cmd, CommandError};
 
@@ -65,8 +65,22 @@ pub fn add(name: &str) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// Kills every process inside namespace `name`, then deletes it. Missing is not an error.
+/// The directory whose files `ip netns exec NAME` mounts over those of `/etc` (`hosts`, …).
+pub fn etc_dir(name: &str) -> PathBuf {
+    Path::new("/etc/netns").join(name)
+}
+
+/// Gives the processes `ip netns exec` runs in namespace `name` their own `/etc/hosts`.
+pub fn write_hosts(name: &str, text: &str) -> std::io::Result<()> {
+    let dir = etc_dir(name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("hosts"), text)
+}
+
+/// Kills every process inside namespace `name`, then deletes it and its `/etc/netns/NAME`.
+/// Missing is not an error.
 pub fn delete(name: &str) -> Result<(), CommandError> {
+    let _ = std::fs::remove_dir_all(etc_dir(name));
     if !exists(name) {
         return Ok(());
     }

@@ -9,11 +9,14 @@
 //! keeps its own address, e.g. on a /32 feed); [`Pool::release`] does both undos. The number of
 //! addresses held at once is bounded by [`Pool::capacity`] (the subnet) and by the feed's
 //! `subscribers_max`; a refusal says which.
+//!
+//! An IPv6 feed (an ldm7 extension) has an IPv6 subnet: every address of it but the prefix's
+//! own (the subnet-router anycast address) and the server's; IPv6 has no broadcast address.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::hostcfg::Ipv4Cidr;
+use ipnet::IpNet;
 
 /// Why no address could be handed out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -22,7 +25,7 @@ pub enum PoolError {
     #[error("all {capacity} addresses of {subnet} are allocated: enlarge the feed's subnet (MULTICAST … subnetLen)")]
     Exhausted {
         /// The subnet.
-        subnet: Ipv4Cidr,
+        subnet: IpNet,
         /// Its host addresses (minus the server's).
         capacity: u64,
     },
@@ -30,31 +33,35 @@ pub enum PoolError {
     #[error("the feed has {0} subscribers already (subscribers_max): raise it in the settings file")]
     TooManySubscribers(usize),
     /// The subnet cannot hold a pool.
-    #[error("{0} has no host address besides the FMTP server's: use a prefix of 30 bits or shorter")]
-    NoHosts(Ipv4Cidr),
+    #[error("{0} has no host address besides the FMTP server's: use a prefix of 30 bits or shorter (IPv6: 126)")]
+    NoHosts(IpNet),
     /// The server address is the subnet's network or broadcast address.
     #[error("the FMTP server address {0} is the network or broadcast address of its subnet")]
-    ServerAddress(Ipv4Cidr),
+    ServerAddress(IpNet),
 }
 
 /// One feed's pool.
 #[derive(Debug, Clone)]
 pub struct Pool {
-    subnet: Ipv4Cidr,
+    subnet: IpNet,
     /// Next never-allocated host number (1 = first host address).
-    next_fresh: u64,
+    next_fresh: u128,
     /// Host numbers of released addresses, oldest release first.
-    released: VecDeque<u32>,
+    released: VecDeque<u128>,
     /// Addresses currently allocated or allowed.
-    held: BTreeSet<Ipv4Addr>,
+    held: BTreeSet<IpAddr>,
     subscribers_max: usize,
 }
 
 impl Pool {
     /// The pool of the subnet `server` belongs to (`server` is the FMTP server's address and
     /// prefix), holding at most `subscribers_max` addresses at once.
-    pub fn new(server: Ipv4Cidr, subscribers_max: usize) -> Result<Self, PoolError> {
-        if server.prefix_len < 31 && (server.address == server.network() || server.address == server.broadcast()) {
+    pub fn new(server: impl Into<IpNet>, subscribers_max: usize) -> Result<Self, PoolError> {
+        let server = server.into();
+        let bits = server.max_prefix_len() - server.prefix_len();
+        let is_network = server.addr() == server.network();
+        let is_broadcast = server.addr().is_ipv4() && server.addr() == server.broadcast();
+        if bits >= 2 && (is_network || is_broadcast) {
             return Err(PoolError::ServerAddress(server));
         }
         let pool = Self {
@@ -71,17 +78,17 @@ impl Pool {
     }
 
     /// The subnet (the server's address and prefix).
-    pub fn subnet(&self) -> Ipv4Cidr {
+    pub fn subnet(&self) -> IpNet {
         self.subnet
     }
 
     /// How many addresses the pool can hand out.
     pub fn capacity(&self) -> u64 {
-        self.host_count().saturating_sub(1)
+        u64::try_from(self.host_count().saturating_sub(1)).unwrap_or(u64::MAX)
     }
 
     /// Takes the lowest available address.
-    pub fn allocate(&mut self) -> Result<Ipv4Addr, PoolError> {
+    pub fn allocate(&mut self) -> Result<IpAddr, PoolError> {
         if self.held.len() >= self.subscribers_max {
             return Err(PoolError::TooManySubscribers(self.subscribers_max));
         }
@@ -89,13 +96,13 @@ impl Pool {
             let host = self.next_fresh;
             self.next_fresh += 1;
             let Some(address) = self.address_of(host) else { break };
-            if address != self.subnet.address && !self.held.contains(&address) {
+            if address != self.subnet.addr() && !self.held.contains(&address) {
                 self.held.insert(address);
                 return Ok(address);
             }
         }
         while let Some(host) = self.released.pop_front() {
-            if let Some(address) = self.address_of(u64::from(host)) {
+            if let Some(address) = self.address_of(host) {
                 if !self.held.contains(&address) {
                     self.held.insert(address);
                     return Ok(address);
@@ -106,7 +113,7 @@ impl Pool {
     }
 
     /// Authorizes `address` (e.g. the subscriber's own) without taking it from the pool.
-    pub fn allow(&mut self, address: Ipv4Addr) -> Result<(), PoolError> {
+    pub fn allow(&mut self, address: IpAddr) -> Result<(), PoolError> {
         if self.held.len() >= self.subscribers_max && !self.held.contains(&address) {
             return Err(PoolError::TooManySubscribers(self.subscribers_max));
         }
@@ -116,19 +123,19 @@ impl Pool {
 
     /// Gives `address` back: no longer authorized; if it is of the subnet, it is handed out again
     /// after the never-used ones.
-    pub fn release(&mut self, address: Ipv4Addr) {
+    pub fn release(&mut self, address: IpAddr) {
         if !self.held.remove(&address) {
             return;
         }
         if let Some(host) = self.host_number(address) {
-            if u64::from(host) < self.next_fresh {
+            if host < self.next_fresh {
                 self.released.push_back(host);
             }
         }
     }
 
     /// Whether a repair connection from `address` is authorized.
-    pub fn is_allowed(&self, address: Ipv4Addr) -> bool {
+    pub fn is_allowed(&self, address: IpAddr) -> bool {
         self.held.contains(&address)
     }
 
@@ -137,31 +144,45 @@ impl Pool {
         self.held.len()
     }
 
-    /// Host addresses of the subnet (network and broadcast excluded; /31 and /32 have 2 and 1).
-    fn host_count(&self) -> u64 {
-        match self.subnet.prefix_len {
-            32 => 1,
-            31 => 2,
-            prefix => (1u64 << (32 - prefix)) - 2,
+    /// Host addresses of the subnet: IPv4 without network and broadcast (/31 and /32 have 2
+    /// and 1), IPv6 without the prefix's own address (/127 and /128 have 2 and 1).
+    fn host_count(&self) -> u128 {
+        let bits = u32::from(self.subnet.max_prefix_len() - self.subnet.prefix_len());
+        let excluded = if self.subnet.addr().is_ipv4() { 2 } else { 1 };
+        match bits {
+            0 => 1,
+            1 => 2,
+            128 => u128::MAX,
+            bits => (1u128 << bits) - excluded,
         }
     }
 
-    fn address_of(&self, host: u64) -> Option<Ipv4Addr> {
-        let base = u64::from(u32::from(self.subnet.network()));
-        let offset = if self.subnet.prefix_len >= 31 { host - 1 } else { host };
-        u32::try_from(base + offset).ok().map(Ipv4Addr::from)
+    /// Whether host numbers start at the prefix's own address (/31, /32, /127, /128).
+    fn point_to_point(&self) -> bool {
+        self.subnet.max_prefix_len() - self.subnet.prefix_len() <= 1
     }
 
-    fn host_number(&self, address: Ipv4Addr) -> Option<u32> {
-        let network = u32::from(self.subnet.network());
-        let value = u32::from(address);
-        let same_network = Ipv4Cidr { address, prefix_len: self.subnet.prefix_len }.network() == self.subnet.network();
-        if !same_network {
+    fn address_of(&self, host: u128) -> Option<IpAddr> {
+        let offset = if self.point_to_point() { host - 1 } else { host };
+        match self.subnet.network() {
+            IpAddr::V4(network) => {
+                u32::try_from(u128::from(u32::from(network)) + offset).ok().map(|a| IpAddr::V4(Ipv4Addr::from(a)))
+            }
+            IpAddr::V6(network) => u128::from(network).checked_add(offset).map(|a| IpAddr::V6(Ipv6Addr::from(a))),
+        }
+    }
+
+    fn host_number(&self, address: IpAddr) -> Option<u128> {
+        if !self.subnet.contains(&address) {
             return None;
         }
-        let offset = value - network;
-        let host = if self.subnet.prefix_len >= 31 { offset + 1 } else { offset };
-        (u64::from(host) >= 1 && u64::from(host) <= self.host_count()).then_some(host)
+        let value = |address: IpAddr| match address {
+            IpAddr::V4(v4) => u128::from(u32::from(v4)),
+            IpAddr::V6(v6) => u128::from(v6),
+        };
+        let offset = value(address) - value(self.subnet.network());
+        let host = if self.point_to_point() { offset + 1 } else { offset };
+        (host >= 1 && host <= self.host_count()).then_some(host)
     }
 }
 
@@ -169,7 +190,11 @@ impl Pool {
 mod tests {
     use super::*;
 
-    fn cidr(text: &str) -> Ipv4Cidr {
+    fn cidr(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
     }
 
@@ -177,30 +202,27 @@ mod tests {
     fn hands_out_the_lowest_then_the_released() {
         let mut pool = Pool::new(cidr("10.77.1.1/29"), 100).unwrap();
         assert_eq!(pool.capacity(), 5); // .2 … .6
-        let first: Vec<Ipv4Addr> = (0..5).map(|_| pool.allocate().unwrap()).collect();
-        assert_eq!(
-            first,
-            ["10.77.1.2", "10.77.1.3", "10.77.1.4", "10.77.1.5", "10.77.1.6"].map(|a| a.parse::<Ipv4Addr>().unwrap())
-        );
+        let first: Vec<IpAddr> = (0..5).map(|_| pool.allocate().unwrap()).collect();
+        assert_eq!(first, ["10.77.1.2", "10.77.1.3", "10.77.1.4", "10.77.1.5", "10.77.1.6"].map(ip));
         assert!(matches!(pool.allocate(), Err(PoolError::Exhausted { capacity: 5, .. })));
         pool.release("10.77.1.4".parse().unwrap());
         pool.release("10.77.1.2".parse().unwrap());
         assert!(!pool.is_allowed("10.77.1.4".parse().unwrap()));
-        assert_eq!(pool.allocate().unwrap(), "10.77.1.4".parse::<Ipv4Addr>().unwrap());
-        assert_eq!(pool.allocate().unwrap(), "10.77.1.2".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(pool.allocate().unwrap(), "10.77.1.4".parse::<IpAddr>().unwrap());
+        assert_eq!(pool.allocate().unwrap(), "10.77.1.2".parse::<IpAddr>().unwrap());
         assert!(pool.is_allowed("10.77.1.6".parse().unwrap()));
     }
 
     #[test]
     fn the_server_address_is_skipped_and_checked() {
         let mut pool = Pool::new(cidr("127.0.0.2/24"), 1000).unwrap();
-        assert_eq!(pool.allocate().unwrap(), "127.0.0.1".parse::<Ipv4Addr>().unwrap());
-        assert_eq!(pool.allocate().unwrap(), "127.0.0.3".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(pool.allocate().unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(pool.allocate().unwrap(), "127.0.0.3".parse::<IpAddr>().unwrap());
         assert!(matches!(Pool::new(cidr("10.0.0.0/24"), 1), Err(PoolError::ServerAddress(_))));
         assert!(matches!(Pool::new(cidr("10.0.0.255/24"), 1), Err(PoolError::ServerAddress(_))));
         assert!(matches!(Pool::new(cidr("10.0.0.1/32"), 1), Err(PoolError::NoHosts(_))));
         let mut point = Pool::new(cidr("10.0.0.0/31"), 5).unwrap();
-        assert_eq!(point.allocate().unwrap(), "10.0.0.1".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(point.allocate().unwrap(), "10.0.0.1".parse::<IpAddr>().unwrap());
     }
 
     #[test]
@@ -212,5 +234,23 @@ mod tests {
         assert_eq!(pool.allocate(), Err(PoolError::TooManySubscribers(2)));
         pool.release("192.0.2.7".parse().unwrap());
         assert!(pool.allocate().is_ok());
+    }
+
+    #[test]
+    fn ipv6_pools_have_no_broadcast_address() {
+        let mut pool = Pool::new(cidr("fd00:77:1::1/125"), 100).unwrap();
+        // ::0 is the prefix's own address, ::1 the server's: ::2 … ::7.
+        assert_eq!(pool.capacity(), 6);
+        let all: Vec<IpAddr> = (0..6).map(|_| pool.allocate().unwrap()).collect();
+        assert_eq!(all.first(), Some(&ip("fd00:77:1::2")));
+        assert_eq!(all.last(), Some(&ip("fd00:77:1::7")));
+        assert!(matches!(pool.allocate(), Err(PoolError::Exhausted { capacity: 6, .. })));
+        pool.release(ip("fd00:77:1::3"));
+        assert_eq!(pool.allocate().unwrap(), ip("fd00:77:1::3"));
+        let mut wide = Pool::new(cidr("fd00:77:2::1/64"), 3).unwrap();
+        assert_eq!(wide.capacity(), u64::MAX - 1);
+        assert_eq!(wide.allocate().unwrap(), ip("fd00:77:2::2"));
+        assert!(matches!(Pool::new(cidr("fd00:77:2::/64"), 1), Err(PoolError::ServerAddress(_))));
+        assert!(matches!(Pool::new(cidr("fd00:77:2::1/128"), 1), Err(PoolError::NoHosts(_))));
     }
 }

@@ -9,6 +9,9 @@
 //!     └── 1:20  rate r·s     ceil r prio 1  bfifo B  (retransmission TCP: protocol 6 [sport Q])
 //! ```
 //!
+//! IPv6 traffic is classified by the same rules (filters of protocol `ipv6`, prio 3 and 4:
+//! next header 17 [dport P] or ff00::/8, next header 6 [sport Q]).
+//!
 //! Each class may borrow up to the whole rate `r` (`ceil r`) from the parent, which is what the
 //! design asks for ("rate r, ceil r, borrowing"). What the parent has left over goes to the
 //! multicast class first (HTB `prio 0` against `prio 1`): repairs for one lossy receiver then take
@@ -73,13 +76,24 @@ impl HtbPlan {
         if let Some(port) = self.retx_port {
             retx_match.extend(strings(&["match", "ip", "sport", &port.to_string(), "0xffff"]));
         }
-        let filter = |prio: &str, matches: Vec<String>, flow: &str| -> Vec<String> {
+        // The same for IPv6 (no extension headers before UDP or TCP, as FMTP sends them).
+        let mut multicast_match6 = strings(&["match", "ip6", "protocol", "17", "0xff"]);
+        match self.multicast_port {
+            Some(port) => multicast_match6.extend(strings(&["match", "ip6", "dport", &port.to_string(), "0xffff"])),
+            None => multicast_match6.extend(strings(&["match", "ip6", "dst", "ff00::/8"])),
+        }
+        let mut retx_match6 = strings(&["match", "ip6", "protocol", "6", "0xff"]);
+        if let Some(port) = self.retx_port {
+            retx_match6.extend(strings(&["match", "ip6", "sport", &port.to_string(), "0xffff"]));
+        }
+        let filter_of = |protocol: &str, prio: &str, matches: Vec<String>, flow: &str| -> Vec<String> {
             let mut args =
-                strings(&["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", prio, "u32"]);
+                strings(&["filter", "add", "dev", dev, "parent", "1:", "protocol", protocol, "prio", prio, "u32"]);
             args.extend(matches);
             args.extend(strings(&["flowid", flow]));
             args
         };
+        let filter = |prio: &str, matches: Vec<String>, flow: &str| filter_of("ip", prio, matches, flow);
         vec![
             strings(&["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20"]),
             class("1:", PATH_CLASS, rate, None),
@@ -101,6 +115,8 @@ impl HtbPlan {
             strings(&["qdisc", "add", "dev", dev, "parent", RETX_CLASS, "handle", "20:", "bfifo", "limit", &limit]),
             filter("1", multicast_match, MULTICAST_CLASS),
             filter("2", retx_match, RETX_CLASS),
+            filter_of("ipv6", "3", multicast_match6, MULTICAST_CLASS),
+            filter_of("ipv6", "4", retx_match6, RETX_CLASS),
         ]
     }
 
@@ -379,6 +395,14 @@ mod tests {
             lines[7],
             "filter add dev ngrid parent 1: protocol ip prio 2 u32 match ip protocol 6 0xff match ip sport 38801 0xffff flowid 1:20"
         );
+        assert_eq!(
+            lines[8],
+            "filter add dev ngrid parent 1: protocol ipv6 prio 3 u32 match ip6 protocol 17 0xff match ip6 dport 38800 0xffff flowid 1:10"
+        );
+        assert_eq!(
+            lines[9],
+            "filter add dev ngrid parent 1: protocol ipv6 prio 4 u32 match ip6 protocol 6 0xff match ip6 sport 38801 0xffff flowid 1:20"
+        );
     }
 
     #[test]
@@ -387,6 +411,8 @@ mod tests {
         let lines: Vec<String> = plan.commands("f").iter().map(|a| a.join(" ")).collect();
         assert!(lines[6].contains("match ip protocol 17 0xff match ip dst 224.0.0.0/4 flowid 1:10"), "{}", lines[6]);
         assert!(lines[7].ends_with("match ip protocol 6 0xff flowid 1:20"), "{}", lines[7]);
+        assert!(lines[8].contains("match ip6 protocol 17 0xff match ip6 dst ff00::/8 flowid 1:10"), "{}", lines[8]);
+        assert!(lines[9].ends_with("match ip6 protocol 6 0xff flowid 1:20"), "{}", lines[9]);
         assert!(lines[1].contains("burst 62500 cburst 62500 quantum 200000"), "{}", lines[1]);
     }
 

@@ -50,6 +50,11 @@ pub struct RequestSpec {
 }
 
 impl RequestSpec {
+    /// The upstream's address (an IPv6 host in brackets when shown).
+    pub fn address(&self) -> ServerAddress {
+        ServerAddress::new(self.host.clone(), self.port)
+    }
+
     /// The state file of this request: `.<md5 of host, port and specs>.info` in `dir` (the
     /// reference's naming, ldm6-protocol.md §8).
     pub fn state_path(&self, dir: &std::path::Path) -> PathBuf {
@@ -92,7 +97,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec, stop: Arc<Stop>) {
         let started = Clock::now();
         let outcome = session(&shared, &request, &state_path, &mut resume_after, &stop);
         if let Err(error) = &outcome {
-            tracing::warn!("{}:{}: {error}", request.host, request.port);
+            tracing::warn!("{}: {error}", request.address());
         }
         if stop.is_stopped() {
             break;
@@ -101,7 +106,7 @@ pub(crate) fn run(shared: Arc<Shared>, request: RequestSpec, stop: Arc<Stop>) {
         if (Clock::now() - started) > shared.options.retry_max {
             backoff = shared.options.retry_min;
         }
-        tracing::info!("{}:{}: reconnecting in {} s", request.host, request.port, backoff.as_secs_f64());
+        tracing::info!("{}: reconnecting in {} s", request.address(), backoff.as_secs_f64());
         stop.wait(backoff);
         backoff = (backoff * 2).min(shared.options.retry_max);
     }
@@ -117,11 +122,11 @@ fn session(
     resume_after: &mut Option<Signature>,
     stop: &Stop,
 ) -> Result<(), RequestError> {
-    let mut stream = connect(&ServerAddress::new(request.host.clone(), request.port), CONNECT_TIMEOUT)?;
+    let mut stream = connect(&request.address(), CONNECT_TIMEOUT)?;
     let now = SystemTime::now();
     let from = Timestamp::from_system_time(now).saturating_sub(shared.options.time_offset);
     let class = request.class.clone().between(from, Timestamp::END);
-    tracing::info!("Starting Up(ldm7): {}:{} {class}", request.host, request.port);
+    tracing::info!("Starting Up(ldm7): {} {class}", request.address());
     let mut config = DownstreamConfig::new(class);
     config.mode = request.mode;
     config.resume_after = *resume_after;

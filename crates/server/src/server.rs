@@ -281,8 +281,8 @@ impl Server {
             .map_err(|source| ServerError::Queue { path: options.queue_path.display().to_string(), source })?;
         std::fs::create_dir_all(&options.state_dir)
             .map_err(|source| ServerError::StateDir { path: options.state_dir.display().to_string(), source })?;
-        let listener = TcpListener::bind(options.listen)
-            .map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        let listener =
+            listen(options.listen).map_err(|source| ServerError::Listen { address: options.listen, source })?;
         let local_addr =
             listener.local_addr().map_err(|source| ServerError::Listen { address: options.listen, source })?;
         listener.set_nonblocking(true).map_err(|source| ServerError::Listen { address: options.listen, source })?;
@@ -484,6 +484,8 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         }
         match listener.accept() {
             Ok((stream, address)) => {
+                // An IPv4 peer of a dual-stack listener by its IPv4 address.
+                let address = SocketAddr::new(ldm7_config::hosts::peer_address(address.ip()), address.port());
                 let _ = stream.set_nonblocking(false);
                 shared.counters.connections.fetch_add(1, Ordering::Relaxed);
                 let active = shared.active_connections.fetch_add(1, Ordering::Relaxed);
@@ -767,8 +769,38 @@ fn run_as(user: &str) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// The peer at `ip` with its name looked up (reverse DNS; a failure leaves it nameless).
+/// A listening socket on `address`. On `[::]` it is dual-stack (IPv4 peers come as IPv4-mapped
+/// addresses and are matched by their IPv4 address); where the kernel has no IPv6, `[::]`
+/// falls back to `0.0.0.0` with a warning.
+fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let open = |address: SocketAddr| -> std::io::Result<TcpListener> {
+        let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
+        if address.is_ipv6() && address.ip().is_unspecified() {
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.bind(&address.into())?;
+        socket.listen(1024)?;
+        Ok(socket.into())
+    };
+    match open(address) {
+        Err(error)
+            if address.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+                && error.raw_os_error() == Some(nix::libc::EAFNOSUPPORT) =>
+        {
+            let v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), address.port());
+            tracing::warn!("this host has no IPv6 ({error}): listening on {v4} only");
+            open(v4)
+        }
+        other => other,
+    }
+}
+
+/// The peer at `ip` with its name looked up (reverse DNS; a failure leaves it nameless); an
+/// IPv4-mapped address is taken as the IPv4 address it maps.
 fn resolve(ip: std::net::IpAddr) -> PeerHost {
+    let ip = ldm7_config::hosts::peer_address(ip);
     let name = dns_lookup::lookup_addr(&ip).ok().filter(|name| name.parse::<std::net::IpAddr>().is_err());
     PeerHost { ip, name }
 }

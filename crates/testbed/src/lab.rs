@@ -51,6 +51,12 @@ impl Lab {
         self.spec.control_address_of(host).map(|cidr| cidr.address).ok_or_else(|| self.no_such_host(host))
     }
 
+    /// The address `host` is reached at on the control network: its IPv4 address when it has
+    /// IPv4, else its IPv6 one.
+    pub fn control_ip(&self, host: &str) -> Result<std::net::IpAddr> {
+        self.spec.control_ip_of(host).ok_or_else(|| self.no_such_host(host))
+    }
+
     /// Runs `program args…` inside `host` and returns its standard output.
     pub fn exec(&self, host: &str, program: &str, args: &[&str]) -> Result<String> {
         let netns = self.netns(host)?;

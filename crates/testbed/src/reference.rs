@@ -218,6 +218,8 @@ pub struct Host {
     address: Ipv4Addr,
     /// This end's address on the veth pair to a neighbor ([`Host::linked`]).
     link: Option<Ipv4Addr>,
+    /// Whether dropping it deletes the namespace (not a lab's host: the lab does).
+    owned: bool,
 }
 
 impl Host {
@@ -234,7 +236,7 @@ impl Host {
             let _ = ldm7_net::netns::delete(&name);
         }
         ldm7_net::netns::add(&name)?;
-        let host = Host { name, address, link: None };
+        let host = Host { name, address, link: None, owned: true };
         let ns = Some(host.name.as_str());
         let peer = Ipv4Addr::from(u32::from(address) + 1);
         for args in [
@@ -277,6 +279,12 @@ impl Host {
         self.link = Some(here);
         neighbor.address = there;
         Ok(neighbor)
+    }
+
+    /// A host of an `ldm7 lab` ([`crate::Lab`]) at its IPv4 `address`, for a reference server
+    /// among ldm7 ones; the lab keeps the namespace (dropping this leaves it).
+    pub fn in_lab(netns: &str, address: Ipv4Addr) -> Host {
+        Host { name: netns.to_owned(), address, link: None, owned: false }
     }
 
     /// This end's address on the veth pair to its neighbor, once [`Host::linked`].
@@ -327,6 +335,9 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         ldm7_net::netns::kill_processes(&self.name);
         let _ = ldm7_net::netns::delete(&self.name);
     }

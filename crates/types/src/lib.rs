@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod class;
 pub mod content;
 pub mod feedtype;
+pub mod host;
 pub mod instant;
 pub mod prodinfo;
 pub mod quantile;
@@ -20,6 +21,7 @@ pub mod units;
 
 pub use class::{Pattern, ProdClass, ProdSpec};
 pub use feedtype::FeedType;
+pub use host::{HostPort, HostPortError};
 pub use instant::{Instant, WallClock, WallTime};
 pub use prodinfo::ProdInfo;
 pub use signature::Signature;

@@ -187,11 +187,17 @@ pub struct SubscribeOffer {
 
 /// What an ldm7 publisher answers to an offer (after the `McastSubInfo` of an `LDM7_OK`
 /// reply, only when the SUBSCRIBE offered): `EXTENSION_MAGIC`, `EXTENSION_VERSION`, then
-/// `uint32 groupBlocks`, `uint32 shards`, `uint32 parityPort` (all 0: no parity).
+/// `uint32 groupBlocks`, `uint32 shards`, `uint32 parityPort` (all 0: no parity), and for a
+/// feed multicast over IPv6 `uint32 address[4]` (the IPv6 FMTP client address, network
+/// order, most significant word first) and `uint32 prefixLen`: the reference's `CidrAddr`
+/// holds an IPv4 address only, so it is then 0.0.0.0/0 and the address travels here.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SubscribeAnswer {
     /// The parity coding the feed uses, and where its shards are multicast.
     pub parity: Option<ParityAnswer>,
+    /// The IPv6 address the subscriber's FMTP receiver must use, with its prefix length (a
+    /// feed multicast over IPv6; `None` for IPv4).
+    pub address6: Option<(core::net::Ipv6Addr, u8)>,
 }
 
 /// A feed's parity coding, as the subscription answer carries it.
@@ -658,16 +664,29 @@ fn decode_subscription_reply(decoder: &mut Decoder<'_>) -> Result<SubscriptionRe
         return Err(XdrError::Invalid { field: "prefixLen", value: prefix_len.into() });
     }
     let fmtp_addr = CidrAddr { addr: quirk_addr(addr), prefix_len: prefix_len as u8 };
-    let answer = decode_extension(decoder)?.map(|words| match words[..] {
-        [group_blocks, shards, port, ..] if group_blocks != 0 && shards != 0 => SubscribeAnswer {
-            parity: u16::try_from(port).ok().filter(|port| *port != 0).map(|port| ParityAnswer {
-                group_blocks,
-                shards,
-                port,
-            }),
-        },
-        _ => SubscribeAnswer::default(),
-    });
+    let answer = match decode_extension(decoder)? {
+        None => None,
+        Some(words) => {
+            let parity = match words[..] {
+                [group_blocks, shards, port, ..] if group_blocks != 0 && shards != 0 => u16::try_from(port)
+                    .ok()
+                    .filter(|port| *port != 0)
+                    .map(|port| ParityAnswer { group_blocks, shards, port }),
+                _ => None,
+            };
+            let address6 = match words.get(3..8) {
+                Some(&[a, b, c, d, prefix_len]) => {
+                    if prefix_len > 128 {
+                        return Err(XdrError::Invalid { field: "prefixLen (IPv6)", value: prefix_len.into() });
+                    }
+                    let bits = (u128::from(a) << 96) | (u128::from(b) << 64) | (u128::from(c) << 32) | u128::from(d);
+                    Some((core::net::Ipv6Addr::from(bits), prefix_len as u8))
+                }
+                _ => None,
+            };
+            Some(SubscribeAnswer { parity, address6 })
+        }
+    };
     Ok(SubscriptionReply::Ok(McastSubInfo { mcast_info, fmtp_addr, answer }))
 }
 
@@ -836,10 +855,16 @@ pub fn encode_reply(out: &mut Vec<u8>, xid: u32, body: &ReplyBody) {
                 encoder.u32(quirk_word(info.fmtp_addr.addr));
                 encoder.u32(u32::from(info.fmtp_addr.prefix_len));
                 if let Some(answer) = info.answer {
-                    let parity = answer
+                    let mut words: Vec<u32> = answer
                         .parity
-                        .map_or([0; 3], |parity| [parity.group_blocks, parity.shards, u32::from(parity.port)]);
-                    encode_extension(&mut encoder, &parity);
+                        .map_or([0; 3], |parity| [parity.group_blocks, parity.shards, u32::from(parity.port)])
+                        .to_vec();
+                    if let Some((address, prefix_len)) = answer.address6 {
+                        let bits = u128::from(address);
+                        words.extend([(bits >> 96) as u32, (bits >> 64) as u32, (bits >> 32) as u32, bits as u32]);
+                        words.push(u32::from(prefix_len));
+                    }
+                    encode_extension(&mut encoder, &words);
                 }
             }
         }
@@ -930,7 +955,15 @@ mod tests {
         for answer in [
             None,
             Some(SubscribeAnswer::default()),
-            Some(SubscribeAnswer { parity: Some(ParityAnswer { group_blocks: 256, shards: 16, port: 38801 }) }),
+            Some(SubscribeAnswer {
+                parity: Some(ParityAnswer { group_blocks: 256, shards: 16, port: 38801 }),
+                address6: None,
+            }),
+            Some(SubscribeAnswer { parity: None, address6: Some(("fd00:77:1::5".parse().unwrap(), 64)) }),
+            Some(SubscribeAnswer {
+                parity: Some(ParityAnswer { group_blocks: 256, shards: 16, port: 38801 }),
+                address6: Some(("2001:db8::1:0:0:2".parse().unwrap(), 112)),
+            }),
         ] {
             let mut out = Vec::new();
             encode_reply(&mut out, 3, &ReplyBody::Subscribe(SubscriptionReply::Ok(info(answer))));

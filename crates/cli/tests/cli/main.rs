@@ -8,6 +8,7 @@ mod cli;
 mod flags;
 mod fmtp;
 mod full_disk;
+mod ipv6;
 mod ldm6;
 mod ldm6_bounds;
 mod logging;

@@ -150,7 +150,7 @@ fn serve_tells_systemd_it_is_ready_and_feeds_the_watchdog() {
             && said.iter().filter(|text| text.contains("WATCHDOG=1")).count() >= 2)
             .then_some(())
     });
-    assert!(said.iter().any(|text| text.contains(&format!("listening on 0.0.0.0:{}", node.port))), "{said:?}");
+    assert!(said.iter().any(|text| text.contains(&format!("listening on [::]:{}", node.port))), "{said:?}");
     node.stop();
 }
 

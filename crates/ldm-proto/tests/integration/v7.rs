@@ -95,11 +95,15 @@ fn an_offer_gets_the_publishers_answer_and_only_an_offer_does() {
     let parity = ParityAnswer { group_blocks: 256, shards: 16, port: 38801 };
     for (offer, given, expected) in [
         // An ldm7 subscriber offering parity, a publisher granting it.
-        (Some(SubscribeOffer { parity: true }), Some(SubscribeAnswer { parity: Some(parity) }), Some(Some(parity))),
+        (
+            Some(SubscribeOffer { parity: true }),
+            Some(SubscribeAnswer { parity: Some(parity), address6: None }),
+            Some(Some(parity)),
+        ),
         // A publisher declining (parity = "off"): the subscriber still learns it talks to ldm7.
         (Some(SubscribeOffer { parity: true }), None, Some(None)),
         // A subscriber not offering (the reference's SUBSCRIBE): the reference's reply.
-        (None, Some(SubscribeAnswer { parity: Some(parity) }), None),
+        (None, Some(SubscribeAnswer { parity: Some(parity), address6: None }), None),
     ] {
         let mut config = SubscriberConfig::new(FeedType::ANY);
         config.offer = offer;
@@ -709,7 +713,10 @@ fn our_publisher_answers_the_captured_subscribe_and_sends_the_captured_backlog()
     let publisher = inbound.publisher().unwrap();
     // An answer to an offer the reference never makes is not sent to it.
     let parity = ParityAnswer { group_blocks: 256, shards: 16, port: 38801 };
-    let info = McastSubInfo { answer: Some(SubscribeAnswer { parity: Some(parity) }), ..sub_info("10.77.0.1:42263") };
+    let info = McastSubInfo {
+        answer: Some(SubscribeAnswer { parity: Some(parity), address6: None }),
+        ..sub_info("10.77.0.1:42263")
+    };
     publisher.answer_subscribe(now, SubscriptionReply::Ok(info)).unwrap();
     let mut bytes = Vec::new();
     publisher.take_output(&mut bytes);

@@ -533,6 +533,14 @@ fn build(spec: &LabSpec, state: &mut LabState, progress: &mut dyn FnMut(&str)) -
         spec.control_subnet
     ));
     build_control_network(spec)?;
+    progress("host names: /etc/netns/NAMESPACE/hosts names every host's control addresses (HOST and HOST.LAB.test)");
+    let hosts = spec.hosts_file();
+    for namespace in spec.namespaces() {
+        netns::write_hosts(&namespace, &hosts).map_err(|source| LabError::Io {
+            what: format!("write {}/hosts", netns::etc_dir(&namespace).display()),
+            source,
+        })?;
+    }
     let mut vde = VdePaths::new(spec.run_dir().join("vde"));
     let mut bridges = BridgePaths::new(Some(&spec.core_netns()));
     for feed in &spec.feeds {
@@ -586,7 +594,13 @@ fn build_control_network(spec: &LabSpec) -> Result<(), LabError> {
         let address = spec.control_address_of(&host.name).expect("validated: the control subnet numbers every host");
         hostcfg::create_veth(&netns, spec::CONTROL_INTERFACE, &core, &port)?;
         hostcfg::attach_to_bridge(&core, &port, &bridge)?;
-        hostcfg::set_address(Some(&netns), spec::CONTROL_INTERFACE, address)?;
+        if host.family.has_ipv4() {
+            hostcfg::set_address(Some(&netns), spec::CONTROL_INTERFACE, address)?;
+        }
+        if host.family.has_ipv6() {
+            let address6 = spec.control_address6_of(&host.name).expect("a host of the spec");
+            hostcfg::set_address6(Some(&netns), spec::CONTROL_INTERFACE, address6)?;
+        }
         hostcfg::link_up(Some(&netns), spec::CONTROL_INTERFACE)?;
     }
     Ok(())
@@ -613,12 +627,22 @@ pub fn path_service(spec: &LabSpec, feed: &FeedSpec) -> Box<dyn PathService> {
 fn configure_host(spec: &LabSpec, feed: &FeedSpec, host: &str) -> Result<(), LabError> {
     let netns = spec.netns_of(host);
     let netns = Some(netns.as_str());
+    let family = spec.family_of(host);
     // `None` for a subscriber of a feed without `subscriber_addresses`: it configures its own.
-    if let Some(address) = feed.address_of(host) {
+    if let Some(address) = feed.address_of(host).filter(|_| family.has_ipv4()) {
         hostcfg::set_address(netns, &feed.name, address)?;
     }
+    let numbered6 = host == feed.publisher || feed.subscriber_addresses;
+    if let Some(address) = feed.numbered_address6_of(host).filter(|_| family.has_ipv6() && numbered6) {
+        hostcfg::set_address6(netns, &feed.name, address)?;
+    }
     hostcfg::link_up(netns, &feed.name)?;
-    hostcfg::add_multicast_route(netns, &feed.name, feed.multicast_group)?;
+    if family.has_ipv4() {
+        hostcfg::add_multicast_route(netns, &feed.name, feed.multicast_group)?;
+    }
+    if family.has_ipv6() {
+        hostcfg::add_multicast_route6(netns, &feed.name, feed.multicast_group6)?;
+    }
     if host == feed.publisher {
         let plan = HtbPlan {
             multicast_port: feed.multicast_port,
@@ -629,7 +653,12 @@ fn configure_host(spec: &LabSpec, feed: &FeedSpec, host: &str) -> Result<(), Lab
         tc::install(netns, &feed.name, &plan)?;
     }
     let loss = spec.host(host).map_or(LossPercent::ZERO, |h| h.loss);
-    hostcfg::install_receive_loss(netns, &feed.name, loss)?;
+    if family.has_ipv4() {
+        hostcfg::install_receive_loss(netns, &feed.name, loss)?;
+    }
+    if family.has_ipv6() {
+        hostcfg::install_receive_loss6(netns, &feed.name, loss)?;
+    }
     Ok(())
 }
 

@@ -13,11 +13,14 @@
 //! ```toml
 //! name = "ngrid"                # lab name = prefix of everything it creates
 //! control_subnet = "10.76.0.0/24"   # the control network (default); must not overlap a feed
+//! family = "ipv4"               # addresses: "ipv4" (default), "ipv6" or "dual" (both)
+//! control_subnet6 = "fd00:4c37:76::/64"   # the control network's IPv6 prefix (default)
 //! [[hosts]]
 //! name = "pub"
 //! [[hosts]]
 //! name = "sub1"
 //! loss_percent = 5.0            # drop 5% of what arrives on its feed interfaces
+//! family = "ipv6"               # this host's addresses (default: the lab's family)
 //! [[feeds]]
 //! name = "ngrid"                # interface name in every member host
 //! publisher = "pub"
@@ -26,11 +29,20 @@
 //! buffer = "600 MB"             # BFIFO per HTB class (default 600 MB, as in the research)
 //! delay = { sub1 = "20ms" }     # one-way delay per leg; any delay makes the feed use VDE
 //! subscriber_addresses = true   # false: subscribers' feed interfaces get no address
+//! subnet6 = "fd00:4c37:77:1::/64"   # the feed's IPv6 prefix (default: fd00:4c37:77:N::/64)
+//! multicast_group6 = "ff3e::8000:1" # its IPv6 source-specific group (default ff3e::8000:N)
 //! ```
+//!
+//! IPv6 addresses are numbered as the IPv4 ones (host I of the control network has
+//! `control_subnet6` + I+1, a feed's members the feed's `subnet6` + 1, 2 …), and are given
+//! only to hosts whose family has IPv6 (IPv4 addresses only to those whose family has IPv4).
+//! They are added without duplicate address detection (`nodad`), usable at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+
+use ipnet::Ipv6Net;
 use std::time::Duration;
 
 use crate::hostcfg::{CidrError, Ipv4Cidr};
@@ -48,6 +60,44 @@ pub const CORE_HOST: &str = "core";
 pub const CONTROL_INTERFACE: &str = "ctl";
 /// The control network's subnet when the spec gives none.
 pub const DEFAULT_CONTROL_SUBNET: Ipv4Cidr = Ipv4Cidr { address: Ipv4Addr::new(10, 76, 0, 0), prefix_len: 24 };
+
+/// The control network's IPv6 prefix when the spec gives none.
+pub const DEFAULT_CONTROL_SUBNET6: Ipv6Net = match Ipv6Net::new(Ipv6Addr::new(0xfd00, 0x4c37, 0x76, 0, 0, 0, 0, 0), 64)
+{
+    Ok(net) => net,
+    Err(_) => panic!("a /64"),
+};
+
+/// The address families a host has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// IPv4 only (the default).
+    #[default]
+    Ipv4,
+    /// IPv6 only.
+    Ipv6,
+    /// Both.
+    Dual,
+}
+
+impl Family {
+    /// Whether the host has IPv4 addresses.
+    pub fn has_ipv4(self) -> bool {
+        matches!(self, Self::Ipv4 | Self::Dual)
+    }
+
+    /// Whether the host has IPv6 addresses.
+    pub fn has_ipv6(self) -> bool {
+        matches!(self, Self::Ipv6 | Self::Dual)
+    }
+}
+
+/// Address `n` of an IPv6 prefix (`n` = 0 is the prefix itself), with the prefix's length.
+pub fn nth6(net: Ipv6Net, n: u32) -> Ipv6Net {
+    let address = Ipv6Addr::from(u128::from(net.network()) + u128::from(n));
+    Ipv6Net::new(address, net.prefix_len()).expect("the prefix's own length")
+}
 
 /// A spec that cannot be used, and why. Displayed after `lab spec: ` by [`super::LabError`].
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +176,19 @@ pub enum SpecError {
     /// The control subnet is not a prefix.
     #[error("control_subnet: {0}")]
     ControlSubnet(#[source] CidrError),
+    /// The control network's IPv6 prefix is not one, or too small.
+    #[error("control_subnet6: {0}")]
+    ControlSubnet6(String),
+    /// The control network's IPv6 prefix overlaps a feed's.
+    #[error("control_subnet6 {subnet} overlaps feed {feed:?}'s subnet6 {feed_subnet}; give another prefix")]
+    ControlSubnetOverlap6 {
+        /// The control prefix.
+        subnet: Ipv6Net,
+        /// The feed.
+        feed: String,
+        /// That feed's prefix.
+        feed_subnet: Ipv6Net,
+    },
     /// The control subnet cannot number the hosts.
     #[error(
         "control_subnet {subnet} cannot hold {hosts} hosts plus network and broadcast addresses; give a larger \
@@ -214,6 +277,9 @@ pub enum FeedProblem {
     /// The subnet is not a prefix.
     #[error("subnet: {0}")]
     Subnet(#[source] CidrError),
+    /// The IPv6 prefix is not one, or too small.
+    #[error("subnet6: {0}")]
+    Subnet6(String),
     /// The subnet cannot number the members.
     #[error("subnet {subnet} cannot hold {members} hosts plus network and broadcast addresses; give a larger subnet")]
     SubnetTooSmall {
@@ -223,7 +289,7 @@ pub enum FeedProblem {
         members: usize,
     },
     /// The multicast group is not an address.
-    #[error("multicast_group {text:?} is not an IPv4 address")]
+    #[error("multicast group {text:?} is not an address (multicast_group: IPv4, multicast_group6: IPv6)")]
     GroupNotAnAddress {
         /// The text given.
         text: String,
@@ -233,6 +299,12 @@ pub enum FeedProblem {
     GroupNotMulticast {
         /// The address given.
         group: Ipv4Addr,
+    },
+    /// The IPv6 multicast group is not a multicast address.
+    #[error("multicast_group6 {group} is not in ff00::/8 (a source-specific group is in ff3e::/96)")]
+    Group6NotMulticast {
+        /// The address given.
+        group: Ipv6Addr,
     },
     /// The retransmission share is out of range.
     #[error("retx_share {share} must be between 0.01 and 0.99")]
@@ -263,6 +335,8 @@ pub struct LabSpec {
     pub name: String,
     /// The control network's subnet (network address, prefix); host I gets address I+1.
     pub control_subnet: Ipv4Cidr,
+    /// The control network's IPv6 prefix; host I gets address I+1.
+    pub control_subnet6: Ipv6Net,
     /// The hosts, in spec order.
     pub hosts: Vec<HostSpec>,
     /// The feeds, in spec order.
@@ -276,6 +350,8 @@ pub struct HostSpec {
     pub name: String,
     /// Loss applied to what arrives on its feed interfaces.
     pub loss: LossPercent,
+    /// Its address families.
+    pub family: Family,
 }
 
 /// One feed: its multipoint path, members and publisher traffic control.
@@ -295,6 +371,10 @@ pub struct FeedSpec {
     pub subnet: Ipv4Cidr,
     /// The multicast group routed out of the feed interface.
     pub multicast_group: Ipv4Addr,
+    /// The feed's IPv6 prefix; the publisher gets address 1.
+    pub subnet6: Ipv6Net,
+    /// The IPv6 multicast group routed out of the feed interface.
+    pub multicast_group6: Ipv6Addr,
     /// UDP port of the multicast data, for classification (all multicast UDP if unset).
     pub multicast_port: Option<u16>,
     /// TCP port of the retransmission server, for classification (all TCP if unset).
@@ -335,6 +415,13 @@ impl FeedSpec {
         let index = self.members().position(|m| m == host)?;
         let address = self.subnet.nth(index as u32 + 1)?;
         Some(Ipv4Cidr { address, prefix_len: self.subnet.prefix_len })
+    }
+
+    /// The IPv6 address (with prefix) numbered by `host`'s place among the members, whether or
+    /// not the lab configures it.
+    pub fn numbered_address6_of(&self, host: &str) -> Option<Ipv6Net> {
+        let index = self.members().position(|m| m == host)?;
+        Some(nth6(self.subnet6, index as u32 + 1))
     }
 
     /// True when `host` is the publisher or a subscriber of this feed.
@@ -411,6 +498,48 @@ impl LabSpec {
         Some(Ipv4Cidr { address, prefix_len: self.control_subnet.prefix_len })
     }
 
+    /// The IPv6 address (with prefix) of `host` on the control network.
+    pub fn control_address6_of(&self, host: &str) -> Option<Ipv6Net> {
+        let index = self.hosts.iter().position(|h| h.name == host)?;
+        Some(nth6(self.control_subnet6, index as u32 + 1))
+    }
+
+    /// The families of `host`.
+    pub fn family_of(&self, host: &str) -> Family {
+        self.host(host).map_or(Family::Ipv4, |h| h.family)
+    }
+
+    /// The address `host` is reached at on the control network: IPv4 when it has IPv4, else
+    /// IPv6.
+    pub fn control_ip_of(&self, host: &str) -> Option<std::net::IpAddr> {
+        if self.family_of(host).has_ipv4() {
+            self.control_address_of(host).map(|cidr| cidr.address.into())
+        } else {
+            self.control_address6_of(host).map(|net| net.addr().into())
+        }
+    }
+
+    /// The `/etc/hosts` of every host of the lab: loopback, then each host's control addresses
+    /// (those of its families) named `HOST.LAB.test` and `HOST`; the first name is the one a
+    /// reverse lookup gives.
+    pub fn hosts_file(&self) -> String {
+        let mut text = String::from(
+            "# Written by ldm7 lab: every host of the lab by name.\n127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n",
+        );
+        for host in &self.hosts {
+            let names = format!("{}.{}.test {}", host.name, self.name, host.name);
+            if host.family.has_ipv4() {
+                let address = self.control_address_of(&host.name).expect("a host of the spec").address;
+                text.push_str(&format!("{address} {names}\n"));
+            }
+            if host.family.has_ipv6() {
+                let address = self.control_address6_of(&host.name).expect("a host of the spec").addr();
+                text.push_str(&format!("{address} {names}\n"));
+            }
+        }
+        text
+    }
+
     /// The run directory of this lab.
     pub fn run_dir(&self) -> PathBuf {
         run_dir(&self.name)
@@ -465,6 +594,9 @@ pub fn check_lab_name(name: &str) -> Result<(), SpecError> {
 struct RawLab {
     name: String,
     control_subnet: Option<String>,
+    control_subnet6: Option<String>,
+    #[serde(default)]
+    family: Family,
     #[serde(default)]
     hosts: Vec<RawHost>,
     #[serde(default)]
@@ -477,6 +609,7 @@ struct RawHost {
     name: String,
     #[serde(default)]
     loss_percent: f64,
+    family: Option<Family>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -496,6 +629,8 @@ struct RawFeed {
     #[serde(default)]
     delay: BTreeMap<String, String>,
     subscriber_addresses: Option<bool>,
+    subnet6: Option<String>,
+    multicast_group6: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -535,7 +670,7 @@ impl RawLab {
             }
             let loss = LossPercent::new(raw.loss_percent)
                 .map_err(|source| SpecError::HostLoss { host: raw.name.clone(), source })?;
-            hosts.push(HostSpec { name: raw.name, loss });
+            hosts.push(HostSpec { name: raw.name, loss, family: raw.family.unwrap_or(self.family) });
         }
         let mut feeds: Vec<FeedSpec> = Vec::new();
         for (index, raw) in self.feeds.into_iter().enumerate() {
@@ -572,7 +707,20 @@ impl RawLab {
                 feed_subnet: feed.subnet,
             });
         }
-        Ok(LabSpec { name: self.name, control_subnet, hosts, feeds })
+        let control_subnet6 = match &self.control_subnet6 {
+            Some(text) => ipv6_prefix(text, hosts.len()).map_err(SpecError::ControlSubnet6)?,
+            None => DEFAULT_CONTROL_SUBNET6,
+        };
+        if let Some(feed) =
+            feeds.iter().find(|f| f.subnet6.contains(&control_subnet6) || control_subnet6.contains(&f.subnet6))
+        {
+            return Err(SpecError::ControlSubnetOverlap6 {
+                subnet: control_subnet6,
+                feed: feed.name.clone(),
+                feed_subnet: feed.subnet6,
+            });
+        }
+        Ok(LabSpec { name: self.name, control_subnet, control_subnet6, hosts, feeds })
     }
 }
 
@@ -622,6 +770,17 @@ impl RawFeed {
         if !multicast_group.is_multicast() {
             return Err(problem(FeedProblem::GroupNotMulticast { group: multicast_group }));
         }
+        let subnet6 = match &self.subnet6 {
+            Some(text) => ipv6_prefix(text, members).map_err(|why| problem(FeedProblem::Subnet6(why)))?,
+            None => Ipv6Net::new(Ipv6Addr::new(0xfd00, 0x4c37, 0x77, index as u16 + 1, 0, 0, 0, 0), 64).expect("a /64"),
+        };
+        let multicast_group6: Ipv6Addr = match &self.multicast_group6 {
+            Some(text) => text.parse().map_err(|_| problem(FeedProblem::GroupNotAnAddress { text: text.clone() }))?,
+            None => Ipv6Addr::new(0xff3e, 0, 0, 0, 0, 0, 0x8000, index as u16 + 1),
+        };
+        if !multicast_group6.is_multicast() {
+            return Err(problem(FeedProblem::Group6NotMulticast { group: multicast_group6 }));
+        }
         let retx_share = self.retx_share.unwrap_or(crate::tc::DEFAULT_RETX_SHARE);
         if !(0.01..=0.99).contains(&retx_share) {
             return Err(problem(FeedProblem::RetxShare { share: retx_share }));
@@ -643,6 +802,8 @@ impl RawFeed {
             buffer,
             subnet: Ipv4Cidr { address: subnet.network(), prefix_len: subnet.prefix_len },
             multicast_group,
+            subnet6,
+            multicast_group6,
             multicast_port: self.multicast_port,
             retx_port: self.retx_port,
             retx_share,
@@ -650,6 +811,16 @@ impl RawFeed {
             subscriber_addresses: self.subscriber_addresses.unwrap_or(true),
         })
     }
+}
+
+/// An IPv6 prefix (as its network) with room for `hosts` numbered hosts.
+fn ipv6_prefix(text: &str, hosts: usize) -> Result<Ipv6Net, String> {
+    let net: Ipv6Net =
+        text.parse().map_err(|_| format!("{text:?} is not an IPv6 prefix; write e.g. fd00:4c37:76::/64"))?;
+    if net.prefix_len() > 120 || (net.prefix_len() > 96 && (1u64 << (128 - net.prefix_len())) <= hosts as u64 + 1) {
+        return Err(format!("{net} is too small for {hosts} hosts; give a /64"));
+    }
+    Ok(net.trunc())
 }
 
 /// The share of a feed's path rate its repairs need, as `ldm7 plan` computes it
@@ -747,6 +918,35 @@ delay = { pub = "20ms" }
         assert_eq!(spec.run_dir(), PathBuf::from("/run/ldm7-lab/t1"));
         assert_eq!(spec.host("sub1").unwrap().loss.percent(), 5.0);
         assert_eq!(spec.digest(), LabSpec::from_toml_str(SPEC).unwrap().digest());
+    }
+
+    #[test]
+    fn ipv6_addresses_are_numbered_as_the_ipv4_ones() {
+        let spec =
+            LabSpec::from_toml_str(&SPEC.replace("name = \"sub2\"\n", "name = \"sub2\"\nfamily = \"ipv6\"\n")).unwrap();
+        assert_eq!(spec.family_of("pub"), Family::Ipv4);
+        assert_eq!(spec.family_of("sub2"), Family::Ipv6);
+        assert_eq!(spec.control_address6_of("sub2").unwrap().to_string(), "fd00:4c37:76::3/64");
+        assert_eq!(spec.control_ip_of("sub2").unwrap().to_string(), "fd00:4c37:76::3");
+        assert_eq!(spec.control_ip_of("pub").unwrap().to_string(), "10.76.0.1");
+        let ngrid = spec.feed("ngrid").unwrap();
+        assert_eq!(ngrid.numbered_address6_of("sub1").unwrap().to_string(), "fd00:4c37:77:1::2/64");
+        assert_eq!(ngrid.multicast_group6.to_string(), "ff3e::8000:1");
+        let dual =
+            LabSpec::from_toml_str(&format!("family = \"dual\"\ncontrol_subnet6 = \"fd00:1::9/64\"\n{SPEC}")).unwrap();
+        assert!(dual.hosts.iter().all(|h| h.family == Family::Dual));
+        assert_eq!(dual.control_address6_of("pub").unwrap().to_string(), "fd00:1::1/64");
+        for (bad, says) in [
+            ("control_subnet6 = \"fd00::/127\"", "too small"),
+            ("control_subnet6 = \"10.0.0.0/8\"", "not an IPv6 prefix"),
+            ("control_subnet6 = \"fd00:4c37:77::/48\"", "overlaps feed"),
+            ("family = \"ipv5\"", "ipv5"),
+        ] {
+            let error = LabSpec::from_toml_str(&format!("{bad}\n{SPEC}")).unwrap_err().to_string();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        let group = SPEC.replace("multicast_group = \"239.1.2.3\"", "multicast_group6 = \"fd00::1\"");
+        assert!(LabSpec::from_toml_str(&group).unwrap_err().to_string().contains("ff3e::/96"));
     }
 
     #[test]

@@ -153,7 +153,7 @@ enum SessionEnd {
     #[error("the subscription reply is unusable: {0}")]
     Reply(String),
     #[error("cannot configure {address} on {interface}: {source}")]
-    Address { address: ldm7_net::hostcfg::Ipv4Cidr, interface: String, source: ldm7_net::hostcfg::AddressError },
+    Address { address: ipnet::IpNet, interface: String, source: ldm7_net::hostcfg::AddressError },
 }
 
 /// Runs one RECEIVE until the server stops.
@@ -231,7 +231,7 @@ struct Session<'a> {
     core: &'a mut Downstream7,
     resume: &'a mut ResumeFile,
     /// The address this session configured on the RECEIVE interface.
-    configured: Option<(String, ldm7_net::hostcfg::Ipv4Cidr)>,
+    configured: Option<(String, ipnet::IpNet)>,
 }
 
 impl Session<'_> {
@@ -344,7 +344,15 @@ impl Session<'_> {
         // The address goes back to the publisher's pool with the session: take it off the
         // interface, so that no two hosts of the feed's subnet ever hold it at once.
         if let Some((interface, cidr)) = self.configured.take() {
-            if let Err(error) = ldm7_net::hostcfg::remove_address(None, &interface, cidr) {
+            let removed = match cidr {
+                ipnet::IpNet::V4(v4) => ldm7_net::hostcfg::remove_address(
+                    None,
+                    &interface,
+                    ldm7_net::hostcfg::Ipv4Cidr { address: v4.addr(), prefix_len: v4.prefix_len() },
+                ),
+                ipnet::IpNet::V6(v6) => ldm7_net::hostcfg::remove_address6(None, &interface, v6),
+            };
+            if let Err(error) = removed {
                 tracing::warn!("{}: cannot remove {cidr} from {interface}: {error}", self.name);
             }
         }
@@ -378,8 +386,8 @@ impl Session<'_> {
                 }
                 let repair = match info.answer {
                     None => "unicast repairs (the publisher is not ldm7)".to_owned(),
-                    Some(SubscribeAnswer { parity: None }) => "unicast repairs (no parity)".to_owned(),
-                    Some(SubscribeAnswer { parity: Some(parity) }) => {
+                    Some(SubscribeAnswer { parity: None, .. }) => "unicast repairs (no parity)".to_owned(),
+                    Some(SubscribeAnswer { parity: Some(parity), .. }) => {
                         format!("parity repair {}/{} on port {}", parity.group_blocks, parity.shards, parity.port)
                     }
                 };
@@ -388,7 +396,7 @@ impl Session<'_> {
                     self.name,
                     info.mcast_info.group,
                     info.mcast_info.server,
-                    info.fmtp_addr
+                    fmtp_address(&info)
                 );
             }
             SubscriberEvent::Refused { status } => return Err(SessionEnd::Refused(status)),
@@ -490,6 +498,19 @@ impl Session<'_> {
         }
     }
 
+    /// Logs the removal of an address a session left behind.
+    fn remove_stale(
+        &self,
+        interface: &str,
+        removed: Result<bool, ldm7_net::hostcfg::AddressError>,
+        stale: impl std::fmt::Display,
+    ) {
+        match removed {
+            Ok(_) => tracing::info!("{}: removed the stale address {stale} from {interface}", self.name),
+            Err(error) => tracing::warn!("{}: cannot remove {stale} from {interface}: {error}", self.name),
+        }
+    }
+
     /// Starts the FMTP receiver for a subscription.
     fn start_receiver(&mut self, info: &McastSubInfo) -> Result<FmtpReceiver, SessionEnd> {
         let reply = |why: String| SessionEnd::Reply(why);
@@ -503,31 +524,56 @@ impl Session<'_> {
             .server
             .parse()
             .map_err(|_| reply(format!("FMTP server {:?} is not address:port", info.mcast_info.server)))?;
-        let address = info.fmtp_addr.addr;
+        let given = fmtp_address(info);
+        if group.is_ipv4() != given.addr().is_ipv4() {
+            return Err(reply(format!("group {group} and FMTP address {given} are of different families")));
+        }
+        let address = given.addr();
         if let Some(interface) = &self.receive.interface {
-            let cidr = ldm7_net::hostcfg::Ipv4Cidr { address, prefix_len: info.fmtp_addr.prefix_len };
-            // Addresses of the same subnet left by a session that ended without cleaning up
-            // (kill -9) go first: the publisher may hand them to another host.
-            for stale in ldm7_net::hostcfg::addresses(None, interface).unwrap_or_default() {
-                if stale != cidr && stale.prefix_len == cidr.prefix_len && stale.network() == cidr.network() {
-                    match ldm7_net::hostcfg::remove_address(None, interface, stale) {
-                        Ok(_) => tracing::info!("{}: removed the stale address {stale} from {interface}", self.name),
-                        Err(error) => tracing::warn!("{}: cannot remove {stale} from {interface}: {error}", self.name),
+            match given {
+                ipnet::IpNet::V4(v4) => {
+                    let cidr = ldm7_net::hostcfg::Ipv4Cidr { address: v4.addr(), prefix_len: v4.prefix_len() };
+                    // Addresses of the same subnet left by a session that ended without
+                    // cleaning up (kill -9) go first: the publisher may hand them to another host.
+                    for stale in ldm7_net::hostcfg::addresses(None, interface).unwrap_or_default() {
+                        if stale != cidr && stale.prefix_len == cidr.prefix_len && stale.network() == cidr.network() {
+                            self.remove_stale(
+                                interface,
+                                ldm7_net::hostcfg::remove_address(None, interface, stale),
+                                stale,
+                            );
+                        }
                     }
+                    ldm7_net::hostcfg::ensure_address(None, interface, cidr)
+                }
+                ipnet::IpNet::V6(v6) => {
+                    for stale in ldm7_net::hostcfg::addresses6(None, interface).unwrap_or_default() {
+                        if stale != v6 && stale.prefix_len() == v6.prefix_len() && stale.network() == v6.network() {
+                            self.remove_stale(
+                                interface,
+                                ldm7_net::hostcfg::remove_address6(None, interface, stale),
+                                stale,
+                            );
+                        }
+                    }
+                    ldm7_net::hostcfg::ensure_address6(None, interface, v6)
                 }
             }
-            ldm7_net::hostcfg::ensure_address(None, interface, cidr).map_err(|source| SessionEnd::Address {
-                address: cidr,
+            .map_err(|source| SessionEnd::Address {
+                address: given,
                 interface: interface.clone(),
                 source,
             })?;
-            self.configured = Some((interface.clone(), cidr));
+            self.configured = Some((interface.clone(), given));
         }
-        let join = if address.is_loopback() { Ipv4Addr::LOCALHOST } else { address };
+        let join = match address {
+            IpAddr::V4(v4) if v4.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            other => other,
+        };
         let rate = self.settings.rate.bits_per_s();
         let multicast = MulticastConfig {
             group,
-            interface: IpAddr::V4(join),
+            interface: join,
             interface_index: 0,
             ttl: 1,
             loopback: true,
@@ -536,6 +582,13 @@ impl Session<'_> {
         // Parity as the publisher answered (never offered with `parity = "off"`).
         let parity = info.answer.and_then(|answer| answer.parity).filter(|_| self.settings.parity != ParityChoice::Off);
         let mut options = ReceiverOptions::new(multicast, server);
+        // An IPv6 source-specific group (ff3x::/32) is joined for its sender only (an MLDv2
+        // INCLUDE report): the publisher multicasts from its FMTP server's address.
+        if let IpAddr::V6(v6) = group.ip() {
+            if v6.segments()[0] & 0xfff0 == 0xff30 {
+                options.source = Some(server.ip());
+            }
+        }
         options.parity_group = parity.map(|answer| SocketAddr::new(group.ip(), answer.port));
         options.mac_level = self.settings.mac_level;
         if let Some(path) = &self.settings.pin {
@@ -561,12 +614,15 @@ impl Session<'_> {
             self.context.state_dir.join(&self.settings.spool_dir)
         };
         options.spool = Some(spool);
-        options.local_addr = (!address.is_unspecified()).then_some(IpAddr::V4(address));
+        options.local_addr = (!address.is_unspecified()).then_some(address);
         options.connect_deadline = REPAIR_CONNECT_DEADLINE;
         options.drop_probability = self.settings.drop;
         // Subscribers of one host share its address: this server's own port tells them apart.
-        options.seed =
-            u64::from(u32::from(address)) ^ u64::from(self.port) ^ (u64::from(self.context.server_port) << 32);
+        let address_bits = match address {
+            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V6(v6) => (u128::from(v6) as u64) ^ ((u128::from(v6) >> 64) as u64),
+        };
+        options.seed = address_bits ^ u64::from(self.port) ^ (u64::from(self.context.server_port) << 32);
         Ok(FmtpReceiver::start(options)?)
     }
 
@@ -989,6 +1045,20 @@ fn latency_us(start: WallTime) -> i64 {
 }
 
 /// This host's attachment as SUBSCRIBE carries it (`dummy` without one).
+/// The FMTP client address a subscription reply gives: the IPv6 one of the ldm7 extension
+/// (an IPv6 feed), else the reference's IPv4 `CidrAddr`.
+fn fmtp_address(info: &McastSubInfo) -> ipnet::IpNet {
+    match info.answer.and_then(|answer| answer.address6) {
+        Some((address, prefix_len)) => {
+            ipnet::IpNet::V6(ipnet::Ipv6Net::new(address, prefix_len).unwrap_or_else(|_| ipnet::Ipv6Net::from(address)))
+        }
+        None => ipnet::IpNet::V4(
+            ipnet::Ipv4Net::new(info.fmtp_addr.addr, info.fmtp_addr.prefix_len)
+                .unwrap_or_else(|_| ipnet::Ipv4Net::from(info.fmtp_addr.addr)),
+        ),
+    }
+}
+
 fn vc_end(receive: &Receive) -> VcEndPoint {
     if receive.attachment.is_set() {
         VcEndPoint {

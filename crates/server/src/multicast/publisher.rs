@@ -37,7 +37,7 @@
 //! multicast interface if it has one, FMTP pacing) every interval.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -51,7 +51,6 @@ use ldm7_io::Clock;
 use ldm7_ldm_proto::{
     CidrAddr, Ldm7Status, McastInfo, McastSubInfo, ParityAnswer, SubscribeAnswer, SubscribeOffer, VcEndPoint,
 };
-use ldm7_net::hostcfg::Ipv4Cidr;
 use ldm7_net::path::{Endpoint, Leg, PathError, PathService};
 use ldm7_pq::Queue;
 use ldm7_types::{FeedType, ProdClass, ProdSpec, Signature, Timestamp};
@@ -168,7 +167,7 @@ pub enum FeedError {
     )]
     NoInterface {
         /// The group.
-        group: SocketAddrV4,
+        group: SocketAddr,
         /// Why the kernel chose no address.
         source: std::io::Error,
     },
@@ -178,7 +177,7 @@ pub enum FeedError {
         /// The retransmission server's address.
         retx_listen: SocketAddr,
         /// The group.
-        group: SocketAddrV4,
+        group: SocketAddr,
         /// Why.
         source: std::io::Error,
     },
@@ -333,22 +332,19 @@ impl Multicaster {
             }
         }
         let feed = self.feed(entry)?;
-        let subscriber = match peer.ip {
-            IpAddr::V4(address) => address,
-            IpAddr::V6(address) => address.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED),
-        };
+        let subscriber = peer.ip.to_canonical();
         // §4.3: a pool address when the feed's path is a circuit the publisher is attached to
         // (the reference's rule), or when the subscriber names its attachment (it configures
         // the address on its interface); else the subscriber keeps its own address.
         let wants_pool = entry.attachment.is_set() || names_attachment(vc_end);
-        let (fmtp_addr, from_pool) = feed.admit(subscriber, wants_pool)?;
+        let (admitted, from_pool) = feed.admit(subscriber, wants_pool)?;
         // Parity for an ldm7 subscriber that offers it, unless another feed's group has the
         // port its shards go to (they would reach that feed's receivers).
         let parity = match feed.parity {
             Some((parity, to)) if offer.is_some_and(|offer| offer.parity) => {
                 let taken = config.multicasts.iter().any(|other| {
                     other.feedtype != entry.feedtype
-                        && other.group == *to.ip()
+                        && other.group == to.ip()
                         && other.group_port.unwrap_or(self.server_port) == to.port()
                 });
                 if taken {
@@ -367,18 +363,20 @@ impl Multicaster {
         let mut subscription = Subscription {
             multicaster: self.clone(),
             feed: feed.clone(),
-            address: fmtp_addr.addr,
+            address: admitted.address,
             from_pool,
             leg: None,
             reference: offer.is_none(),
             info: McastSubInfo {
                 mcast_info: McastInfo {
                     feed: entry.feedtype,
+                    // `[v6]:port` for an IPv6 feed.
                     group: feed.group.to_string(),
                     server: feed.retx_addr.to_string(),
                 },
-                fmtp_addr,
-                answer: offer.map(|_| SubscribeAnswer { parity }),
+                fmtp_addr: admitted.reference_word(),
+                // An IPv6 address travels in the extension only (the reference's is IPv4).
+                answer: offer.map(|_| SubscribeAnswer { parity, address6: admitted.ipv6() }),
             },
             filter,
         };
@@ -562,7 +560,7 @@ struct FmtpSetup {
     /// The online rate monitor, when `[multicast] rate_control` is set.
     violation_monitor: Option<Arc<Mutex<RateControl>>>,
     /// The parity coding, and where shards go (`None`: parity off).
-    parity: Option<(ParityConfig, SocketAddrV4)>,
+    parity: Option<(ParityConfig, SocketAddr)>,
 }
 
 /// The FMTP sender's options for a feed from its MULTICAST entry and settings: sockets, pacing
@@ -572,16 +570,16 @@ struct FmtpSetup {
 fn fmtp_setup(
     entry: &Multicast,
     settings: &MulticastSettings,
-    group: SocketAddrV4,
-    interface: Ipv4Addr,
+    group: SocketAddr,
+    interface: IpAddr,
     first_index: ProductIndex,
     admission: &Arc<Mutex<Admission>>,
     counters: &Arc<PublisherCounters>,
     name: &str,
 ) -> Result<FmtpSetup, FeedError> {
     let multicast = MulticastConfig {
-        group: SocketAddr::V4(group),
-        interface: IpAddr::V4(interface),
+        group,
+        interface,
         interface_index: 0,
         ttl: settings.ttl,
         loopback: true,
@@ -614,17 +612,14 @@ fn fmtp_setup(
         Deadline::Constant(duration) => DeadlinePolicy::Constant(duration),
         Deadline::Proportional { factor, min } => DeadlinePolicy::Proportional { f_snd: factor, min },
     };
-    let parity = settings.parity_config().map(|config| {
-        let SocketAddr::V4(to) = parity_group_of(SocketAddr::V4(group)) else { unreachable!("an IPv4 group") };
-        (config, to)
-    });
+    let parity = settings.parity_config().map(|config| (config, parity_group_of(group)));
     proto.parity = parity.map(|(config, _)| config);
-    let retx_listen = SocketAddr::V4(SocketAddrV4::new(entry.fmtp_server, entry.fmtp_port));
+    let retx_listen = SocketAddr::new(entry.fmtp_server, entry.fmtp_port);
     let mut options = SenderOptions::new(multicast, retx_listen, proto);
     options.mac_level = settings.mac_level;
     options.mac_rotation = settings.mac_rotation;
     options.mac_signing = if settings.mac_lists { MacSigning::Lists } else { MacSigning::Datagram };
-    options.parity_group = parity.map(|(_, to)| SocketAddr::V4(to));
+    options.parity_group = parity.map(|(_, to)| to);
     if let Some(path) = &settings.identity {
         // Checked when the settings were read; a file changed since is an error now.
         let identity =
@@ -635,10 +630,7 @@ fn fmtp_setup(
     let authorize_counters = counters.clone();
     let feed_name = name.to_string();
     options.authorize = Arc::new(move |peer: SocketAddr| {
-        let allowed = match peer.ip() {
-            IpAddr::V4(address) => admitted(&authorize_admission, address),
-            IpAddr::V6(address) => address.to_ipv4_mapped().is_some_and(|a| admitted(&authorize_admission, a)),
-        };
+        let allowed = admitted(&authorize_admission, peer.ip().to_canonical());
         if !allowed {
             authorize_counters.repair_connections_refused.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("{feed_name}: refused an FMTP repair connection from {peer}: address not allocated");
@@ -686,7 +678,7 @@ fn path_service(settings: &PathSettings) -> Option<Box<dyn PathService + Send>> 
 pub struct Subscription {
     multicaster: Arc<Multicaster>,
     feed: Arc<Feed>,
-    address: Ipv4Addr,
+    address: IpAddr,
     /// Whether `address` came from the feed's pool (else it is the subscriber's own).
     from_pool: bool,
     leg: Option<Endpoint>,
@@ -726,13 +718,13 @@ struct Admission {
     /// Addresses handed out from the feed's subnet (a MULTICAST entry with one).
     pool: Option<Pool>,
     /// Subscribers' own addresses allowed now, with how many subscriptions hold each.
-    own: BTreeMap<Ipv4Addr, usize>,
+    own: BTreeMap<IpAddr, usize>,
     /// Bound: subscriptions at once (by pool addresses and own addresses together).
     max: usize,
 }
 
 impl Admission {
-    fn is_allowed(&self, address: Ipv4Addr) -> bool {
+    fn is_allowed(&self, address: IpAddr) -> bool {
         self.own.contains_key(&address) || self.pool.as_ref().is_some_and(|pool| pool.is_allowed(address))
     }
 
@@ -744,20 +736,21 @@ impl Admission {
     /// An address for a subscriber whose own is `subscriber`: one of the pool when it
     /// `wants_pool` and the feed has one (then `true`), else its own; within `max`
     /// subscriptions.
-    fn admit(&mut self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), SubscribeRefusal> {
+    fn admit(&mut self, subscriber: IpAddr, wants_pool: bool) -> Result<(Admitted, bool), SubscribeRefusal> {
         if self.held() >= self.max {
             return Err(PoolError::TooManySubscribers(self.max).into());
         }
         if let (true, Some(pool)) = (wants_pool, self.pool.as_mut()) {
             let address = pool.allocate()?;
-            return Ok((CidrAddr { addr: address, prefix_len: pool.subnet().prefix_len }, true));
+            return Ok((Admitted { address, prefix_len: pool.subnet().prefix_len() }, true));
         }
         *self.own.entry(subscriber).or_default() += 1;
-        Ok((CidrAddr { addr: subscriber, prefix_len: 32 }, false))
+        let prefix_len = if subscriber.is_ipv4() { 32 } else { 128 };
+        Ok((Admitted { address: subscriber, prefix_len }, false))
     }
 
     /// Undoes [`Admission::admit`].
-    fn release(&mut self, address: Ipv4Addr, from_pool: bool) {
+    fn release(&mut self, address: IpAddr, from_pool: bool) {
         if from_pool {
             if let Some(pool) = self.pool.as_mut() {
                 pool.release(address);
@@ -767,6 +760,32 @@ impl Admission {
             if *count == 0 {
                 self.own.remove(&address);
             }
+        }
+    }
+}
+
+/// The FMTP client address a subscriber is given, with its prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Admitted {
+    address: IpAddr,
+    prefix_len: u8,
+}
+
+impl Admitted {
+    /// The reference's `CidrAddr` word: the address when IPv4, else 0.0.0.0/0 (the IPv6 one
+    /// travels in the extension, [`Admitted::ipv6`]).
+    fn reference_word(self) -> CidrAddr {
+        match self.address {
+            IpAddr::V4(addr) => CidrAddr { addr, prefix_len: self.prefix_len },
+            IpAddr::V6(_) => CidrAddr { addr: Ipv4Addr::UNSPECIFIED, prefix_len: 0 },
+        }
+    }
+
+    /// The address and prefix when IPv6.
+    fn ipv6(self) -> Option<(std::net::Ipv6Addr, u8)> {
+        match self.address {
+            IpAddr::V6(address) => Some((address, self.prefix_len)),
+            IpAddr::V4(_) => None,
         }
     }
 }
@@ -797,7 +816,7 @@ pub struct Feed {
     feedtype: FeedType,
     path_name: String,
     settings: MulticastSettings,
-    group: SocketAddrV4,
+    group: SocketAddr,
     retx_addr: SocketAddr,
     admission: Arc<Mutex<Admission>>,
     index_map: Arc<Mutex<IndexMap>>,
@@ -815,7 +834,7 @@ pub struct Feed {
     /// Receivers that left right after their key exchange, and the hosts held off for it.
     key_refusals: Arc<Mutex<KeyRefusals>>,
     /// The parity coding, and where shards go (`None`: parity off).
-    parity: Option<(ParityConfig, SocketAddrV4)>,
+    parity: Option<(ParityConfig, SocketAddr)>,
     /// Switches level-2 signing between digest lists and each datagram.
     signing: SigningHandle,
     /// Reference LDM-7 subscriptions now (level 2 signs each datagram while there is one).
@@ -827,12 +846,13 @@ impl Feed {
         let FeedStart { queue, entry, settings, state_dir, server_port, runtime, counters, path } = start;
         let name = entry.feedtype.to_string();
         let path_name = settings.path.clone().unwrap_or_else(|| name.clone());
-        let group = SocketAddrV4::new(entry.group, entry.group_port.unwrap_or(server_port));
+        let group = SocketAddr::new(entry.group, entry.group_port.unwrap_or(server_port));
         let map_path = state_dir.join(format!("{}.fmtp-index", file_name(&name)));
         let index_map = IndexMap::open(&map_path, settings.index_map_capacity)?;
         let first_index = index_map.next_index();
         let pool = if entry.subnet_len > 0 && !entry.fmtp_server.is_unspecified() {
-            let subnet = Ipv4Cidr { address: entry.fmtp_server, prefix_len: entry.subnet_len };
+            let subnet = ipnet::IpNet::new(entry.fmtp_server, entry.subnet_len)
+                .map_err(|_| PoolError::NoHosts(ipnet::IpNet::from(entry.fmtp_server)))?;
             Some(Pool::new(subnet, settings.subscribers_max)?)
         } else {
             None
@@ -860,7 +880,7 @@ impl Feed {
         // Listening on every address (the short form): the reply names the multicast
         // interface's.
         let retx_addr = match sender.retx_addr() {
-            listen if listen.ip().is_unspecified() => SocketAddr::new(IpAddr::V4(interface), listen.port()),
+            listen if listen.ip().is_unspecified() => SocketAddr::new(interface, listen.port()),
             listen => listen,
         };
         tracing::info!(
@@ -914,7 +934,7 @@ impl Feed {
     fn start_rate_monitor(
         &self,
         control: &Arc<Mutex<RateControl>>,
-        interface: Ipv4Addr,
+        interface: IpAddr,
         path: SharedPath,
         pacing: ldm7_fmtp::RateHandle,
         runtime: &tokio::runtime::Handle,
@@ -1089,11 +1109,11 @@ impl Feed {
 
     /// An address for a subscriber whose own is `subscriber`: one of the pool when it
     /// `wants_pool` and the feed has one (then `true`), else its own.
-    fn admit(&self, subscriber: Ipv4Addr, wants_pool: bool) -> Result<(CidrAddr, bool), SubscribeRefusal> {
+    fn admit(&self, subscriber: IpAddr, wants_pool: bool) -> Result<(Admitted, bool), SubscribeRefusal> {
         self.admission.lock().unwrap_or_else(PoisonError::into_inner).admit(subscriber, wants_pool)
     }
 
-    fn release(&self, address: Ipv4Addr, from_pool: bool) {
+    fn release(&self, address: IpAddr, from_pool: bool) {
         self.admission.lock().unwrap_or_else(PoisonError::into_inner).release(address, from_pool);
     }
 
@@ -1139,18 +1159,26 @@ impl Feed {
 /// The address of the interface the route to `group` leaves by (its first IPv4 address): on
 /// loopback 127.0.0.1, which the kernel's own choice of a source address would pass over for
 /// an address of another interface (host scope), sending through that other interface once the
-/// socket is bound to it. Without `ip`, the kernel's choice (a UDP socket connected to the
-/// group; it sends nothing).
-fn interface_toward(group: SocketAddrV4) -> std::io::Result<Ipv4Addr> {
-    if let Ok(Some(device)) = ldm7_net::hostcfg::route_device(None, *group.ip()) {
-        if let Some(first) = ldm7_net::hostcfg::addresses(None, &device).ok().and_then(|found| found.first().copied()) {
-            return Ok(first.address);
+/// socket is bound to it. Without `ip`, and for an IPv6 group, the kernel's choice (a UDP
+/// socket connected to the group; it sends nothing).
+fn interface_toward(group: SocketAddr) -> std::io::Result<IpAddr> {
+    if let SocketAddr::V4(group) = group {
+        if let Ok(Some(device)) = ldm7_net::hostcfg::route_device(None, *group.ip()) {
+            let found = ldm7_net::hostcfg::addresses(None, &device).ok();
+            if let Some(first) = found.and_then(|found| found.first().copied()) {
+                return Ok(IpAddr::V4(first.address));
+            }
         }
     }
-    let socket = std::net::UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))?;
+    let any: SocketAddr = if group.is_ipv4() {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
+    } else {
+        "[::]:0".parse().expect("an address")
+    };
+    let socket = std::net::UdpSocket::bind(any)?;
     socket.connect(group)?;
     match socket.local_addr()?.ip() {
-        IpAddr::V4(address) if !address.is_unspecified() => Ok(address),
+        address if !address.is_unspecified() => Ok(address),
         _ => Err(std::io::Error::other("the kernel chose no source address")),
     }
 }
@@ -1209,7 +1237,7 @@ impl KeyRefusals {
     }
 }
 
-fn admitted(admission: &Mutex<Admission>, address: Ipv4Addr) -> bool {
+fn admitted(admission: &Mutex<Admission>, address: IpAddr) -> bool {
     admission.lock().unwrap_or_else(PoisonError::into_inner).is_allowed(address)
 }
 
@@ -1257,18 +1285,37 @@ mod tests {
         let half = VcEndPoint { switch_id: "sw1".into(), port_id: "dummy".into(), vlan_id: 0 };
         assert!(!names_attachment(&half), "as the reference's vcEndPoint_isValid: both named");
 
-        let subnet = Ipv4Cidr { address: Ipv4Addr::new(10, 77, 1, 1), prefix_len: 29 };
+        let subnet: ipnet::IpNet = "10.77.1.1/29".parse().expect("subnet");
         let pool = Pool::new(subnet, 3).expect("pool");
         let mut admission = Admission { pool: Some(pool), own: BTreeMap::new(), max: 3 };
-        let me = Ipv4Addr::new(192, 0, 2, 5);
-        let own = CidrAddr { addr: me, prefix_len: 32 };
+        let me = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 5));
+        let own = Admitted { address: me, prefix_len: 32 };
         assert_eq!(admission.admit(me, false).expect("own"), (own, false));
-        let pooled = CidrAddr { addr: Ipv4Addr::new(10, 77, 1, 2), prefix_len: 29 };
+        assert_eq!(own.reference_word(), CidrAddr { addr: Ipv4Addr::new(192, 0, 2, 5), prefix_len: 32 });
+        assert_eq!(own.ipv6(), None);
+        let pooled = Admitted { address: IpAddr::V4(Ipv4Addr::new(10, 77, 1, 2)), prefix_len: 29 };
         assert_eq!(admission.admit(me, true).expect("pool"), (pooled, true));
         // Two subscriptions from one host hold two places of `subscribers_max`.
         assert!(admission.admit(me, false).is_ok());
         let full = admission.admit(me, false);
         assert!(matches!(full, Err(SubscribeRefusal::Pool(PoolError::TooManySubscribers(3)))), "{full:?}");
-        assert!(admission.is_allowed(me) && admission.is_allowed(Ipv4Addr::new(10, 77, 1, 2)));
+        assert!(admission.is_allowed(me) && admission.is_allowed(IpAddr::V4(Ipv4Addr::new(10, 77, 1, 2))));
+    }
+
+    #[test]
+    fn an_ipv6_feed_hands_out_addresses_of_its_prefix_in_the_extension() {
+        let subnet: ipnet::IpNet = "fd00:77:1::1/64".parse().expect("subnet");
+        let mut admission = Admission { pool: Some(Pool::new(subnet, 8).expect("pool")), own: BTreeMap::new(), max: 8 };
+        let me: IpAddr = "fd00:76::3".parse().expect("address");
+        let (pooled, from_pool) = admission.admit(me, true).expect("pool");
+        assert!(from_pool);
+        assert_eq!(pooled.ipv6(), Some(("fd00:77:1::2".parse().expect("address"), 64)));
+        // The reference's IPv4 word says nothing.
+        assert_eq!(pooled.reference_word(), CidrAddr { addr: Ipv4Addr::UNSPECIFIED, prefix_len: 0 });
+        let (own, _) = admission.admit(me, false).expect("own");
+        assert_eq!(own.ipv6(), Some(("fd00:76::3".parse().expect("address"), 128)));
+        assert!(admission.is_allowed(pooled.address) && admission.is_allowed(me));
+        admission.release(pooled.address, true);
+        assert!(!admission.is_allowed(pooled.address));
     }
 }

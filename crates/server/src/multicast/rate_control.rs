@@ -303,11 +303,11 @@ async fn blocking(work: impl FnOnce() -> Result<(), String> + Send + 'static) ->
 
 /// The interface carrying `address` when it has ldm7's HTB tree: the monitor changes its rate
 /// with the path's. `None` (nothing to change) otherwise, or when it cannot be told.
-pub(crate) fn shaped_interface(address: std::net::Ipv4Addr) -> Option<String> {
+pub(crate) fn shaped_interface(address: std::net::IpAddr) -> Option<String> {
     if address.is_unspecified() {
         return None;
     }
-    let device = ldm7_net::hostcfg::interface_with_address(None, address).ok()??;
+    let device = ldm7_net::hostcfg::interface_holding(address)?;
     let text = ldm7_net::command::Cmd::new("tc").args(["class", "show", "dev", &device]).run().ok()?;
     ldm7_net::tc::installed_rates(&text).map(|_| device)
 }
