@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ldm7_fmtp_proto::wire::{self, Body, Message, PAYLOAD_LEN_MAX, Split};
+use ldm7_fmtp_proto::wire::{self, Body, Message, Split};
 use ldm7_fmtp_proto::{
     Assembly, ConfigError, DeliveredProduct, MissReason, ProductIndex, Receiver, ReceiverBound, ReceiverConfig,
     ReceiverCounters, ReceiverEvent,
@@ -348,7 +348,7 @@ impl FmtpReceiver {
         let mut proto = options.proto.clone();
         if let Some(parity) = &mut proto.parity {
             // Shards are as long as the sender's blocks, shortened by the MAC as they are.
-            parity.block_len = PAYLOAD_LEN_MAX - options.mac_level.mac_len();
+            parity.block_len = crate::udp::payload_len_max(options.multicast.group) - options.mac_level.mac_len();
         }
         let receiver = match &spool {
             Some(spool) => Receiver::with_sink(proto, spool.clone())?,

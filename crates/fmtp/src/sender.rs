@@ -50,7 +50,6 @@ use crate::udp::{MulticastConfig, MulticastSender};
 use ed25519_dalek::SigningKey;
 use ldm7_fmtp_proto::lists::{DigestLister, MacSigning};
 use ldm7_fmtp_proto::mac::{MacLevel, OfferKey, SenderKey};
-use ldm7_fmtp_proto::wire::PAYLOAD_LEN_MAX;
 
 /// A protocol bound hit is logged at most this often (per bound), with the count.
 const BOUND_LOG_INTERVAL: Duration = Duration::from_secs(60);
@@ -419,7 +418,8 @@ impl FmtpSender {
         let retx_addr = listener.local_addr()?;
         let mut proto = options.proto.clone();
         let mac = SenderKey::generate(options.mac_level, &mut rand_core::OsRng);
-        proto.block_len = proto.block_len.min(PAYLOAD_LEN_MAX - options.mac_level.mac_len());
+        proto.block_len =
+            proto.block_len.min(crate::udp::payload_len_max(options.multicast.group) - options.mac_level.mac_len());
         if let Some(parity) = &mut proto.parity {
             // A shard is as long as a block.
             parity.block_len = proto.block_len;

@@ -320,6 +320,18 @@ pub fn datagrams<'a>(buffer: &'a [u8], meta: &RecvMeta) -> impl Iterator<Item = 
     filled.chunks(meta.stride.max(1))
 }
 
+/// Bytes an IPv6 header takes beyond an IPv4 one (40 against 20).
+pub const IPV6_HEADER_EXTRA: usize = 20;
+
+/// The largest FMTP payload (a block, before its MAC) on `group`: 1448 bytes over IPv4, the
+/// reference's (a 1460-byte PDU in a 1488-byte IP datagram); over IPv6 20 bytes less, so that
+/// the datagram is as long and fits the same 1500-byte MTU (an IPv6 datagram is never
+/// fragmented on its way, and a GSO batch of larger ones is refused outright).
+pub fn payload_len_max(group: SocketAddr) -> usize {
+    let max = ldm7_fmtp_proto::wire::PAYLOAD_LEN_MAX;
+    if group.is_ipv6() { max - IPV6_HEADER_EXTRA } else { max }
+}
+
 /// The index of the interface an IPv6 multicast socket uses: the configuration's, else that of
 /// the interface holding its address (loopback: `lo`).
 fn interface_index(config: &MulticastConfig) -> io::Result<u32> {

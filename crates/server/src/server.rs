@@ -558,7 +558,7 @@ impl RunningRequest {
 
     /// What tells two REQUESTs apart: upstream, class and mode.
     fn key(spec: &RequestSpec) -> String {
-        format!("{}:{} {} {:?}", spec.host, spec.port, spec.class, spec.mode)
+        format!("{} {} {:?}", spec.address(), spec.class, spec.mode)
     }
 }
 

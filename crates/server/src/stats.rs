@@ -130,7 +130,8 @@ impl StatsPublisher {
 
 /// A server's name in statistics: the host name, with `:port` when the port is not 388.
 pub fn node_name(host: &str, port: u16) -> String {
-    if port == 388 { host.to_owned() } else { format!("{host}:{port}") }
+    // An IPv6 host in brackets when a port follows (`[2001:db8::7]:38800`).
+    if port == 388 { host.to_owned() } else { ldm7_types::host::join(host, port) }
 }
 
 #[cfg(test)]

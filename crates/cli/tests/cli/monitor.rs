@@ -17,7 +17,11 @@ use ldm7_testkit::wait_until;
 use ldm7_types::{FeedType, ProdInfo, Signature, Timestamp};
 
 fn get(port: u16, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    get_at(&format!("127.0.0.1:{port}"), path)
+}
+
+fn get_at(address: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
     write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("request");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("response");
@@ -218,6 +222,31 @@ fn the_monitor_requests_statistics_stores_them_and_answers_its_api() {
 /// chart with points; the screenshot is saved as target/monitor-dashboard.png.
 #[test]
 fn the_dashboard_in_a_real_browser() {
+    let names = Names { publisher: "pub.example", subscriber: "sub.example", quiet_one: "quiet.example" };
+    dashboard_in_a_real_browser(names, "127.0.0.1", "monitor-dashboard.png");
+}
+
+/// The same with IPv6 nodes (a publisher named by its address, as a RECEIVE of `[v6]:388`
+/// names it, and a subscriber's statistics name with its port), the monitor and its upstream on
+/// IPv6 loopback and the browser at `http://[::1]:PORT/`.
+#[test]
+fn the_dashboard_shows_ipv6_nodes() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        ldm7_testkit::skip("no IPv6 loopback (::1) on this host");
+        return;
+    }
+    let names = Names { publisher: "2001:db8::1", subscriber: "[2001:db8::2]:38800", quiet_one: "2001:db8::3" };
+    dashboard_in_a_real_browser(names, "[::1]", "monitor-dashboard-ipv6.png");
+}
+
+/// The three nodes of the dashboard test.
+struct Names {
+    publisher: &'static str,
+    subscriber: &'static str,
+    quiet_one: &'static str,
+}
+
+fn dashboard_in_a_real_browser(names: Names, loopback: &str, screenshot_name: &str) {
     let web = Path::new(env!("CARGO_MANIFEST_DIR")).join("../monitor/web");
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     if !Path::new(&chromium).is_file() {
@@ -230,27 +259,21 @@ fn the_dashboard_in_a_real_browser() {
     }
     let root = tempfile::tempdir().expect("tempdir");
     let root = root.path();
-    let mut node = Node::new(root, "node", "20M", &format!("ALLOW ANY {LOCAL}\n"));
+    let mut node = Node::new(root, "node", "20M", &format!("ALLOW ANY {LOCAL}\nALLOW ANY ::1\n"));
+    let Names { publisher, subscriber, quiet_one } = names;
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     {
         let queue = Queue::open(Path::new(&node.queue_path())).expect("queue");
-        let link = Link { feed: "NGRID".into(), publisher: "pub.example".into(), subscriber: "sub.example".into() };
+        let link = Link { feed: "NGRID".into(), publisher: publisher.into(), subscriber: subscriber.into() };
         for back in 2..12 {
             let minute = Minute(Minute::of(now).0 - back);
             let n = 10 + back as u64;
-            insert_stats(
-                &queue,
-                "sub.example",
-                &link,
-                minute,
-                fmtp_sums(n, 1_000_000, 400_000, 300_000, 3, 900_000),
-                now,
-            );
+            insert_stats(&queue, subscriber, &link, minute, fmtp_sums(n, 1_000_000, 400_000, 300_000, 3, 900_000), now);
         }
         // A node whose last report is 20 minutes old (yellow).
         let old = Timestamp { secs: now.secs - 1200, micros: 0 };
         let minute = Minute::of(old);
-        let quiet = Link { feed: "NGRID".into(), publisher: "pub.example".into(), subscriber: "quiet.example".into() };
+        let quiet = Link { feed: "NGRID".into(), publisher: publisher.into(), subscriber: quiet_one.into() };
         let sums = MinuteSums {
             n: 1,
             n_fmtp: 1,
@@ -263,23 +286,25 @@ fn the_dashboard_in_a_real_browser() {
             l_mc_us: 5,
             ..MinuteSums::default()
         };
-        insert_stats(&queue, "quiet.example", &quiet, minute, sums, old);
+        insert_stats(&queue, quiet_one, &quiet, minute, sums, old);
     }
     node.start();
     let dir = root.join("monitor");
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(
         dir.join("nodes.toml"),
-        "[[node]]\nname = \"pub.example\"\nlatitude = 40.015\nlongitude = -105.27\n\n\
-         [[node]]\nname = \"sub.example\"\nlatitude = 35.18\nlongitude = -97.44\n\n\
-         [[node]]\nname = \"quiet.example\"\nlatitude = 41.66\nlongitude = -91.53\n",
+        format!(
+            "[[node]]\nname = \"{publisher}\"\nlatitude = 40.015\nlongitude = -105.27\n\n\
+             [[node]]\nname = \"{subscriber}\"\nlatitude = 35.18\nlongitude = -97.44\n\n\
+             [[node]]\nname = \"{quiet_one}\"\nlatitude = 41.66\nlongitude = -91.53\n"
+        ),
     )
     .expect("nodes");
     let port = support::free_port();
     let mut monitor = Command::new(LDM7)
         .args(["monitor", "--db"])
         .arg(format!("sqlite:{}", dir.join("monitor.db").display()))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--upstream", &format!("127.0.0.1:{}", node.port)])
+        .args(["--listen", &format!("{loopback}:{port}"), "--upstream", &format!("{loopback}:{}", node.port)])
         .arg("--state-dir")
         .arg(&dir)
         .arg("--nodes")
@@ -293,14 +318,16 @@ fn the_dashboard_in_a_real_browser() {
         if !support::listening(port) {
             return None;
         }
-        (json(port, "/api/links").as_array()?.len() == 2).then_some(())
+        let (status, links) = get_at(&format!("{loopback}:{port}"), "/api/links");
+        let links: serde_json::Value = serde_json::from_str(&links).ok().filter(|_| status == 200)?;
+        (links.as_array()?.len() == 2).then_some(())
     });
-    let screenshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/monitor-dashboard.png");
+    let screenshot = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../target/{screenshot_name}"));
     let output = Command::new("node")
         .arg(web.join("test/browser.mjs"))
-        .arg(format!("http://127.0.0.1:{port}/"))
+        .arg(format!("http://{loopback}:{port}/"))
         .arg(&screenshot)
-        .arg("NGRID|pub.example|sub.example")
+        .arg(format!("NGRID|{publisher}|{subscriber}"))
         .env("CHROMIUM", &chromium)
         .output()
         .expect("run node");
@@ -310,11 +337,12 @@ fn the_dashboard_in_a_real_browser() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "browser: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("the browser's report");
-    assert_eq!(result["nodes"]["sub.example"], "green", "{result}");
-    assert_eq!(result["nodes"]["quiet.example"], "yellow", "{result}");
-    assert_eq!(result["nodes"]["pub.example"], "grey", "{result}");
+    assert_eq!(result["nodes"][subscriber], "green", "{result}");
+    assert_eq!(result["nodes"][quiet_one], "yellow", "{result}");
+    assert_eq!(result["nodes"][publisher], "grey", "{result}");
     assert!(result["points"].as_u64().is_some_and(|points| points >= 3), "{result}");
-    assert!(result["title"].as_str().is_some_and(|title| title.starts_with("pub.example → sub.example")), "{result}");
+    let title = format!("{publisher} → {subscriber}");
+    assert!(result["title"].as_str().is_some_and(|shown| shown.starts_with(&title)), "{result}");
     assert_eq!(result["errors"].as_array().map(Vec::len), Some(0), "{result}");
     assert!(screenshot.is_file());
 }

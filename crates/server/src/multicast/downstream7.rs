@@ -164,7 +164,7 @@ pub async fn run(
     counters: Arc<SubscriberCounters>,
 ) {
     let port = receive.port.unwrap_or(context.server_port);
-    let name = format!("{}:{port} {}", receive.host, receive.feedtype);
+    let name = format!("{} {}", ldm7_types::host::join(&receive.host, port), receive.feedtype);
     let state_path = context.state_dir.join(format!(
         ".ldm7-{}-{}-{port}.last",
         file_name(&receive.feedtype.to_string()),
@@ -179,8 +179,8 @@ pub async fn run(
     let mut core = Downstream7::new(config, resume.load());
     let mut stop = context.stop.clone();
     tracing::info!(
-        "Downstream LDM7 starting up: remoteLDM7={}:{port}, feed={}, fmtpIface={}, vcEndPoint={}",
-        receive.host,
+        "Downstream LDM7 starting up: remoteLDM7={}, feed={}, fmtpIface={}, vcEndPoint={}",
+        ldm7_types::host::join(&receive.host, port),
         receive.feedtype,
         receive.interface.as_deref().unwrap_or("-"),
         vc_end(&receive).switch_id
@@ -236,7 +236,7 @@ struct Session<'a> {
 
 impl Session<'_> {
     async fn run(&mut self) -> SessionEnd {
-        let address = format!("{}:{}", self.receive.host, self.port);
+        let address = ldm7_types::host::join(&self.receive.host, self.port);
         let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&address)).await;
         let stream = match connect {
             Ok(Ok(stream)) => stream,
