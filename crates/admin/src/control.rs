@@ -186,9 +186,9 @@ impl Site {
 
     /// Where the server is reached on this host.
     fn local_address(&self) -> SocketAddr {
+        // `::` takes IPv4 connections too (and is `0.0.0.0` on a host without IPv6).
         let ip = match self.site.server.listen {
-            IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            ip if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             ip => ip,
         };
         SocketAddr::new(ip, self.site.server.port)

@@ -275,8 +275,23 @@ fn settings_toml(registry: &Registry, plan: &ImportPlan, home: &Path) -> (String
     if let Some(path) = take("/server/config-path") {
         notes.changed.push(format!("/server/config-path {path} → etc/ldmd.conf (a copy)"));
     }
+    match take("/server/ip-addr") {
+        // LDM's "every address" is IPv4's; ldm7's takes IPv6 connections too.
+        Some("0.0.0.0") => {
+            out.push_str("listen = \"::\"\n");
+            notes.changed.push(
+                "/server/ip-addr 0.0.0.0 → listen \"::\" (every address, IPv6 and IPv4: LDM listens on IPv4 only; \
+                 write \"0.0.0.0\" to keep it so)"
+                    .into(),
+            );
+        }
+        Some(address) => {
+            out.push_str(&format!("listen = {}\n", quote(address)));
+            notes.carried.push(format!("/server/ip-addr {address}"));
+        }
+        None => {}
+    }
     for (key, name, quoted) in [
-        ("/server/ip-addr", "listen", true),
         ("/server/port", "port", false),
         ("/server/max-clients", "max_clients", false),
         ("/hostname", "hostname", true),

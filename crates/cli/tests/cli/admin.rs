@@ -139,6 +139,7 @@ fn an_imported_home_is_run_checked_and_stopped_with_ldmadmin() {
         "EXEC \"rtstats -h rtstats.unidata.ucar.edu\": runs ldm7's rtstats",
         "resumes after product 0123456789abcdef0123456789abcdef",
         "/metrics/count 4: ldm7 serves Prometheus metrics",
+        "/server/ip-addr 0.0.0.0 → listen \"::\" (every address, IPv6 and IPv4",
     ] {
         assert!(report.contains(said), "the report lacks {said:?}: {report}");
     }
