@@ -33,9 +33,9 @@ pub struct ServeArgs {
     #[arg(short = 'P', long = "port", default_value_t = 388)]
     pub port: u16,
     /// Address to listen on: `::` (the default) takes IPv6 and IPv4 connections, `0.0.0.0` IPv4
-    /// only, an address only connections to it.
-    #[arg(short = 'I', long = "listen", value_name = "ADDR", default_value_t = IpAddr::V6(Ipv6Addr::UNSPECIFIED))]
-    pub listen: IpAddr,
+    /// only, an address only connections to it; give -I again for more addresses (same port).
+    #[arg(short = 'I', long = "listen", value_name = "ADDR", default_value = "::", action = clap::ArgAction::Append)]
+    pub listen: Vec<IpAddr>,
     /// Directory for REQUEST resume points (`.<md5>.info` files).
     #[arg(long = "state-dir", value_name = "DIR", default_value = ".")]
     pub state_dir: PathBuf,
@@ -88,9 +88,10 @@ pub fn run(args: &ServeArgs, log: &crate::logging::LogArgs) -> CmdResult {
     let mut options = ServerOptions::new(
         args.config.clone(),
         queue_path(args.queue.as_deref()),
-        SocketAddr::new(args.listen, args.port),
+        SocketAddr::new(args.listen.first().copied().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)), args.port),
     );
     options.state_dir = args.state_dir.clone();
+    options.also_listen = args.listen.iter().skip(1).copied().collect();
     options.time_offset = args.time_offset;
     options.max_latency = args.max_latency;
     options.retry_max = args.retry_max;

@@ -33,8 +33,10 @@ pub struct ServerOptions {
     pub config_path: PathBuf,
     /// The product queue.
     pub queue_path: PathBuf,
-    /// Where to listen (LDM: 0.0.0.0:388).
+    /// Where to listen (LDM: 0.0.0.0:388; ldm7: [::]:388, both families).
     pub listen: SocketAddr,
+    /// More addresses to listen on, at the same port as `listen` (`-I` given more than once).
+    pub also_listen: Vec<std::net::IpAddr>,
     /// Where REQUEST resume points are kept.
     pub state_dir: PathBuf,
     /// How far back a fresh REQUEST asks (`-o`, default 3600 s).
@@ -71,6 +73,7 @@ impl ServerOptions {
             config_path,
             queue_path,
             listen,
+            also_listen: Vec::new(),
             state_dir: PathBuf::from("."),
             time_offset: Duration::from_secs(3600),
             max_latency: Duration::from_secs(3600),
@@ -286,6 +289,14 @@ impl Server {
         let local_addr =
             listener.local_addr().map_err(|source| ServerError::Listen { address: options.listen, source })?;
         listener.set_nonblocking(true).map_err(|source| ServerError::Listen { address: options.listen, source })?;
+        let mut listeners = vec![listener];
+        for ip in &options.also_listen {
+            // The port the first one took (a port 0 is chosen once for all).
+            let address = SocketAddr::new(*ip, local_addr.port());
+            let more = listen(address).map_err(|source| ServerError::Listen { address, source })?;
+            more.set_nonblocking(true).map_err(|source| ServerError::Listen { address, source })?;
+            listeners.push(more);
+        }
         if let Some(user) = &options.run_as {
             run_as(user)?;
         }
@@ -316,7 +327,13 @@ impl Server {
             accepting: AtomicBool::new(true),
             session_ids: AtomicU32::new(0),
         });
-        tracing::info!("Starting Up (ldm7 {}), listening on {local_addr}", env!("CARGO_PKG_VERSION"));
+        let more: String = shared
+            .options
+            .also_listen
+            .iter()
+            .map(|ip| format!(", {}", SocketAddr::new(*ip, local_addr.port())))
+            .collect();
+        tracing::info!("Starting Up (ldm7 {}), listening on {local_addr}{more}", env!("CARGO_PKG_VERSION"));
         let mut threads = Vec::new();
         let acceptor = shared.clone();
         threads.push(
@@ -331,7 +348,7 @@ impl Server {
                         }
                     }
                     let accepting = Accepting(acceptor.clone());
-                    accept_loop(&accepting.0, &listener);
+                    accept_loop(&accepting.0, &listeners);
                 })
                 .expect("spawn"),
         );
@@ -466,11 +483,14 @@ fn publish_statistics(shared: &Shared) {
 /// Accepts connections until the server stops: blocked in `poll(2)` on the listening socket and
 /// the stop signal together, so a stop ends it at once (the socket is non-blocking: a
 /// connection another thread took first is no error).
-fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+fn accept_loop(shared: &Arc<Shared>, listeners: &[TcpListener]) {
     let per_host_max = shared.options.settings.ldm6.connections_per_host_max;
     while !shared.is_stopping() {
-        let mut fds =
-            [PollFd::new(listener.as_fd(), PollFlags::POLLIN), PollFd::new(shared.stop.as_fd(), PollFlags::POLLIN)];
+        let mut fds: Vec<PollFd<'_>> = listeners
+            .iter()
+            .map(|listener| PollFd::new(listener.as_fd(), PollFlags::POLLIN))
+            .chain([PollFd::new(shared.stop.as_fd(), PollFlags::POLLIN)])
+            .collect();
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(error) => {
@@ -482,51 +502,61 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         if shared.is_stopping() {
             break;
         }
-        match listener.accept() {
-            Ok((stream, address)) => {
-                // An IPv4 peer of a dual-stack listener by its IPv4 address.
-                let address = SocketAddr::new(ldm7_config::hosts::peer_address(address.ip()), address.port());
-                let _ = stream.set_nonblocking(false);
-                shared.counters.connections.fetch_add(1, Ordering::Relaxed);
-                let active = shared.active_connections.fetch_add(1, Ordering::Relaxed);
-                if active >= shared.options.max_clients {
-                    shared.active_connections.fetch_sub(1, Ordering::Relaxed);
-                    shared.counters.refusals.refuse(ConnectionRefusal::Busy, || {
-                        format!("refusing {address}: {active} connections already (the limit; raise --max-clients)")
-                    });
-                    continue;
-                }
-                // Before anything is spent on the connection (no thread, no name lookup).
-                let slot = match shared.host_connections.acquire(address.ip(), per_host_max) {
-                    Ok(slot) => slot,
-                    Err(open) => {
-                        shared.active_connections.fetch_sub(1, Ordering::Relaxed);
-                        shared.counters.refusals.refuse(ConnectionRefusal::PerHost, || {
-                            format!(
-                                "refusing {address}: {open} connections from {} already (the limit; raise \
-                                 ldm6.connections_per_host_max in ldm7.toml)",
-                                address.ip()
-                            )
-                        });
-                        continue;
-                    }
-                };
-                let shared = shared.clone();
-                let spawned = std::thread::Builder::new().name(format!("conn {address}")).spawn(move || {
-                    let peer = resolve(address.ip());
-                    conn::serve(shared.clone(), stream, peer);
-                    drop(slot);
-                    shared.active_connections.fetch_sub(1, Ordering::Relaxed);
+        let ready: Vec<bool> =
+            fds.iter().map(|fd| fd.revents().is_some_and(|events| events.contains(PollFlags::POLLIN))).collect();
+        drop(fds);
+        for (listener, _) in listeners.iter().zip(ready).filter(|(_, ready)| *ready) {
+            accept_one(shared, listener, per_host_max);
+        }
+    }
+}
+
+/// Takes one connection from a listener that polled readable (none: another thread took it).
+fn accept_one(shared: &Arc<Shared>, listener: &TcpListener, per_host_max: usize) {
+    match listener.accept() {
+        Ok((stream, address)) => {
+            // An IPv4 peer of a dual-stack listener by its IPv4 address.
+            let address = SocketAddr::new(ldm7_config::hosts::peer_address(address.ip()), address.port());
+            let _ = stream.set_nonblocking(false);
+            shared.counters.connections.fetch_add(1, Ordering::Relaxed);
+            let active = shared.active_connections.fetch_add(1, Ordering::Relaxed);
+            if active >= shared.options.max_clients {
+                shared.active_connections.fetch_sub(1, Ordering::Relaxed);
+                shared.counters.refusals.refuse(ConnectionRefusal::Busy, || {
+                    format!("refusing {address}: {active} connections already (the limit; raise --max-clients)")
                 });
-                if let Err(error) = spawned {
-                    tracing::error!("cannot start a thread for {address}: {error}");
+                return;
+            }
+            // Before anything is spent on the connection (no thread, no name lookup).
+            let slot = match shared.host_connections.acquire(address.ip(), per_host_max) {
+                Ok(slot) => slot,
+                Err(open) => {
+                    shared.active_connections.fetch_sub(1, Ordering::Relaxed);
+                    shared.counters.refusals.refuse(ConnectionRefusal::PerHost, || {
+                        format!(
+                            "refusing {address}: {open} connections from {} already (the limit; raise \
+                             ldm6.connections_per_host_max in ldm7.toml)",
+                            address.ip()
+                        )
+                    });
+                    return;
                 }
+            };
+            let shared = shared.clone();
+            let spawned = std::thread::Builder::new().name(format!("conn {address}")).spawn(move || {
+                let peer = resolve(address.ip());
+                conn::serve(shared.clone(), stream, peer);
+                drop(slot);
+                shared.active_connections.fetch_sub(1, Ordering::Relaxed);
+            });
+            if let Err(error) = spawned {
+                tracing::error!("cannot start a thread for {address}: {error}");
             }
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(error) => {
-                tracing::warn!("accept: {error}");
-                shared.sleep(Duration::from_millis(100));
-            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(error) => {
+            tracing::warn!("accept: {error}");
+            shared.sleep(Duration::from_millis(100));
         }
     }
 }

@@ -109,3 +109,22 @@ fn malformed_ipv6_in_ldmd_conf_gives_the_line_and_what_to_write() {
         assert!(stderr.contains("ldmd.conf:3") && stderr.contains(says), "{entry}: {stderr}");
     }
 }
+
+#[test]
+fn a_server_listens_on_each_address_given() {
+    if !ipv6_loopback() {
+        return;
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut server = Node::new(root.path(), "s", "50M", "ALLOW ANY ^127\\.0\\.0\\.1$\nALLOW ANY ::1\n");
+    server.set_extra(vec!["-I".into(), "127.0.0.1".into(), "-I".into(), "::1".into()]);
+    server.start();
+    for host in [format!("127.0.0.1:{}", server.port), format!("[::1]:{}", server.port)] {
+        let output =
+            Command::new(LDM7).args(["notify", "-h", &host, "-o", "3600", "-T", "0.3"]).output().expect("notify");
+        assert!(output.status.success(), "{host}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let log = server.log();
+    assert!(log.contains(&format!("listening on 127.0.0.1:{}, [::1]:{}", server.port, server.port)), "{}", tail(&log));
+    server.stop();
+}

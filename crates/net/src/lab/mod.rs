@@ -330,6 +330,8 @@ pub struct ControlStatus {
     pub bridge: String,
     /// Its subnet.
     pub subnet: Ipv4Cidr,
+    /// Its IPv6 prefix, when a host has IPv6.
+    pub subnet6: Option<ipnet::Ipv6Net>,
     /// Whether the bridge exists.
     pub present: bool,
     /// Each host's interface `ctl`, in spec order.
@@ -341,8 +343,12 @@ pub struct ControlStatus {
 pub struct ControlHost {
     /// The host.
     pub host: String,
-    /// Its address on interface `ctl`.
+    /// Its IPv4 address on interface `ctl` (numbered even when its family has no IPv4).
     pub address: Ipv4Cidr,
+    /// Its IPv6 address there, when its family has IPv6.
+    pub address6: Option<ipnet::Ipv6Net>,
+    /// Whether its family has IPv4 (else `address` is not configured).
+    pub ipv4: bool,
     /// Whether its bridge port is attached to the control bridge.
     pub attached: bool,
 }
@@ -360,15 +366,22 @@ impl std::fmt::Display for LabStatus {
                 f,
                 "  control {:<22} {:<18} {}",
                 control.bridge,
-                control.subnet.to_string(),
+                control.subnet6.map_or_else(|| control.subnet.to_string(), |v6| format!("{} {v6}", control.subnet)),
                 if control.present { "present" } else { "MISSING" }
             )?;
             for host in &control.hosts {
+                // The addresses of its families: IPv4, IPv6, or both.
+                let addresses: Vec<String> = host
+                    .ipv4
+                    .then(|| host.address.to_string())
+                    .into_iter()
+                    .chain(host.address6.map(|address| address.to_string()))
+                    .collect();
                 writeln!(
                     f,
                     "  ctl {:<26} {:<18} {}",
                     host.host,
-                    host.address.to_string(),
+                    addresses.join(" "),
                     if host.attached { "attached" } else { "DETACHED" }
                 )?;
             }
@@ -466,11 +479,13 @@ fn control_status(spec: &LabSpec) -> ControlStatus {
         .iter()
         .filter_map(|h| {
             let address = spec.control_address_of(&h.name)?;
+            let address6 = spec.control_address6_of(&h.name).filter(|_| h.family.has_ipv6());
             let attached = spec.control_port(&h.name).is_some_and(|port| ports.contains(&port));
-            Some(ControlHost { host: h.name.clone(), address, attached })
+            Some(ControlHost { host: h.name.clone(), address, address6, ipv4: h.family.has_ipv4(), attached })
         })
         .collect();
-    ControlStatus { bridge, subnet: spec.control_subnet, present, hosts }
+    let subnet6 = spec.hosts.iter().any(|h| h.family.has_ipv6()).then_some(spec.control_subnet6);
+    ControlStatus { bridge, subnet: spec.control_subnet, subnet6, present, hosts }
 }
 
 /// The spec lab `name` was brought up from.
@@ -726,10 +741,23 @@ mod tests {
             control: Some(ControlStatus {
                 bridge: "br-ctl".into(),
                 subnet: "10.76.0.0/24".parse().unwrap(),
+                subnet6: Some("fd00:4c37:76::/64".parse().unwrap()),
                 present: true,
                 hosts: vec![
-                    ControlHost { host: "pub".into(), address: "10.76.0.1/24".parse().unwrap(), attached: true },
-                    ControlHost { host: "sub".into(), address: "10.76.0.2/24".parse().unwrap(), attached: false },
+                    ControlHost {
+                        host: "pub".into(),
+                        address: "10.76.0.1/24".parse().unwrap(),
+                        address6: None,
+                        ipv4: true,
+                        attached: true,
+                    },
+                    ControlHost {
+                        host: "sub".into(),
+                        address: "10.76.0.2/24".parse().unwrap(),
+                        address6: Some("fd00:4c37:76::2/64".parse().unwrap()),
+                        ipv4: false,
+                        attached: false,
+                    },
                 ],
             }),
             paths: Vec::new(),
@@ -768,6 +796,8 @@ mod tests {
         assert!(lines[4].starts_with("  ctl pub") && lines[4].contains("10.76.0.1/24"), "{text}");
         assert!(lines[4].ends_with("attached"), "{text}");
         assert!(lines[5].starts_with("  ctl sub") && lines[5].ends_with("DETACHED"), "{text}");
+        // An IPv6-only host shows its IPv6 address only.
+        assert!(lines[5].contains("fd00:4c37:76::2/64") && !lines[5].contains("10.76.0.2"), "{text}");
         assert!(lines[6].contains("1:10  multicast") && lines[6].contains("sent 1490 B 1 pkt"), "{text}");
         assert!(lines[7].contains("conduit") && lines[7].contains("unreadable: `tc -s class show"), "{text}");
     }
