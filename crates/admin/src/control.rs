@@ -288,18 +288,10 @@ impl Site {
     /// files kept), then tells a running server to reopen it (SIGUSR1).
     pub fn newlog(&self, count: u32) -> Result<(), AdminError> {
         let file = &self.site.log.file;
-        let numbered = |n: u32| {
-            let mut name = file.clone().into_os_string();
-            name.push(format!(".{n}"));
-            PathBuf::from(name)
-        };
-        if count == 0 {
-            let _ = std::fs::remove_file(file);
-        } else if file.exists() {
-            for n in (1..count).rev() {
-                let _ = std::fs::rename(numbered(n), numbered(n + 1));
-            }
-            std::fs::rename(file, numbered(1)).map_err(AdminError::io(file))?;
+        match ldm7_io::rotate_numbered(file, count) {
+            // No log yet: nothing to rotate.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            rotated => rotated.map_err(AdminError::io(file))?,
         }
         // The server and its EXEC children all write the file (`LDM7_LOG_FILE`): each reopens it.
         if let Some(pid) = self.running() {
@@ -354,12 +346,7 @@ impl Site {
     }
 }
 
-/// Whether process `pid` exists and is not a zombie.
-pub fn process_lives(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, Some('Z' | 'X') | None)
-}
+pub use ldm7_io::process_lives;
 
 fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

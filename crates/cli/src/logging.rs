@@ -414,20 +414,7 @@ impl LogFile {
 
     /// FILE.(N-1) → FILE.N … FILE → FILE.1, then a fresh FILE.
     fn rotate(&mut self, keep: u32) {
-        let numbered = |n: u32| {
-            let mut name = self.path.clone().into_os_string();
-            name.push(format!(".{n}"));
-            PathBuf::from(name)
-        };
-        let result = if keep == 0 {
-            std::fs::remove_file(&self.path)
-        } else {
-            for n in (1..keep).rev() {
-                let _ = std::fs::rename(numbered(n), numbered(n + 1));
-            }
-            std::fs::rename(&self.path, numbered(1))
-        };
-        match result {
+        match ldm7_io::rotate_numbered(&self.path, keep) {
             Ok(()) => self.reopen_file(),
             Err(error) => self.report(&format!("cannot rotate {}: {error}", self.path.display())),
         }

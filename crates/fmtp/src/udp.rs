@@ -297,18 +297,23 @@ impl MulticastReceiver {
 }
 
 /// `SO_RCVBUFFORCE`: a receive buffer beyond `net.core.rmem_max` (needs CAP_NET_ADMIN).
-#[allow(unsafe_code)]
 fn force_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: the option value is a live `c_int` of the length given.
+    set_option(socket, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &value)
+}
+
+/// `setsockopt(2)` with an option value of type `T` (the options socket2 does not have).
+#[allow(unsafe_code)]
+fn set_option<T>(socket: &Socket, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the option value is a live `T` of the length given.
     let result = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            std::ptr::from_ref(&value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            level,
+            name,
+            std::ptr::from_ref(value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
@@ -347,22 +352,15 @@ fn interface_index(config: &MulticastConfig) -> io::Result<u32> {
 
 /// The index of the interface that holds `address`.
 pub fn index_of_address(address: IpAddr) -> io::Result<u32> {
-    let holder = nix::ifaddrs::getifaddrs()?
-        .find(|entry| {
-            entry.address.as_ref().is_some_and(|held| {
-                held.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())) == Some(address)
-                    || held.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())) == Some(address)
-            })
-        })
+    let name = ldm7_io::interface_holding(address)
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface holds {address}")))?;
-    Ok(nix::net::if_::if_nametoindex(holder.interface_name.as_str())?)
+    Ok(nix::net::if_::if_nametoindex(name.as_str())?)
 }
 
 /// Joins `group` from `source` only on interface `index` (MLDv2 source-specific,
 /// `MCAST_JOIN_SOURCE_GROUP`; socket2 has the IPv4 call only).
 #[allow(unsafe_code)]
 fn join_ssm_v6(socket: &Socket, group: Ipv6Addr, source: Ipv6Addr, index: u32) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
     let storage = |address: Ipv6Addr| {
         // SAFETY: an all-zero sockaddr_storage is a valid value.
         let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -374,17 +372,7 @@ fn join_ssm_v6(socket: &Socket, group: Ipv6Addr, source: Ipv6Addr, index: u32) -
     };
     let request =
         libc::group_source_req { gsr_interface: index, gsr_group: storage(group), gsr_source: storage(source) };
-    // SAFETY: the option value is a live group_source_req of the length given.
-    let result = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::MCAST_JOIN_SOURCE_GROUP,
-            std::ptr::from_ref(&request).cast(),
-            std::mem::size_of::<libc::group_source_req>() as libc::socklen_t,
-        )
-    };
-    if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    set_option(socket, libc::IPPROTO_IPV6, libc::MCAST_JOIN_SOURCE_GROUP, &request)
 }
 
 fn check_group(config: &MulticastConfig) -> Result<(), SocketError> {

@@ -49,3 +49,45 @@ pub fn free_port() -> std::io::Result<u16> {
     }
     Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "no free port between 10000 and 32000"))
 }
+
+/// The interface of this network namespace that holds `address` (IPv4 or IPv6), if one does
+/// (`getifaddrs(3)`).
+pub fn interface_holding(address: std::net::IpAddr) -> Option<String> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|entry| {
+        let held = entry.address.as_ref().and_then(|held| {
+            held.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| held.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        });
+        (held == Some(address)).then(|| entry.interface_name.clone())
+    })
+}
+
+/// Whether process `pid` runs (exists and is neither a zombie nor dead), from `/proc/PID/stat`.
+pub fn process_lives(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // `pid (command) state …`: the command may hold spaces and parentheses, the state follows
+    // the last `)`.
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+/// Rotates log file `path` as LDM's `newlog` does: FILE.(keep−1) → FILE.keep … FILE.1 → FILE.2,
+/// then FILE → FILE.1 (missing numbered files are skipped); with `keep` 0 FILE is removed. The
+/// writer reopens FILE afterwards.
+pub fn rotate_numbered(path: &std::path::Path, keep: u32) -> std::io::Result<()> {
+    if keep == 0 {
+        return std::fs::remove_file(path);
+    }
+    // Nothing to rotate: the numbered files stay where they are.
+    std::fs::metadata(path)?;
+    let numbered = |n: u32| {
+        let mut name = path.to_path_buf().into_os_string();
+        name.push(format!(".{n}"));
+        std::path::PathBuf::from(name)
+    };
+    for n in (1..keep).rev() {
+        let _ = std::fs::rename(numbered(n), numbered(n + 1));
+    }
+    std::fs::rename(path, numbered(1))
+}

@@ -171,18 +171,6 @@ pub fn interface_with_address(netns: Option<&str>, address: Ipv4Addr) -> Result<
     interface_in(&text, address).map_err(|problem| AddressError::Unreadable { command: command.to_string(), problem })
 }
 
-/// The interface of this namespace that holds `address` (IPv4 or IPv6), if one does.
-pub fn interface_holding(address: std::net::IpAddr) -> Option<String> {
-    nix::ifaddrs::getifaddrs().ok()?.find_map(|entry| {
-        let held = entry.address.as_ref().and_then(|held| {
-            held.as_sockaddr_in()
-                .map(|v4| std::net::IpAddr::V4(v4.ip()))
-                .or_else(|| held.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
-        });
-        (held == Some(address)).then(|| entry.interface_name.clone())
-    })
-}
-
 /// Gives interface `dev` address `cidr` unless it has exactly that address and prefix already.
 /// Returns true when it added the address. Other addresses of `dev` are left alone.
 pub fn ensure_address(netns: Option<&str>, dev: &str, cidr: Ipv4Cidr) -> Result<bool, AddressError> {

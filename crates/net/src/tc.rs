@@ -67,25 +67,9 @@ impl HtbPlan {
             self.class_args("add", dev, parent, id, assured, prio)
         };
         let limit = self.buffer.bytes().min(u32::MAX as u64).to_string();
-        let mut multicast_match = strings(&["match", "ip", "protocol", "17", "0xff"]);
-        match self.multicast_port {
-            Some(port) => multicast_match.extend(strings(&["match", "ip", "dport", &port.to_string(), "0xffff"])),
-            None => multicast_match.extend(strings(&["match", "ip", "dst", "224.0.0.0/4"])),
-        }
-        let mut retx_match = strings(&["match", "ip", "protocol", "6", "0xff"]);
-        if let Some(port) = self.retx_port {
-            retx_match.extend(strings(&["match", "ip", "sport", &port.to_string(), "0xffff"]));
-        }
+        let (multicast_match, retx_match) = self.class_matches("ip", "224.0.0.0/4");
         // The same for IPv6 (no extension headers before UDP or TCP, as FMTP sends them).
-        let mut multicast_match6 = strings(&["match", "ip6", "protocol", "17", "0xff"]);
-        match self.multicast_port {
-            Some(port) => multicast_match6.extend(strings(&["match", "ip6", "dport", &port.to_string(), "0xffff"])),
-            None => multicast_match6.extend(strings(&["match", "ip6", "dst", "ff00::/8"])),
-        }
-        let mut retx_match6 = strings(&["match", "ip6", "protocol", "6", "0xff"]);
-        if let Some(port) = self.retx_port {
-            retx_match6.extend(strings(&["match", "ip6", "sport", &port.to_string(), "0xffff"]));
-        }
+        let (multicast_match6, retx_match6) = self.class_matches("ip6", "ff00::/8");
         let filter_of = |protocol: &str, prio: &str, matches: Vec<String>, flow: &str| -> Vec<String> {
             let mut args =
                 strings(&["filter", "add", "dev", dev, "parent", "1:", "protocol", protocol, "prio", prio, "u32"]);
@@ -118,6 +102,22 @@ impl HtbPlan {
             filter_of("ipv6", "3", multicast_match6, MULTICAST_CLASS),
             filter_of("ipv6", "4", retx_match6, RETX_CLASS),
         ]
+    }
+
+    /// The u32 matches (`family`: `ip` or `ip6`) of the multicast class — UDP to the multicast
+    /// port, else to any address of `all_multicast` — and of the repair class (TCP from the
+    /// repair port, else any TCP).
+    fn class_matches(&self, family: &str, all_multicast: &str) -> (Vec<String>, Vec<String>) {
+        let mut multicast = strings(&["match", family, "protocol", "17", "0xff"]);
+        match self.multicast_port {
+            Some(port) => multicast.extend(strings(&["match", family, "dport", &port.to_string(), "0xffff"])),
+            None => multicast.extend(strings(&["match", family, "dst", all_multicast])),
+        }
+        let mut retx = strings(&["match", family, "protocol", "6", "0xff"]);
+        if let Some(port) = self.retx_port {
+            retx.extend(strings(&["match", family, "sport", &port.to_string(), "0xffff"]));
+        }
+        (multicast, retx)
     }
 
     /// The `tc` argument lists that move an installed tree to this plan's rate and share

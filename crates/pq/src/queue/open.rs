@@ -390,8 +390,8 @@ fn remove_stale_builds(parent: &Path, name: &std::ffi::OsStr) {
     for entry in entries.flatten() {
         let file_name = entry.file_name();
         let Some(pid) = file_name.to_str().and_then(|file_name| file_name.strip_prefix(&prefix)) else { continue };
-        let Ok(pid) = pid.parse::<libc::pid_t>() else { continue };
-        if !process_is_running(pid) && remove_queue_files(&entry.path()).is_ok() {
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if !ldm7_io::process_lives(pid) && remove_queue_files(&entry.path()).is_ok() {
             let _ = fs::remove_dir(entry.path());
         }
     }
@@ -467,13 +467,4 @@ fn queue_allocated_bytes(path: &Path) -> Result<u64, CreateError> {
         bytes += allocated_bytes(&entry.metadata().map_err(storage)?);
     }
     Ok(bytes)
-}
-
-/// Whether process `pid` runs (a process killed but not yet reaped, a zombie, does not).
-fn process_is_running(pid: libc::pid_t) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // `pid (command) state …`: the command may hold spaces and parentheses, the state follows
-    // the last `)`.
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, Some('Z' | 'X') | None)
 }

@@ -307,7 +307,7 @@ pub(crate) fn shaped_interface(address: std::net::IpAddr) -> Option<String> {
     if address.is_unspecified() {
         return None;
     }
-    let device = ldm7_net::hostcfg::interface_holding(address)?;
+    let device = ldm7_io::interface_holding(address)?;
     let text = ldm7_net::command::Cmd::new("tc").args(["class", "show", "dev", &device]).run().ok()?;
     ldm7_net::tc::installed_rates(&text).map(|_| device)
 }
