@@ -608,3 +608,26 @@ fn verbose_logs_every_product_read_and_a_bad_day_of_month_is_reported() {
     assert!(log.contains("ERROR act: bad day of month in ident: days/(35:yyyy)"), "{log}");
     assert_eq!(lab.read_text("days/yyyy"), "thirty-five\n");
 }
+
+/// An EXEC'd pqact of a server killed outright (SIGKILL: no stop reaches its children, each in
+/// a process group of its own) ends by itself, so that the restarted server's pqact does not
+/// act on the same products beside it.
+#[test]
+fn an_execd_pqact_ends_with_a_server_killed_outright() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let conf = root.path().join("pqact.conf");
+    std::fs::write(&conf, "ANY\t^x\tFILE\tout.txt\n").expect("pqact.conf");
+    let child = format!("pqact -f ANY {}", conf.display());
+    let mut server =
+        support::Node::new(root.path(), "s", "10M", &format!("ALLOW ANY {}\nEXEC \"{child}\"\n", support::LOCAL));
+    server.start();
+    let running = || {
+        std::fs::read_dir("/proc").expect("/proc").flatten().any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " ").trim_end() == child)
+        })
+    };
+    wait_until(Duration::from_secs(10), "the server's pqact to run", || running().then_some(()));
+    server.kill9();
+    wait_until(Duration::from_secs(10), "its pqact to end with it", || (!running()).then_some(()));
+}
