@@ -49,6 +49,48 @@ pub enum LabCommand {
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// A miniature IDD (root): a top publisher multicasting every feed by LDM-7 to relays, each
+    /// relay feeding LDM-6 leaves that file with pqact; a generated IDD workload replayed in real
+    /// time; completeness, latency, delivery modes, egress, CPU and memory per node.
+    Idd(Box<IddArgs>),
+}
+
+/// Arguments of `ldm7 lab idd`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct IddArgs {
+    /// Relays subscribed to the top by LDM-7.
+    #[arg(long, default_value_t = 8)]
+    pub relays: usize,
+    /// LDM-6 leaves per relay.
+    #[arg(long, default_value_t = 3)]
+    pub leaves: usize,
+    /// Minutes of traffic (replayed in real time).
+    #[arg(long, default_value_t = 20)]
+    pub minutes: u32,
+    /// The IDD's rates multiplied by this, so that the network fits the machine.
+    #[arg(long, default_value_t = 0.02)]
+    pub scale: f64,
+    /// Seed of the workload, the delays and the losses.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The top's path rate.
+    #[arg(long, default_value = "100 Mbit/s")]
+    pub rate: ldm7_types::Rate,
+    /// Each relay's path rate to its leaves.
+    #[arg(long, default_value = "100 Mbit/s")]
+    pub relay_rate: ldm7_types::Rate,
+    /// Largest one-way delay of a leg, milliseconds (0: no delay, Linux bridges).
+    #[arg(long, default_value_t = 20)]
+    pub delay_max_ms: u64,
+    /// Largest receive loss of a relay or a leaf, percent.
+    #[arg(long, default_value_t = 1.0)]
+    pub loss_max: f64,
+    /// Where the results go.
+    #[arg(long, default_value = "experiments/results")]
+    pub out: PathBuf,
+    /// Directory for the nodes' queues and logs (default: the system temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// Runs a lab subcommand. `exec` exits with the command's own status when it is not 0.
@@ -57,6 +99,20 @@ pub fn run(command: &LabCommand) -> CmdResult {
         LabCommand::Up { spec } => up(spec).map_err(failure),
         LabCommand::Down { spec, name } => down(spec.as_deref(), name.as_deref()),
         LabCommand::Status { name, json } => status(name.as_deref(), *json).map_err(failure),
+        LabCommand::Idd(args) => ldm7_testbed::bench::idd::run(&ldm7_testbed::bench::idd::IddOptions {
+            relays: args.relays,
+            leaves: args.leaves,
+            minutes: args.minutes,
+            scale: args.scale,
+            seed: args.seed,
+            rate: args.rate,
+            relay_rate: args.relay_rate,
+            delay_max: std::time::Duration::from_millis(args.delay_max_ms),
+            loss_max: args.loss_max,
+            out: args.out.clone(),
+            dir: args.dir.clone(),
+        })
+        .map_err(exit::runtime),
         LabCommand::Exec { name, host, command } => {
             let lab = match name {
                 Some(name) => name.clone(),

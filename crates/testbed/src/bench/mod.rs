@@ -18,6 +18,7 @@
 
 pub mod act;
 pub mod compare;
+pub mod idd;
 pub mod ldm6;
 pub mod queue;
 pub mod reference;
