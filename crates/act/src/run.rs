@@ -57,9 +57,10 @@ pub struct RunOptions {
     pub fresh_start: Option<Timestamp>,
     /// Notify an EDEX ingest of files written by `-edex` entries (`-e`).
     pub edex: bool,
-    /// Stop (as on SIGTERM) when the parent process is gone: an EXEC child of a server that
-    /// was killed outright, which would otherwise act on beside the next server's own child.
-    pub exit_with_parent: bool,
+    /// Stop (as on SIGTERM) when the parent process is no longer this one (the server's pid,
+    /// `LDM7_SERVER_PID`): an EXEC child of a server that was killed outright, which would
+    /// otherwise act on beside the next server's own child.
+    pub exit_with_parent: Option<u32>,
 }
 
 /// Requests from signal handlers.
@@ -186,14 +187,13 @@ pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<R
     let mut saved: Option<Position> = None;
     let mut last_save = Instant::now();
     let wait = options.interval.map_or(Duration::ZERO, |interval| interval.min(SIGNAL_POLL));
-    let parent = std::os::unix::process::parent_id();
     loop {
         if requests.stop.load(Ordering::Relaxed) {
             tracing::info!("act: stopping");
             break;
         }
         // Looked at between products, at least every SIGNAL_POLL.
-        if options.exit_with_parent && std::os::unix::process::parent_id() != parent {
+        if let Some(parent) = options.exit_with_parent.filter(|parent| std::os::unix::process::parent_id() != *parent) {
             tracing::warn!("act: the server that started it is gone (process {parent}); stopping");
             break;
         }

@@ -111,8 +111,8 @@ pub fn run(args: &ActArgs) -> CmdResult {
         max_open: args.max_open.unwrap_or_else(default_max_open),
         state_file,
         edex: args.edex,
-        // An EXEC child of `ldm7 serve` (which sets LDM7_SERVER_STARTED) ends with the server.
-        exit_with_parent: std::env::var_os("LDM7_SERVER_STARTED").is_some(),
+        // An EXEC child of `ldm7 serve` (which sets LDM7_SERVER_PID) ends with the server.
+        exit_with_parent: crate::common::server_pid(),
         fresh_start: std::env::var("LDM7_SERVER_STARTED")
             .ok()
             .and_then(|micros| micros.parse().ok())

@@ -123,6 +123,14 @@ impl LineOptions {
     }
 }
 
+/// The pid of the `ldm7 serve` that started this program as an EXEC child (`LDM7_SERVER_PID`):
+/// the program stops once its parent is another process (the server was killed outright). The
+/// server's pid, not the parent at start: a server killed before the child looked would
+/// otherwise leave it running for good.
+pub fn server_pid() -> Option<u32> {
+    std::env::var("LDM7_SERVER_PID").ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,8 +67,8 @@ pub fn run(args: &RtstatsArgs) -> CmdResult {
         from: args.offset.map_or_else(now, |offset| now().saturating_sub(offset)),
         interval: args.report_interval.max(Duration::from_millis(100)),
         spread: args.report_spread,
-        // An EXEC child of `ldm7 serve` (which sets LDM7_SERVER_STARTED) ends with the server.
-        exit_with_parent: std::env::var_os("LDM7_SERVER_STARTED").is_some(),
+        // An EXEC child of `ldm7 serve` (which sets LDM7_SERVER_PID) ends with the server.
+        exit_with_parent: crate::common::server_pid(),
     };
     let queue = open_queue(&queue_path(args.queue.as_deref()))?;
     tracing::info!("rtstats: reporting as {} to {}", options.myname, options.host);

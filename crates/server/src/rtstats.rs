@@ -36,8 +36,9 @@ pub struct RtstatsOptions {
     pub interval: Duration,
     /// Largest random addition to each interval.
     pub spread: Duration,
-    /// End when the parent process does (an EXEC child of a server that was killed).
-    pub exit_with_parent: bool,
+    /// End when the parent process is no longer this one (an EXEC child of a server that was
+    /// killed): the server's pid, which it passes as `LDM7_SERVER_PID`.
+    pub exit_with_parent: Option<u32>,
 }
 
 /// Why the sender stopped.
@@ -57,9 +58,8 @@ pub fn run(queue: &Queue, options: &RtstatsOptions) -> Result<(), RtstatsError> 
     let mut seqno = 0u32;
     // The first report goes with the first product, as the reference's.
     let mut next_report = Instant::now();
-    let parent = std::os::unix::process::parent_id();
     loop {
-        if options.exit_with_parent && std::os::unix::process::parent_id() != parent {
+        if options.exit_with_parent.is_some_and(|parent| std::os::unix::process::parent_id() != parent) {
             tracing::info!("rtstats: the server that started it is gone: exiting");
             return Ok(());
         }

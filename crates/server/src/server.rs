@@ -747,7 +747,9 @@ fn exec_programs(
                     command
                         .args(&argv[1..])
                         .env("LDM7_QUEUE", &queue)
-                        .env("LDM7_SERVER_STARTED", started.as_unix_micros().to_string());
+                        .env("LDM7_SERVER_STARTED", started.as_unix_micros().to_string())
+                        // Its children stop when their parent is no longer this process.
+                        .env("LDM7_SERVER_PID", std::process::id().to_string());
                     if let Some(file) = &log_file {
                         command.env("LDM7_LOG_FILE", file);
                     }
