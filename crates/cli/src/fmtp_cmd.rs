@@ -220,7 +220,8 @@ async fn send(args: &SendArgs) -> CmdResult {
     })
     .await
     .map_err(failure)?;
-    let peak_memory = peak_resident_bytes().map_or(String::new(), |bytes| format!("; peak memory {} MiB", bytes >> 20));
+    let peak_memory =
+        ldm7_io::peak_resident_bytes(None).map_or(String::new(), |bytes| format!("; peak memory {} MiB", bytes >> 20));
     println!(
         "fmtp send: {} products, {} bytes; multicast {} in {:.3} s ({:.1} Mbit/s goodput); released {}, refused {}; retransmitted blocks {}, rejections {}{peak_memory}",
         summary.products,
@@ -329,15 +330,6 @@ async fn recv(args: &RecvArgs) -> CmdResult {
         return Err(runtime(AppError::Short { got, count, idle: args.timeout }));
     }
     Ok(())
-}
-
-/// The process's peak resident memory (Linux: `VmHWM` of `/proc/self/status`), to show that
-/// the inputs are streamed.
-fn peak_resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    let kibibytes: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kibibytes << 10)
 }
 
 /// Input errors exit 1, the others 2.

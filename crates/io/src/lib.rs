@@ -91,3 +91,13 @@ pub fn rotate_numbered(path: &std::path::Path, keep: u32) -> std::io::Result<()>
     }
     std::fs::rename(path, numbered(1))
 }
+
+/// A process's peak resident memory in bytes (`VmHWM` of `/proc/PID/status`; `None` as `pid`:
+/// this process).
+pub fn peak_resident_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = pid.map_or_else(|| "/proc/self/status".to_owned(), |pid| format!("/proc/{pid}/status"));
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kibibytes: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kibibytes << 10)
+}

@@ -384,7 +384,10 @@ fn node_result(
         p50_ms: quantile_ms(0.5),
         p99_ms: quantile_ms(0.99),
         cpu_s: server.cpu_seconds().unwrap_or(f64::NAN),
-        peak_mib: server.pid().and_then(peak_resident_mib).unwrap_or(f64::NAN),
+        peak_mib: server
+            .pid()
+            .and_then(|pid| ldm7_io::peak_resident_bytes(Some(pid)))
+            .map_or(f64::NAN, |bytes| bytes as f64 / 1_048_576.0),
         egress_per_byte: egress.map(|e| e.htb_bytes as f64 / feed_bytes.max(1) as f64),
         filed_bytes: (tier == "leaf").then(|| bytes_under(&server.dir().join("data"))),
     }
@@ -403,39 +406,64 @@ fn bytes_under(dir: &Path) -> u64 {
         .sum()
 }
 
-/// A process's peak resident memory (`VmHWM`), MiB.
-fn peak_resident_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    let kib: f64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib / 1024.0)
+/// The columns of the table and the CSV: name, width in the table.
+const COLUMNS: [(&str, usize); 16] = [
+    ("node", 7),
+    ("tier", 6),
+    ("loss_percent", 12),
+    ("delay_ms", 8),
+    ("products", 8),
+    ("missing", 7),
+    ("corrupt", 7),
+    ("fmtp", 6),
+    ("backstop", 8),
+    ("backlog", 7),
+    ("p50_ms", 7),
+    ("p99_ms", 7),
+    ("cpu_s", 6),
+    ("peak_mib", 8),
+    ("egress_per_byte", 15),
+    ("filed_mb", 8),
+];
+
+impl NodeResult {
+    /// The row's values, in [`COLUMNS`]' order (`-`: not measured for this node).
+    fn values(&self) -> [String; 16] {
+        let optional = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
+        [
+            self.name.clone(),
+            self.tier.to_owned(),
+            format!("{:.1}", self.loss_percent),
+            format!("{:.0}", self.delay_ms),
+            self.products.to_string(),
+            self.missing.to_string(),
+            self.corrupt.to_string(),
+            self.received.to_string(),
+            self.inserted.to_string(),
+            self.backlog.to_string(),
+            format!("{:.0}", self.p50_ms),
+            format!("{:.0}", self.p99_ms),
+            format!("{:.1}", self.cpu_s),
+            format!("{:.0}", self.peak_mib),
+            optional(self.egress_per_byte.map(|e| format!("{e:.3}"))),
+            optional(self.filed_bytes.map(|b| format!("{:.1}", b as f64 / 1e6))),
+        ]
+    }
 }
 
 fn table(results: &[NodeResult]) -> String {
-    let mut out = String::from(
-        "node    tier   loss% delay  products missing corrupt   FMTP backstop backlog  p50 ms   p99 ms  CPU s  peak MiB  egress/B  filed MB\n",
-    );
+    let line = |values: [String; 16]| -> String {
+        let cells: Vec<String> = values
+            .iter()
+            .zip(COLUMNS)
+            .enumerate()
+            .map(|(k, (value, (_, width)))| if k < 2 { format!("{value:<width$}") } else { format!("{value:>width$}") })
+            .collect();
+        cells.join(" ") + "\n"
+    };
+    let mut out = line(COLUMNS.map(|(name, _)| name.to_owned()));
     for r in results {
-        let _ = writeln!(
-            out,
-            "{:<7} {:<6} {:>5.1} {:>5.0} {:>9} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7.0} {:>8.0} {:>6.1} {:>9.0}  {:>8}  {}",
-            r.name,
-            r.tier,
-            r.loss_percent,
-            r.delay_ms,
-            r.products,
-            r.missing,
-            r.corrupt,
-            r.received,
-            r.inserted,
-            r.backlog,
-            r.p50_ms,
-            r.p99_ms,
-            r.cpu_s,
-            r.peak_mib,
-            r.egress_per_byte.map_or_else(|| "-".to_owned(), |e| format!("{e:.3}")),
-            r.filed_bytes.map_or_else(|| "-".to_owned(), |b| format!("{:.1}", b as f64 / 1e6))
-        );
+        out.push_str(&line(r.values()));
     }
     for (tier, plural) in [("relay", "relays"), ("leaf", "leaves")] {
         let of: Vec<&NodeResult> = results.iter().filter(|r| r.tier == tier).collect();
@@ -457,30 +485,9 @@ fn table(results: &[NodeResult]) -> String {
 }
 
 fn csv(results: &[NodeResult]) -> String {
-    let mut out = String::from(
-        "node,tier,loss_percent,delay_ms,products,missing,corrupt,fmtp,backstop,backlog,p50_ms,p99_ms,cpu_s,peak_mib,egress_per_byte,filed_bytes\n",
-    );
+    let mut out = COLUMNS.map(|(name, _)| name).join(",") + "\n";
     for r in results {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{:.1},{:.1},{:.2},{:.1},{},{}",
-            r.name,
-            r.tier,
-            r.loss_percent,
-            r.delay_ms,
-            r.products,
-            r.missing,
-            r.corrupt,
-            r.received,
-            r.inserted,
-            r.backlog,
-            r.p50_ms,
-            r.p99_ms,
-            r.cpu_s,
-            r.peak_mib,
-            r.egress_per_byte.map_or_else(String::new, |e| format!("{e:.4}")),
-            r.filed_bytes.map_or_else(String::new, |b| b.to_string())
-        );
+        out.push_str(&(r.values().map(|value| if value == "-" { String::new() } else { value }).join(",") + "\n"));
     }
     out
 }
