@@ -617,43 +617,19 @@ fn host_and_port(text: &str, location: &Location) -> Result<(String, Option<u16>
     Ok((parsed.host, parsed.port))
 }
 
-/// `a.b.c.d[:port]` or `[v6][:port]` (port 0: chosen by the system).
+/// `a.b.c.d[:port]` or `[v6][:port]` (port 0: chosen by the system; [`HostPort`]'s forms, an
+/// address rather than a name).
 fn address_and_port(
     text: &str,
     what: &str,
     location: &Location,
 ) -> Result<(std::net::IpAddr, Option<u16>), ConfigError> {
-    let usage = || format!("give {what} as a.b.c.d[:port] or [IPv6 address][:port]");
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (inside, after) = rest
-            .split_once(']')
-            .ok_or_else(|| entry_error(location, format!("no closing bracket in {text:?}: {}", usage())))?;
-        match after {
-            "" => (inside, None),
-            _ => match after.strip_prefix(':') {
-                Some(port) => (inside, Some(port)),
-                None => return Err(entry_error(location, format!("{text:?}: {}", usage()))),
-            },
-        }
-    } else {
-        match text.matches(':').count() {
-            0 => (text, None),
-            1 => text.split_once(':').map(|(host, port)| (host, Some(port))).expect("one colon"),
-            _ => (text, None),
-        }
-    };
-    let port = port
-        .map(|port| {
-            port.parse::<u16>().map_err(|_| entry_error(location, format!("invalid port in {text:?}: {}", usage())))
-        })
-        .transpose()?;
-    let address = host
-        .parse::<std::net::IpAddr>()
-        .map_err(|_| entry_error(location, format!("{what} {host:?} is not an IPv4 or IPv6 address: {}", usage())))?;
-    if text.starts_with('[') && address.is_ipv4() {
-        return Err(entry_error(location, format!("{text:?}: {}", usage())));
-    }
-    Ok((address, port))
+    let usage = format!("give {what} as a.b.c.d[:port] or [IPv6 address][:port]");
+    let parsed = HostPort::parse_any_port(text).map_err(|error| entry_error(location, format!("{error}; {usage}")))?;
+    let address = parsed.host.parse::<std::net::IpAddr>().map_err(|_| {
+        entry_error(location, format!("{what} {:?} is not an IPv4 or IPv6 address: {usage}", parsed.host))
+    })?;
+    Ok((address, parsed.port))
 }
 
 fn vlan(text: &str, location: &Location) -> Result<u16, ConfigError> {

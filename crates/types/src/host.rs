@@ -22,6 +22,15 @@ pub struct HostPort {
 impl HostPort {
     /// Parses `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address.
     pub fn parse(text: &str) -> Result<Self, HostPortError> {
+        Self::parse_with(text, false)
+    }
+
+    /// [`HostPort::parse`], with port 0 (chosen by the system) accepted too.
+    pub fn parse_any_port(text: &str) -> Result<Self, HostPortError> {
+        Self::parse_with(text, true)
+    }
+
+    fn parse_with(text: &str, zero_port: bool) -> Result<Self, HostPortError> {
         let error = |kind| Err(HostPortError { text: text.to_owned(), kind });
         if text.is_empty() {
             return error(HostPortErrorKind::NoHost);
@@ -68,7 +77,7 @@ impl HostPort {
         let port = match port {
             None => None,
             Some(port) => match port.parse::<u16>() {
-                Ok(port) if port > 0 => Some(port),
+                Ok(port) if port > 0 || zero_port => Some(port),
                 _ => return error(HostPortErrorKind::Port(port.to_owned())),
             },
         };
@@ -180,6 +189,7 @@ mod tests {
         assert_eq!(ok("host.edu:3880"), ("host.edu".into(), Some(3880)));
         assert_eq!(ok("192.0.2.7:388"), ("192.0.2.7".into(), Some(388)));
         assert_eq!(kind("host:0"), HostPortErrorKind::Port("0".into()));
+        assert_eq!(HostPort::parse_any_port("[::1]:0").map(|parsed| parsed.port), Ok(Some(0)));
         assert_eq!(kind("host:x"), HostPortErrorKind::Port("x".into()));
         assert_eq!(kind(":388"), HostPortErrorKind::NoHost);
         assert_eq!(kind(""), HostPortErrorKind::NoHost);
