@@ -33,6 +33,8 @@ pub struct ActCounters {
     pub done: u64,
     /// Actions that failed (logged).
     pub failed: u64,
+    /// FILE writes refused for want of room (`ENOSPC`, `EDQUOT`), each held and tried again.
+    pub no_room: u64,
     /// Products a decoder never took, after a second decoder was tried.
     pub pipe_dropped: u64,
     /// Decoders started.
@@ -107,24 +109,26 @@ impl Outputs {
     }
 
     /// Runs `entry`'s action with its expanded `args` for a product. A failure is logged and
-    /// counted; `false` is returned.
-    pub fn run(&mut self, entry: &Entry, args: Vec<String>, info: &ProdInfo, data: &[u8]) -> bool {
+    /// counted. A FILE write the file system has no room for is undone and reported as
+    /// [`Ran::NoRoom`], for the caller to try again once there is room: nothing is lost to a
+    /// full disk while the queue still holds the product.
+    pub fn run(&mut self, entry: &Entry, args: &[String], info: &ProdInfo, data: &[u8]) -> Ran {
         let kind = entry.action.kind;
         let options = &entry.action.options;
-        let name = describe(kind, &args);
+        let name = describe(kind, args);
         let result = match kind {
             ActionKind::Noop => Ok(()),
             _ if args.is_empty() => Err(format!("no arguments after expansion ({})", entry.source)),
-            ActionKind::Exec => self.exec(&args, options.wait),
+            ActionKind::Exec => self.exec(args, options.wait),
             ActionKind::File | ActionKind::StdioFile | ActionKind::DbFile | ActionKind::Pipe => {
                 // A database is one output whatever the key an entry stores under (it can be
                 // opened once per process).
                 let key = if kind == ActionKind::DbFile {
                     Key { kind, options: Options::default(), args: args[..1].to_vec() }
                 } else {
-                    Key { kind, options: options.clone(), args: args.clone() }
+                    Key { kind, options: options.clone(), args: args.to_vec() }
                 };
-                self.put(&key, options, &args, info, data)
+                self.put(&key, options, args, info, data)
             }
         };
         match result {
@@ -133,7 +137,17 @@ impl Outputs {
                 if self.failing.remove(&name) {
                     tracing::info!("act: {name} works again");
                 }
-                true
+                Ran::Done
+            }
+            Err(error) if error.starts_with(NO_ROOM) => {
+                self.counters.no_room += 1;
+                if self.failing.insert(name.clone()) {
+                    tracing::error!(
+                        "act: {name}: {error} (product {}); holding this product until there is room",
+                        info.ident
+                    );
+                }
+                Ran::NoRoom
             }
             Err(error) => {
                 self.counters.failed += 1;
@@ -143,7 +157,7 @@ impl Outputs {
                 } else {
                     tracing::debug!("{message}");
                 }
-                false
+                Ran::Failed
             }
         }
     }
@@ -166,7 +180,15 @@ impl Outputs {
     ) -> Result<(), String> {
         let body = body(options, data);
         let result = self.with_output(key, |output, timeout| match output {
-            Output::File(file) => write_file(file, options, info, &body).map_err(PutError::io),
+            Output::File(file) => write_file(file, options, info, &body).map_err(|error| {
+                // Only a regular file waits for room: a device that is always full
+                // (`/dev/full`) fails as any other output does.
+                if is_no_room(&error) && file.metadata().is_ok_and(|meta| meta.is_file()) {
+                    PutError::NoRoom(error.to_string())
+                } else {
+                    PutError::io(error)
+                }
+            }),
             Output::Stdio(writer) => write_stdio(writer, options, info, &body).map_err(PutError::io),
             Output::Db(db) => {
                 let db_key = args.get(1).map_or(info.ident.as_bytes(), String::as_bytes);
@@ -196,6 +218,10 @@ impl Outputs {
             Err(PutError::Output(message)) => {
                 self.close(key);
                 Err(message)
+            }
+            Err(PutError::NoRoom(message)) => {
+                self.close(key);
+                Err(format!("{NO_ROOM}: {message}"))
             }
             Ok(()) => {
                 if options.log {
@@ -229,7 +255,7 @@ impl Outputs {
                 }
                 Ok(())
             }
-            Err(PutError::Decoder(_)) | Err(PutError::Output(_)) => {
+            Err(PutError::Decoder(_)) | Err(PutError::Output(_)) | Err(PutError::NoRoom(_)) => {
                 self.close(key);
                 Err("the decoder ended twice for this product".to_owned())
             }
@@ -390,7 +416,27 @@ impl Outputs {
 #[derive(Debug)]
 enum PutError {
     Output(String),
+    /// A FILE write without room, undone.
+    NoRoom(String),
     Decoder(Vec<u8>),
+}
+
+/// What running one action for one product came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ran {
+    /// It completed.
+    Done,
+    /// It failed (logged and counted); the product is not tried again.
+    Failed,
+    /// A FILE write the file system had no room for; undone, to be tried again.
+    NoRoom,
+}
+
+/// How a no-room error's message begins.
+const NO_ROOM: &str = "no room";
+
+fn is_no_room(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 
 impl PutError {
@@ -460,13 +506,18 @@ fn write_product<W: Write + Seek>(
     Ok(())
 }
 
-/// FILE: `-flush` syncs to the disk.
+/// FILE: `-flush` syncs to the disk. An append that fails part-way is cut back to where it began,
+/// so a product tried again is not filed twice.
 fn write_file(file: &mut File, options: &Options, info: &ProdInfo, body: &[u8]) -> std::io::Result<()> {
-    write_product(file, options, info, body, |file, end| file.set_len(end))?;
-    if options.flush {
-        file.sync_all()?;
+    let began = if options.overwrite { None } else { file.metadata().ok().map(|meta| meta.len()) };
+    let written = write_product(file, options, info, body, |file, end| file.set_len(end))
+        .and_then(|()| if options.flush { file.sync_all() } else { Ok(()) });
+    if written.is_err() {
+        if let Some(began) = began {
+            let _ = file.set_len(began);
+        }
     }
-    Ok(())
+    written
 }
 
 /// STDIOFILE: `-flush` (and `-close`) empty the buffer.

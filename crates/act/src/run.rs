@@ -9,6 +9,11 @@
 //! * A stop request (SIGTERM) is seen between products: the product in hand is finished, files
 //!   and decoders are closed, the position is saved.
 //! * With no interval (`-i 0`) the loop ends when it reaches the end of the queue, as pqact's.
+//! * A FILE write refused for want of room (a full disk, a quota) holds the product: the write
+//!   is undone and tried again every second until it fits, so a disk filled and freed loses no
+//!   file (LDM's pqact logs the error and goes on to the next product). The queue keeps what
+//!   arrives meanwhile; a hold longer than the queue's span would show as products evicted
+//!   before they were processed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +26,7 @@ use ldm7_types::{FeedType, Pattern, Timestamp};
 
 use super::conf::{Conf, ConfError, parse};
 use super::edex::Edex;
-use super::outputs::{ActCounters, Outputs};
+use super::outputs::{ActCounters, Outputs, Ran};
 use super::state::{self, Position};
 
 /// How often the loop looks at its signal flags while the queue is quiet.
@@ -29,6 +34,8 @@ const SIGNAL_POLL: Duration = Duration::from_millis(200);
 /// How often the position is saved while products flow (and always when the queue goes quiet
 /// and at exit).
 const SAVE_EVERY: Duration = Duration::from_secs(5);
+/// How often a FILE write refused for want of room is tried again.
+const NO_ROOM_RETRY: Duration = Duration::from_secs(1);
 
 /// What `ldm7 act` was asked to do.
 #[derive(Clone, Debug)]
@@ -87,6 +94,8 @@ pub struct RunSummary {
     pub reloads_refused: u64,
     /// What the actions did.
     pub actions: ActCounters,
+    /// Time spent holding a product until a full file system had room.
+    pub held_for_room: Duration,
 }
 
 /// Why the loop cannot run.
@@ -193,8 +202,8 @@ pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<R
             break;
         }
         // Looked at between products, at least every SIGNAL_POLL.
-        if let Some(parent) = options.exit_with_parent.filter(|parent| std::os::unix::process::parent_id() != *parent) {
-            tracing::warn!("act: the server that started it is gone (process {parent}); stopping");
+        if parent_gone(options) {
+            tracing::warn!("act: the server that started it is gone; stopping");
             break;
         }
         if requests.reload.swap(false, Ordering::Relaxed) {
@@ -242,7 +251,19 @@ pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<R
             for (entry, matched) in chosen {
                 let args = super::arguments(entry, info, &matched);
                 tracing::debug!("act: {}: {} {}", entry.source, entry.action.kind.name(), args.join(" "));
-                outputs.run(entry, args, info, &product.data);
+                // A full disk holds the product here (the queue keeps it and what follows) and
+                // the action is tried again every NO_ROOM_RETRY, until there is room or a stop.
+                let mut held_since: Option<Instant> = None;
+                while outputs.run(entry, &args, info, &product.data) == Ran::NoRoom {
+                    held_since.get_or_insert_with(Instant::now);
+                    if requests.stop.load(Ordering::Relaxed) || parent_gone(options) {
+                        break;
+                    }
+                    std::thread::sleep(NO_ROOM_RETRY);
+                }
+                if let Some(since) = held_since {
+                    summary.held_for_room += since.elapsed();
+                }
             }
         }
         position = Some(Position { insertion: product.insertion, signature: Some(info.signature) });
@@ -256,6 +277,11 @@ pub fn run(queue: &Queue, options: &RunOptions, requests: &Requests) -> Result<R
     save(options, position.as_ref());
     summary.actions = outputs.counters();
     Ok(summary)
+}
+
+/// True when this is an EXEC child whose server is gone.
+fn parent_gone(options: &RunOptions) -> bool {
+    options.exit_with_parent.is_some_and(|parent| std::os::unix::process::parent_id() != parent)
 }
 
 fn save(options: &RunOptions, position: Option<&Position>) {

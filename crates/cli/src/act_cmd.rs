@@ -122,14 +122,15 @@ pub fn run(args: &ActArgs) -> CmdResult {
     let counters = summary.actions;
     let text = format!(
         "act: {} products read, {} matched, {} actions done, {} failed, {} evicted before reading, \
-         {} decoders started, {} products never taken by a decoder",
+         {} decoders started, {} products never taken by a decoder, {:.0} s held for want of room",
         summary.read,
         summary.matched,
         counters.done,
         counters.failed,
         summary.skipped,
         counters.decoders_started,
-        counters.pipe_dropped
+        counters.pipe_dropped,
+        summary.held_for_room.as_secs_f64()
     );
     tracing::info!("{text}");
     if args.summary {

@@ -316,6 +316,63 @@ fn inserts_into_a_queue_whose_disk_filled_up_lose_nothing() {
 }
 
 #[test]
+fn act_holds_a_product_while_its_disk_is_full_and_files_everything_once_freed() {
+    if !skip_unless_root("act_holds_a_product_while_its_disk_is_full_and_files_everything_once_freed") {
+        return;
+    }
+    // The queue on a disk of its own (reserved: it never fills), the files on a small tmpfs.
+    let home = tempfile::tempdir().expect("tempdir");
+    let queue = home.path().join("q.pq").display().to_string();
+    ok(&["queue", "create", "--path", &queue, "--size", "16M", "--slots", "100"]);
+    let disk = Tmpfs::mount(4 << 20);
+    let conf = home.path().join("pqact.conf");
+    std::fs::write(&conf, "ANY\t^(product-.*)\tFILE\t-close\tdata/\\1\n").expect("pqact.conf");
+    let log = home.path().join("act.log");
+    let mut act = Command::new(LDM7)
+        .args(["act", "-v", "-i", "1", "-l"])
+        .arg(&log)
+        .args(["-q", &queue, "-d"])
+        .arg(disk.dir.path())
+        .arg(&conf)
+        .spawn()
+        .expect("start ldm7 act");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until(Duration::from_secs(20), "act to start", || log_text().contains("entries from").then_some(()));
+    let products = tempfile::tempdir().expect("tempdir");
+    let files: Vec<String> = (0..30).map(|index| product_file(products.path(), index, 100_000)).collect();
+    for file in &files[..5] {
+        ok(&["insert", "--queue", &queue, file]);
+    }
+    let filed = |index: usize| std::fs::metadata(disk.path(&format!("data/product-{index}"))).map_or(0, |m| m.len());
+    wait_until(Duration::from_secs(20), "the first five filed", || (filed(4) == 100_000).then_some(()));
+    // Room for half a product: the next write fails part-way.
+    disk.fill_leaving(50_000);
+    for file in &files[5..30] {
+        ok(&["insert", "--queue", &queue, file]);
+    }
+    wait_until(Duration::from_secs(20), "act to hold for room", || {
+        log_text().contains("holding this product until there is room").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(filed(5), 0, "the partial write was undone while held");
+    assert_eq!(filed(6), 0, "nothing after the held product was processed");
+    disk.unfill();
+    wait_until(Duration::from_secs(30), "every product filed", || (filed(29) == 100_000).then_some(()));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(act.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .expect("SIGTERM");
+    assert!(act.wait().expect("wait").success());
+    for (index, file) in files.iter().enumerate() {
+        let want = std::fs::read(file).expect("product");
+        let got = std::fs::read(disk.path(&format!("data/product-{index}"))).expect("filed");
+        assert!(got == want, "product-{index} filed whole, once ({} bytes of {})", got.len(), want.len());
+    }
+    let text = log_text();
+    assert_eq!(text.matches("holding this product until there is room").count(), 1, "said once:\n{text}");
+    assert!(text.contains("works again"), "{text}");
+    assert!(text.contains(" 0 failed"), "{text}");
+}
+
+#[test]
 fn a_queue_made_by_an_older_ldm7_on_a_full_disk_is_refused_then_works() {
     if !skip_unless_root("a_queue_made_by_an_older_ldm7_on_a_full_disk_is_refused_then_works") {
         return;
