@@ -51,7 +51,9 @@ pub enum LabCommand {
     },
     /// A miniature IDD (root): a top publisher multicasting every feed by LDM-7 to relays, each
     /// relay feeding LDM-6 leaves that file with pqact; a generated IDD workload replayed in real
-    /// time; completeness, latency, delivery modes, egress, CPU and memory per node.
+    /// time, optionally under faults (`--chaos`) and against an all-LDM-6 tree (`--ldm6`);
+    /// completeness, latency, delivery modes, egress, CPU and memory per node; the monitor's
+    /// dashboard.
     Idd(Box<IddArgs>),
 }
 
@@ -85,6 +87,18 @@ pub struct IddArgs {
     /// Largest receive loss of a relay or a leaf, percent.
     #[arg(long, default_value_t = 1.0)]
     pub loss_max: f64,
+    /// Faults during the replay, drawn from this seed: relays and leaves killed and started
+    /// again, the top restarted, a relay's loss raised by 20% for a minute, a leaf's disk
+    /// filled and freed. The same faults in both modes.
+    #[arg(long, value_name = "SEED")]
+    pub chaos: Option<u64>,
+    /// Then run the same network as an all-LDM-6 tree (the relays request from the top), same
+    /// workload, same faults: the baseline, in the same invocation.
+    #[arg(long)]
+    pub ldm6: bool,
+    /// Run no monitor (and take no dashboard screenshot).
+    #[arg(long)]
+    pub no_monitor: bool,
     /// Where the results go.
     #[arg(long, default_value = "experiments/results")]
     pub out: PathBuf,
@@ -109,6 +123,9 @@ pub fn run(command: &LabCommand) -> CmdResult {
             relay_rate: args.relay_rate,
             delay_max: std::time::Duration::from_millis(args.delay_max_ms),
             loss_max: args.loss_max,
+            chaos: args.chaos,
+            ldm6: args.ldm6,
+            no_monitor: args.no_monitor,
             out: args.out.clone(),
             dir: args.dir.clone(),
         })
@@ -173,15 +190,15 @@ fn status(name: Option<&str>, json: bool) -> Result<(), LabError> {
         None => lab::labs(),
     };
     let statuses = names.iter().map(|name| lab::status(name)).collect::<Result<Vec<_>, _>>()?;
-    if json {
-        println!("{}", lab::statuses_json(&statuses));
+    let text = if json {
+        format!("{}\n", lab::statuses_json(&statuses))
     } else if statuses.is_empty() {
-        println!("no lab is up");
+        "no lab is up\n".to_owned()
     } else {
-        for status in &statuses {
-            print!("{status}");
-        }
-    }
+        statuses.iter().map(ToString::to_string).collect()
+    };
+    // A reader that stops early (`| head`) is not an error.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     Ok(())
 }
 

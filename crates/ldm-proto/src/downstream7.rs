@@ -23,9 +23,10 @@
 //!    any index was known gets its fence with the first index ([`UpstreamRequest::FenceBacklogs`]).
 //! 4. **Tail check** ([`TailCheck`]): when the feed goes quiet (no FMTP message, multicast or
 //!    repair, for [`TAIL_QUIET`], no product in FMTP's hands) and the session's backlog is
-//!    complete, it asks for anything after the newest product FMTP brought, once per newest
-//!    product: FMTP learns of a product lost whole only from a newer one, so the end of a burst
-//!    would otherwise wait for the next product.
+//!    complete, it asks for anything after the product of the highest FMTP index delivered
+//!    (not the last delivery: one repaired late comes after newer ones), once per such product:
+//!    FMTP learns of a product lost whole only from a newer one, so the end of a burst would
+//!    otherwise wait for the next product.
 //! 5. **Resume point** ([`ResumePoint`]): the newest product before which nothing is missing —
 //!    the end of the session's resolved prefix of FMTP indexes, moved only once the session's
 //!    own backlog is complete. (The reference keeps the last product received by multicast; a
@@ -271,7 +272,7 @@ impl Downstream7 {
     /// The inserter put product `index` (delivered by FMTP) into the queue.
     pub fn inserted(&mut self, index: u32, signature: Signature) {
         self.resume.resolved(index, Some(signature));
-        self.session.tail.received(signature);
+        self.session.tail.received(index, signature);
     }
 
     /// The inserter found FMTP product `index` unusable: asked for through the backstop.
@@ -347,7 +348,8 @@ struct TailCheck {
     backlog_done: bool,
     asked: bool,
     last_activity: Option<Instant>,
-    newest: Option<Signature>,
+    /// The product of the highest FMTP index delivered: its index and signature.
+    newest: Option<(u32, Signature)>,
     checked: Option<Signature>,
     /// FMTP messages received at the last notice or look.
     traffic: Option<u64>,
@@ -361,13 +363,18 @@ impl TailCheck {
         self.traffic = look.map(|(messages, _)| messages);
     }
 
-    fn received(&mut self, signature: Signature) {
-        self.newest = Some(signature);
+    /// Product `index` was delivered. The check asks after the highest index delivered, not
+    /// the last delivery: a product repaired late comes after newer ones, and asking after it
+    /// would bring those newer ones again through the backlog.
+    fn received(&mut self, index: u32, signature: Signature) {
+        if self.newest.is_none_or(|(newest, _)| index.wrapping_sub(newest) < 1 << 31) {
+            self.newest = Some((index, signature));
+        }
     }
 
     /// When to check, if a check is wanted.
     fn due(&self) -> Option<Instant> {
-        if !self.backlog_done || self.asked || self.newest.is_none() || self.newest == self.checked {
+        if !self.backlog_done || self.asked || self.newest.is_none() || self.newest.map(|(_, s)| s) == self.checked {
             return None;
         }
         self.last_activity.map(|at| at + TAIL_QUIET)
@@ -384,7 +391,7 @@ impl TailCheck {
             self.activity(now, look);
             return None;
         }
-        let newest = self.newest?;
+        let (_, newest) = self.newest?;
         self.asked = true;
         self.checked = Some(newest);
         Some(newest)
@@ -574,13 +581,32 @@ mod tests {
         let mut tail = TailCheck { backlog_done: true, ..TailCheck::default() };
         tail.activity(now, Some((90, 1)));
         assert_eq!(tail.due(), None, "nothing received yet");
-        tail.received(signature(3));
+        tail.received(3, signature(3));
         assert_eq!(tail.due(), Some(now + TAIL_QUIET));
         assert_eq!(tail.ask(now, Some((100, 0))), None, "messages since the last notice: repairs still coming");
         assert_eq!(tail.ask(now, Some((140, 0))), None);
         assert_eq!(tail.ask(now, Some((140, 2))), None, "no message, but two products in flight: FMTP resolves them");
         assert_eq!(tail.ask(now, Some((140, 0))), Some(signature(3)), "quiet: anything after the newest");
         assert_eq!(tail.due(), None, "once per newest product");
+    }
+
+    #[test]
+    fn the_tail_is_checked_after_the_highest_index_delivered_not_the_last_delivery() {
+        let now = Instant::from_nanos(1_000_000_000);
+        let mut tail = TailCheck { backlog_done: true, ..TailCheck::default() };
+        tail.activity(now, Some((10, 0)));
+        tail.received(7, signature(7));
+        tail.received(8, signature(8));
+        // Product 6 was repaired and delivered after 7 and 8.
+        tail.received(6, signature(6));
+        assert_eq!(tail.ask(now, Some((10, 0))), Some(signature(8)), "after 8: 7 and 8 are not asked for again");
+        // Across the index's wrap.
+        let mut wrapping = TailCheck { backlog_done: true, ..TailCheck::default() };
+        wrapping.activity(now, Some((10, 0)));
+        wrapping.received(u32::MAX, signature(1));
+        wrapping.received(0, signature(2));
+        wrapping.received(u32::MAX - 1, signature(3));
+        assert_eq!(wrapping.ask(now, Some((10, 0))), Some(signature(2)));
     }
 
     #[test]
