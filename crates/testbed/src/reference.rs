@@ -371,6 +371,9 @@ pub struct RefConfig<'a> {
     pub ldmd_conf: &'a str,
     /// Its queue's size (`pqcreate -s`, e.g. "500M").
     pub queue_size: &'a str,
+    /// Its queue's product slots (`pqcreate -S`; `None`: LDM's default, the size over an average
+    /// product of about 140 KB — too few for a queue of small products).
+    pub slots: Option<u64>,
     /// Its registry settings (the LDM-7 build).
     pub registry: &'a Registry,
 }
@@ -393,7 +396,7 @@ impl RefServer {
     /// Makes the server's directory `root/<name>` with its queue, `ldmd.conf` and registry.
     /// Does not start it.
     pub fn create(reference: &Reference, root: &Path, config: RefConfig<'_>) -> Result<RefServer> {
-        let RefConfig { name, host, port, ldmd_conf, queue_size, registry } = config;
+        let RefConfig { name, host, port, ldmd_conf, queue_size, slots, registry } = config;
         let dir = root.join(name);
         reference.own(&dir)?;
         reference.own(&dir.join("registry"))?;
@@ -422,7 +425,12 @@ impl RefServer {
                 server.run("regutil", &["-s", &value, key])?;
             }
         }
-        server.run("pqcreate", &["-l", "-", "-c", "-s", queue_size, "-q", "q.pq"])?;
+        let slots = slots.map(|slots| slots.to_string());
+        let mut args = vec!["-l", "-", "-c", "-s", queue_size, "-q", "q.pq"];
+        if let Some(slots) = &slots {
+            args.extend(["-S", slots.as_str()]);
+        }
+        server.run("pqcreate", &args)?;
         reference.give(&dir.join("q.pq"))?;
         Ok(server)
     }

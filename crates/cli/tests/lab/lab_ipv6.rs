@@ -159,8 +159,15 @@ fn an_ipv4_only_unidata_ldm_feeds_ipv6_only_leaves_through_a_dual_stack_relay() 
     let host = Host::in_lab(&lab.netns("up").expect("netns"), up_address);
     let registry = Registry::default();
     let up_conf = format!("ALLOW ANY ^{}$\n", relay_v4.to_string().replace('.', "\\."));
-    let config =
-        RefConfig { name: "up", host: &host, port: 388, ldmd_conf: &up_conf, queue_size: "200M", registry: &registry };
+    let config = RefConfig {
+        name: "up",
+        host: &host,
+        port: 388,
+        ldmd_conf: &up_conf,
+        queue_size: "200M",
+        slots: None,
+        registry: &registry,
+    };
     let mut up = RefServer::create(&reference, root.path(), config).expect("reference upstream");
     up.insert(&files, "EXP", &names[..100]).expect("pqinsert");
     up.start().expect("reference upstream");
@@ -188,6 +195,7 @@ fn an_ipv4_only_unidata_ldm_feeds_ipv6_only_leaves_through_a_dual_stack_relay() 
         port: 388,
         ldmd_conf: &old_conf,
         queue_size: "200M",
+        slots: None,
         registry: &registry,
     };
     let mut old = RefServer::create(&reference, root.path(), old_config).expect("reference leaf");

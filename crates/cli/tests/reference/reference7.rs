@@ -387,8 +387,15 @@ fn a_mixed_chain_with_a_restart_of_the_middle_node() {
     let products = Products::new(&root.path().join("files"), 300, 1_000, 8_000_000, 36);
     let registry = Registry::default();
     let source = format!("ALLOW ANY .*\nMULTICAST EXP {GROUP}:{GROUP_PORT} 127.0.0.1 24 0 dummy dummy\n");
-    let config =
-        |name, port, ldmd_conf| RefConfig { name, host: &host, port, ldmd_conf, queue_size: "2G", registry: &registry };
+    let config = |name, port, ldmd_conf| RefConfig {
+        name,
+        host: &host,
+        port,
+        ldmd_conf,
+        queue_size: "2G",
+        slots: None,
+        registry: &registry,
+    };
     let mut top = RefServer::create(&reference, root.path(), config("top", 38801, &source)).expect("top");
     let middle_conf =
         "ALLOW ANY .*\nRECEIVE EXP 127.0.0.1:38801\nMULTICAST EXP 239.255.77.2:38810 127.0.0.1:0 24 0 dummy dummy\n";
@@ -610,7 +617,15 @@ impl Pairing {
         };
         match kind {
             Kind::Reference => {
-                let config = RefConfig { name, host, port, ldmd_conf: &conf, queue_size: "500M", registry: &registry };
+                let config = RefConfig {
+                    name,
+                    host,
+                    port,
+                    ldmd_conf: &conf,
+                    queue_size: "500M",
+                    slots: None,
+                    registry: &registry,
+                };
                 let mut server =
                     RefServer::create(&self.reference, self.root.path(), config).expect("reference server");
                 server.mac_level(mac);

@@ -778,6 +778,7 @@ impl Run<'_> {
                 port: 388,
                 ldmd_conf: &conf,
                 queue_size: &queue_size,
+                slots: Some(capacity.slots),
                 registry: &Registry::default(),
             };
             nodes.list.push(("relay", Node::Reference(RefServer::create(reference, &root, config)?)));
@@ -1166,24 +1167,38 @@ impl Monitor {
     }
 }
 
-/// Waits until every node holds every product the top published (or the deadline passes).
+/// Waits until every node holds every product the top published, or a node's holdings stay
+/// the same for [`STALLED`] (it is not catching up: reported as incomplete), or `within` passes.
 fn wait_complete(nodes: &mut Nodes, published: &[ProductRecord], within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
-    let mut waiting: Vec<usize> = (1..nodes.list.len()).collect();
+    // Per node still waited for: what it held last and since when.
+    let mut waiting: BTreeMap<usize, (usize, Instant)> =
+        (1..nodes.list.len()).map(|k| (k, (usize::MAX, Instant::now()))).collect();
     while !waiting.is_empty() {
-        waiting.retain(|&k| {
+        let mut stalled = Vec::new();
+        waiting.retain(|&k, (held, since)| {
             let node = &nodes.list[k].1;
-            let complete = node.records().is_ok_and(|records| {
-                let comparison = Comparison::of(published, &records);
-                comparison.missing.is_empty() && comparison.corrupt.is_empty()
-            });
-            !complete
+            let Ok(records) = node.records() else { return true };
+            let comparison = Comparison::of(published, &records);
+            if comparison.missing.is_empty() && comparison.corrupt.is_empty() {
+                return false;
+            }
+            if records.len() != *held {
+                (*held, *since) = (records.len(), Instant::now());
+            } else if since.elapsed() >= STALLED {
+                stalled.push(format!("{} ({} missing)", node.name(), comparison.missing.len()));
+                return false;
+            }
+            true
         });
+        if !stalled.is_empty() {
+            eprintln!("ldm7 lab idd: no progress for {} s at {}", STALLED.as_secs(), stalled.join(", "));
+        }
         if waiting.is_empty() {
             break;
         }
         if Instant::now() >= deadline {
-            let names: Vec<&str> = waiting.iter().map(|&k| nodes.list[k].1.name()).collect();
+            let names: Vec<&str> = waiting.keys().map(|&k| nodes.list[k].1.name()).collect();
             eprintln!("ldm7 lab idd: still incomplete after {} s: {}", within.as_secs(), names.join(", "));
             break;
         }
@@ -1191,6 +1206,9 @@ fn wait_complete(nodes: &mut Nodes, published: &[ProductRecord], within: Duratio
     }
     Ok(())
 }
+
+/// How long a node incomplete after the replay may hold the same products before it is given up.
+const STALLED: Duration = Duration::from_secs(180);
 
 /// The two modes side by side, with the bars.
 fn comparison(outcomes: &[ModeOutcome]) -> String {
