@@ -931,7 +931,10 @@ impl Run<'_> {
                 result.egress_split = Some(split);
             }
             if *tier == "leaf" {
-                leaf_latencies_ms.extend(records.iter().map(|r| r.latency_us as f64 / 1e3));
+                // The top's products only (not the statistics and rtstats products made below it).
+                let ours: std::collections::HashSet<_> = published.iter().map(|r| r.signature).collect();
+                leaf_latencies_ms
+                    .extend(records.iter().filter(|r| ours.contains(&r.signature)).map(|r| r.latency_us as f64 / 1e3));
             }
             results.push(result);
         }
@@ -1317,7 +1320,9 @@ fn node_result(
 ) -> NodeResult {
     let comparison = Comparison::of(published, records);
     let count = |mode| records.iter().filter(|r| r.mode == Some(mode)).count();
-    let all: Vec<&ProductRecord> = records.iter().collect();
+    // Latency of the top's products only (not the statistics and rtstats products made below it).
+    let ours: std::collections::HashSet<_> = published.iter().map(|r| r.signature).collect();
+    let all: Vec<&ProductRecord> = records.iter().filter(|r| ours.contains(&r.signature)).collect();
     // The reference's queue says nothing of times.
     let timed = matches!(node, Node::Ours(_));
     let quantile_ms =
