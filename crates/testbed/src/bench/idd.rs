@@ -317,17 +317,11 @@ fn chaos_steps(seed: u64, minutes: u32, plan: &Plan) -> Vec<(Duration, Action)> 
     for (k, fault) in faults.iter().enumerate() {
         let at = slot * (k as u32 + 1) + slot.mul_f64(draws.next_unit() / 3.0);
         match *fault {
-            "relay" => {
-                let relay = pick(relays, &used, &mut draws);
-                used.push(relay.clone());
-                steps.push((at, Action::Kill(relay.clone())));
-                steps.push((at + DOWN_FOR, Action::Start(relay)));
-            }
-            "leaf" => {
-                let leaf = pick(&leaves, &used, &mut draws);
-                used.push(leaf.clone());
-                steps.push((at, Action::Kill(leaf.clone())));
-                steps.push((at + DOWN_FOR, Action::Start(leaf)));
+            "relay" | "leaf" => {
+                let node = pick(if *fault == "relay" { relays } else { &leaves }, &used, &mut draws);
+                used.push(node.clone());
+                steps.push((at, Action::Kill(node.clone())));
+                steps.push((at + DOWN_FOR, Action::Start(node)));
             }
             "loss" => {
                 let relay = pick(relays, &used, &mut draws);
@@ -908,7 +902,7 @@ impl Run<'_> {
         }
         if let Some(monitor) = monitor {
             let shot = self.args.out.join(format!("{label}-{}-dashboard.png", mode.label()));
-            match monitor.finish(&lab, &shot) {
+            match monitor.finish(&shot) {
                 Ok(report) => {
                     println!("ldm7 lab idd: {}: {report}", mode.label());
                     events.push(format!("monitor: {report}"));
@@ -1012,7 +1006,6 @@ impl Run<'_> {
 /// `ldm7 monitor` on the top's host, requesting every ldm7 node's statistics.
 struct Monitor {
     child: Child,
-    dir: PathBuf,
     listen: String,
     netns: String,
     expected: Vec<String>,
@@ -1080,13 +1073,12 @@ impl Monitor {
         let child =
             command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().context("start ldm7 monitor")?;
         let expected = ours.iter().map(|(_, name)| name.clone()).collect();
-        Ok(Monitor { child, dir, listen, netns, expected })
+        Ok(Monitor { child, listen, netns, expected })
     }
 
     /// Waits (up to two minutes) until the dashboard knows every node, takes its screenshot
     /// and stops the monitor; says how many nodes and links it showed.
-    fn finish(mut self, lab: &Lab, shot: &Path) -> anyhow::Result<String> {
-        let _ = lab;
+    fn finish(mut self, shot: &Path) -> anyhow::Result<String> {
         // The nodes that have reported (a placed node that never did is grey).
         let names = |body: &str| -> Vec<String> {
             serde_json::from_str::<serde_json::Value>(body)
@@ -1130,7 +1122,6 @@ impl Monitor {
                 let _ = write!(report, "; no screenshot: {error:#}");
             }
         }
-        let _ = &self.dir;
         Ok(report)
     }
 
