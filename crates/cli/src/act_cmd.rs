@@ -113,10 +113,7 @@ pub fn run(args: &ActArgs) -> CmdResult {
         edex: args.edex,
         // An EXEC child of `ldm7 serve` (which sets LDM7_SERVER_PID) ends with the server.
         exit_with_parent: crate::common::server_pid(),
-        fresh_start: std::env::var("LDM7_SERVER_STARTED")
-            .ok()
-            .and_then(|micros| micros.parse().ok())
-            .map(ldm7_types::Timestamp::from_unix_micros),
+        fresh_start: crate::common::server_started(),
     };
     let summary = run::run(&queue, &options, &requests).map_err(runtime)?;
     let counters = summary.actions;

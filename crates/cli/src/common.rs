@@ -131,6 +131,13 @@ pub fn server_pid() -> Option<u32> {
     std::env::var("LDM7_SERVER_PID").ok()?.parse().ok()
 }
 
+/// The start of the `ldm7 serve` that EXEC'd this process (`LDM7_SERVER_STARTED`, Unix
+/// microseconds): where a reader with no position begins, so that it misses nothing the server
+/// received while the reader was starting.
+pub fn server_started() -> Option<Timestamp> {
+    std::env::var("LDM7_SERVER_STARTED").ok()?.parse().ok().map(Timestamp::from_unix_micros)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,8 @@ pub struct RtstatsArgs {
     /// Only products whose identifier matches this extended regular expression.
     #[arg(short = 'p', long = "pattern", default_value = ".*")]
     pub pattern: String,
-    /// Count products inserted this long ago, e.g. 3600 (seconds) or 1h [default: from now].
+    /// Count products inserted this long ago, e.g. 3600 (seconds) or 1h [default: from now; for
+    /// one a server EXECs, from the server's start].
     #[arg(short = 'o', long = "offset", value_name = "DURATION", value_parser = duration_arg)]
     pub offset: Option<Duration>,
     /// Accepted for LDM's queue-polling interval; products are counted as they arrive.
@@ -64,7 +65,11 @@ pub fn run(args: &RtstatsArgs) -> CmdResult {
         myname,
         feed: parse_feed(&args.feed)?,
         pattern: parse_pattern(&args.pattern)?,
-        from: args.offset.map_or_else(now, |offset| now().saturating_sub(offset)),
+        // Started by a server, it counts from the server's start: a product the server received
+        // while this process was starting is in the reports.
+        from: args
+            .offset
+            .map_or_else(|| crate::common::server_started().unwrap_or_else(now), |offset| now().saturating_sub(offset)),
         interval: args.report_interval.max(Duration::from_millis(100)),
         spread: args.report_spread,
         // An EXEC child of `ldm7 serve` (which sets LDM7_SERVER_PID) ends with the server.
