@@ -164,6 +164,8 @@ fn serve_binds_as_root_then_runs_as_the_user() {
     let mut node = Node::new(root.path(), "node", "4M", &format!("ALLOW ANY {LOCAL}\n"));
     node.set_extra(vec!["--user".into(), "nobody".into()]);
     node.start();
+    // The port listens before the server gives root up: its log says when it has.
+    node.wait_for_log("Running as user nobody", Duration::from_secs(10));
     let nobody = nix::unistd::User::from_name("nobody").expect("getpwnam").expect("a nobody user");
     let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid())).expect("status");
     let uid_line = status.lines().find(|line| line.starts_with("Uid:")).expect("Uid:");
@@ -171,7 +173,6 @@ fn serve_binds_as_root_then_runs_as_the_user() {
         uid_line.split_whitespace().skip(1).all(|uid| uid == nobody.uid.to_string()),
         "real, effective, saved and file-system uids are nobody's: {uid_line}"
     );
-    node.wait_for_log("Running as user nobody", Duration::from_secs(10));
     // It serves: a notifyme gets its answer.
     let output = Command::new(LDM7)
         .args(["notify", "-h", &format!("127.0.0.1:{}", node.port), "-T", "0.5"])
