@@ -92,6 +92,12 @@ pub struct IddArgs {
     /// filled and freed. The same faults in both modes.
     #[arg(long, value_name = "SEED")]
     pub chaos: Option<u64>,
+    /// Only these kinds of fault, comma-separated: relay, leaf, loss, top, disk [default: all].
+    #[arg(long, value_name = "KINDS", value_delimiter = ',', requires = "chaos")]
+    pub faults: Vec<String>,
+    /// Keep the scratch directory (every node's log and state, not the queues) and print where.
+    #[arg(long)]
+    pub keep: bool,
     /// Then run the same network as an all-LDM-6 tree (the relays request from the top), same
     /// workload, same faults: the baseline, in the same invocation.
     #[arg(long)]
@@ -124,6 +130,8 @@ pub fn run(command: &LabCommand) -> CmdResult {
             delay_max: std::time::Duration::from_millis(args.delay_max_ms),
             loss_max: args.loss_max,
             chaos: args.chaos,
+            faults: args.faults.clone(),
+            keep: args.keep,
             ldm6: args.ldm6,
             no_monitor: args.no_monitor,
             out: args.out.clone(),

@@ -104,6 +104,13 @@ impl RtStats {
     }
 }
 
+/// The host a report's products came from: the upstream an origin `origin_v_upstream` names
+/// (a relay rewrites a product's origin so, ldm6-protocol.md §8), else the origin itself
+/// (products inserted where they were made).
+pub fn upstream_of(origin: &str) -> &str {
+    origin.find("_v_").map_or(origin, |at| &origin[at + 3..])
+}
+
 /// The product-format version of ldm7's reports: where LDM writes its version (`6.15.0`), in the
 /// identifier and the last field.
 pub fn reporter_version() -> String {
@@ -288,6 +295,13 @@ impl RtStatsBins {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relayed_origin_names_its_upstream() {
+        assert_eq!(upstream_of("vm_v_10.77.2.1"), "10.77.2.1");
+        assert_eq!(upstream_of("vm_v_relay_v_x.edu"), "relay_v_x.edu", "the rewrite keeps the origin's first part");
+        assert_eq!(upstream_of("vm"), "vm", "inserted where made");
+    }
 
     /// A line as the reference's format string writes it
     /// (`%14s %14s %32s %7.10s %32s %12.0f %12.0f %.8g %10.2f %4.0f@%4.4s %20.20s`).

@@ -3,7 +3,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /api/nodes` | every node: name, location, last report, its age and its color (`green` under 10 minutes, `yellow` under an hour, `red` older, `grey` never) |
-//! | `GET /api/links[?feed=F]` | every link (feed, publisher, subscriber) with its newest minute and its kind: `ldm7` (statistics products) or `ldm6` (rtstats: product origin → reporting host) |
+//! | `GET /api/links[?feed=F]` | every link (feed, publisher, subscriber) with its newest minute and its kind: `ldm7` (statistics products) or `ldm6` (rtstats: the upstream a relayed origin `origin_v_upstream` names, else the origin → reporting host; the origins that came by one upstream summed) |
 //! | `GET /api/series?feed=&publisher=&subscriber=&metric=[&from=&to=&step=]` | a link's metric per step of minutes (`from`/`to`: Unix seconds, default the last hour; `step`: minutes, default 1), each step derived from its minutes' summed sums |
 //!
 //! Metrics: `throughput_fmtp`, `throughput_mc`, `throughput_retx` (bit/s), `ffdr_count`,

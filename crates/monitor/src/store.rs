@@ -8,12 +8,14 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use ldm7_metrics::rtstats::upstream_of as rtstats_upstream;
 use ldm7_metrics::{Link, Minute, MinuteRow, MinuteSums, RtStats};
 use sqlx::AnyPool;
 use sqlx::Row;
 use sqlx::any::AnyPoolOptions;
 use sqlx::error::BoxDynError;
 use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use std::collections::BTreeMap;
 
 /// The migrations, embedded in the binary: version, description and SQL, in the order of
 /// their files in `crates/monitor/migrations` (`VERSION_DESCRIPTION.sql`). Their checksums
@@ -291,9 +293,10 @@ impl Store {
             }
         }
         for row in sqlx::query("SELECT DISTINCT host, origin FROM rtstats").fetch_all(&self.pool).await? {
-            for column in ["host", "origin"] {
-                let name: String = row.try_get(column)?;
-                nodes.entry(name.clone()).or_insert_with(|| blank(&name));
+            let host: String = row.try_get("host")?;
+            let origin: String = row.try_get("origin")?;
+            for name in [host.as_str(), rtstats_upstream(&origin)] {
+                nodes.entry(name.to_owned()).or_insert_with(|| blank(name));
             }
         }
         for row in sqlx::query("SELECT name, latitude, longitude FROM nodes").fetch_all(&self.pool).await? {
@@ -333,29 +336,38 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        // LDM 6 hosts: a link from each product origin to the host that reported it.
+        // LDM 6 hosts: a link from the host each product came from to the host that reported
+        // it — the upstream an origin `origin_v_upstream` names, else the origin itself.
         let rows = sqlx::query(
             "SELECT feed, origin, host, MAX(hour) AS last_hour FROM rtstats \
-             WHERE ($1 = '' OR feed = $2) GROUP BY feed, origin, host ORDER BY feed, origin, host",
+             WHERE ($1 = '' OR feed = $2) GROUP BY feed, origin, host",
         )
         .bind(feed.unwrap_or_default().to_owned())
         .bind(feed.unwrap_or_default().to_owned())
         .fetch_all(&self.pool)
         .await?;
+        let mut ldm6: BTreeMap<(String, String, String), i64> = BTreeMap::new();
         for row in &rows {
-            links.push(LinkRow {
-                feed: row.try_get("feed")?,
-                publisher: row.try_get("origin")?,
-                subscriber: row.try_get("host")?,
-                last_minute: row.try_get::<i64, _>("last_hour")? * 60,
-                kind: "ldm6".into(),
-            });
+            let origin: String = row.try_get("origin")?;
+            let key = (row.try_get("feed")?, rtstats_upstream(&origin).to_owned(), row.try_get("host")?);
+            let last_hour: i64 = row.try_get("last_hour")?;
+            let newest = ldm6.entry(key).or_insert(last_hour);
+            *newest = (*newest).max(last_hour);
         }
+        links.extend(ldm6.into_iter().map(|((feed, publisher, subscriber), last_hour)| LinkRow {
+            feed,
+            publisher,
+            subscriber,
+            last_minute: last_hour * 60,
+            kind: "ldm6".into(),
+        }));
         Ok(links)
     }
 
-    /// An LDM 6 link's hourly bins in `[from_hour, to_hour)` (publisher = the products' origin,
-    /// subscriber = the reporting host), oldest first.
+    /// An LDM 6 link's hourly bins in `[from_hour, to_hour)` (publisher = the upstream the
+    /// products' origins name, [`rtstats_upstream`]; subscriber = the reporting host), oldest
+    /// first: the origins that came by one upstream summed (latency: the mean weighted by
+    /// products, the largest).
     pub async fn rtstats_hours(
         &self,
         link: &Link,
@@ -363,28 +375,42 @@ impl Store {
         to_hour: i64,
     ) -> Result<Vec<RtStatsHour>, StoreError> {
         let rows = sqlx::query(
-            "SELECT hour, products, bytes, latency_mean_s, latency_max_s FROM rtstats \
-             WHERE feed = $1 AND origin = $2 AND host = $3 AND hour >= $4 AND hour < $5 ORDER BY hour",
+            "SELECT origin, hour, products, bytes, latency_mean_s, latency_max_s FROM rtstats \
+             WHERE feed = $1 AND host = $2 AND hour >= $3 AND hour < $4 ORDER BY hour",
         )
         .bind(link.feed.clone())
-        .bind(link.publisher.clone())
         .bind(link.subscriber.clone())
         .bind(from_hour)
         .bind(to_hour)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(RtStatsHour {
-                    hour: row.try_get("hour")?,
-                    products: row.try_get::<i64, _>("products")?.max(0) as u64,
-                    bytes: row.try_get::<i64, _>("bytes")?.max(0) as u64,
-                    latency_mean_s: row.try_get("latency_mean_s")?,
-                    latency_max_s: row.try_get("latency_max_s")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::from)
+        let mut hours: BTreeMap<i64, RtStatsHour> = BTreeMap::new();
+        for row in &rows {
+            let origin: String = row.try_get("origin")?;
+            if rtstats_upstream(&origin) != link.publisher {
+                continue;
+            }
+            let hour: i64 = row.try_get("hour")?;
+            let products = row.try_get::<i64, _>("products")?.max(0) as u64;
+            let bytes = row.try_get::<i64, _>("bytes")?.max(0) as u64;
+            let mean: f64 = row.try_get("latency_mean_s")?;
+            let max: f64 = row.try_get("latency_max_s")?;
+            let bin = hours.entry(hour).or_insert(RtStatsHour {
+                hour,
+                products: 0,
+                bytes: 0,
+                latency_mean_s: 0.0,
+                latency_max_s: 0.0,
+            });
+            let total = bin.products + products;
+            if total > 0 {
+                bin.latency_mean_s = (bin.latency_mean_s * bin.products as f64 + mean * products as f64) / total as f64;
+            }
+            bin.products = total;
+            bin.bytes += bytes;
+            bin.latency_max_s = bin.latency_max_s.max(max);
+        }
+        Ok(hours.into_values().collect())
     }
 
     /// A link's minutes in `[from, to)`, oldest first.

@@ -111,6 +111,35 @@ async fn exercise(store: &Store) {
     let hours = store.rtstats_hours(&ldm6, hour, hour + 1).await.expect("hours");
     assert_eq!((hours.len(), hours[0].products, hours[0].bytes), (1, 1234, 98_765_432));
     assert!(store.links(Some("CONDUIT")).await.expect("links").is_empty());
+
+    // A relayed LDM 6 host: its products' origins name the relay (`origin_v_upstream`), so
+    // its link starts at the relay, whatever the origins, and the hour sums them.
+    for (k, origin) in ["ncep_v_relay.example.edu", "gsd_v_relay.example.edu"].into_iter().enumerate() {
+        let line = format!(
+            "20261123213001 20261123213002 leaf.example.edu NGRID {origin} {} 1000 1.5 {} 4@3001 6.15.0\n",
+            10 * (k + 1),
+            k + 1
+        );
+        let ident = format!("rtstats-6.15.0/leaf.example.edu/NGRID/{origin}");
+        let stored = ingest(store, &counters, &format!("sig-v{k}"), &ident, line.as_bytes(), reported).await;
+        assert_eq!(stored.expect("ingest"), Ingested::RtStats);
+    }
+    let links = store.links(Some("NGRID")).await.expect("links");
+    let relayed: Vec<(&str, &str)> = links
+        .iter()
+        .filter(|link| link.subscriber == "leaf.example.edu")
+        .map(|link| (link.publisher.as_str(), link.kind.as_str()))
+        .collect();
+    assert_eq!(relayed, [("relay.example.edu", "ldm6")]);
+    let names: Vec<String> = store.nodes().await.expect("nodes").into_iter().map(|node| node.name).collect();
+    assert!(names.iter().any(|name| name == "relay.example.edu"), "{names:?}");
+    assert!(!names.iter().any(|name| name.contains("_v_")), "{names:?}");
+    let relayed =
+        Link { feed: "NGRID".into(), publisher: "relay.example.edu".into(), subscriber: "leaf.example.edu".into() };
+    let hours = store.rtstats_hours(&relayed, hour, hour + 1).await.expect("hours");
+    assert_eq!((hours.len(), hours[0].products, hours[0].bytes), (1, 30, 2000));
+    assert!((hours[0].latency_mean_s - (10.0 + 2.0 * 20.0) / 30.0).abs() < 1e-9, "weighted by products");
+    assert!((hours[0].latency_max_s - 4.0).abs() < 1e-9);
 }
 
 #[test]
@@ -123,7 +152,7 @@ fn the_store_on_a_sqlite_file() {
         store.close().await;
         // Reopened: the migrations are not applied twice, the rows are there.
         let store = Store::open(&url).await.expect("reopen");
-        assert_eq!(store.links(None).await.expect("links").len(), 2);
+        assert_eq!(store.links(None).await.expect("links").len(), 3, "an LDM-7 link and two LDM 6 ones");
     });
 }
 

@@ -76,6 +76,10 @@ pub struct IddOptions {
     pub loss_max: f64,
     /// The seed of the faults (`None`: no faults).
     pub chaos: Option<u64>,
+    /// The kinds of fault `chaos` draws from ([`FAULT_KINDS`]; empty: all of them).
+    pub faults: Vec<String>,
+    /// Keep the scratch directory (every node's log and state; not the queues) and say where.
+    pub keep: bool,
     /// Also run the all-LDM-6 tree after the LDM-7 one (the baseline).
     pub ldm6: bool,
     /// Leave the monitor and its screenshot out.
@@ -295,17 +299,23 @@ impl std::fmt::Display for Action {
     }
 }
 
-/// The faults of `--chaos SEED`: steps at times since the replay's start, in time order.
-fn chaos_steps(seed: u64, minutes: u32, plan: &Plan) -> Vec<(Duration, Action)> {
+/// The kinds of fault of `--chaos`, in the order they come: a relay killed, a leaf killed, a
+/// relay's loss raised, the top restarted, a leaf's disk filled.
+pub const FAULT_KINDS: [&str; 5] = ["relay", "leaf", "loss", "top", "disk"];
+
+/// The faults of `--chaos SEED` of the kinds `kinds` (empty: all): steps at times since the
+/// replay's start, in time order.
+fn chaos_steps(seed: u64, minutes: u32, plan: &Plan, kinds: &[String]) -> Vec<(Duration, Action)> {
     let mut draws = Draws(seed);
     let relays = &plan.relays;
     let leaves: Vec<String> = plan.leaves.iter().flatten().cloned().collect();
     let kills = if minutes >= 10 { 2 } else { 1 };
     // The faults in turn, each in a slot of its own; a victim is never hit twice by one kind.
-    let mut faults: Vec<&str> = vec!["relay", "leaf", "loss", "top", "disk"];
+    let mut faults: Vec<&str> = FAULT_KINDS.to_vec();
     for _ in 1..kills {
         faults.extend(["relay", "leaf"]);
     }
+    faults.retain(|kind| kinds.is_empty() || kinds.iter().any(|wanted| wanted == kind));
     let slot = Duration::from_secs(u64::from(minutes) * 60) / (faults.len() as u32 + 1);
     let pick = |from: &[String], avoid: &[String], draws: &mut Draws| -> String {
         let choices: Vec<&String> = from.iter().filter(|name| !avoid.contains(name)).collect();
@@ -545,6 +555,12 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
     if args.chaos.is_some() && args.minutes < 3 {
         bail!("--chaos needs --minutes 3 or more (its faults take two minutes and a half)");
     }
+    if let Some(unknown) = args.faults.iter().find(|kind| !FAULT_KINDS.contains(&kind.as_str())) {
+        bail!("--faults: no fault {unknown:?} (the kinds are {})", FAULT_KINDS.join(", "));
+    }
+    if !args.faults.is_empty() && args.chaos.is_none() {
+        bail!("--faults chooses among the faults of --chaos SEED: give a seed too");
+    }
     let flag = INTERRUPTED.get_or_init(Default::default).clone();
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, flag.clone()).context("handle SIGINT and SIGTERM")?;
@@ -596,7 +612,7 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
         println!("ldm7 lab idd: no LDM_REF_BIN: every node is ldm7");
     }
     let steps = match args.chaos {
-        Some(seed) => chaos_steps(seed, args.minutes, &plan),
+        Some(seed) => chaos_steps(seed, args.minutes, &plan, &args.faults),
         None => Vec::new(),
     };
     let modes: Vec<Mode> = if args.ldm6 { vec![Mode::Ldm7, Mode::Ldm6] } else { vec![Mode::Ldm7] };
@@ -634,6 +650,10 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
         Err(error) => eprintln!("ldm7 lab idd: no figure: {error:#}"),
     }
     println!("wrote {}/{label}-*", args.out.display());
+    if args.keep {
+        let kept = scratch.keep();
+        println!("kept every node's log and state (not the queues) in {}", kept.display());
+    }
     let incomplete: Vec<String> = outcomes
         .iter()
         .flat_map(|outcome| {
@@ -726,7 +746,9 @@ impl Run<'_> {
                 Some(format!("[multicast]\nrate = \"{}\"\npath = \"top\"\n{path_settings}", args.rate)),
                 control("top")?,
             ),
-            Mode::Ldm6 => ("ALLOW ANY ^10\\.\n".to_owned(), None, top_address.clone()),
+            // An LDM-6 top reports by rtstats, as an LDM 6 site does (the replay's inserts are
+            // its products; it has no deliveries to make statistics products of).
+            Mode::Ldm6 => ("ALLOW ANY ^10\\.\n".to_owned() + &rtstats_entries(&top_address), None, top_address.clone()),
         };
         let mut top_config = ServerConfig::new("top", Some(lab.netns("top")?), capacity, &top_conf)
             .args(["--stats-name", top_name.as_str()]);
