@@ -16,6 +16,12 @@
 //!                                 # of the interface the route to the group leaves by)
 //! linger = "1min"                 # a feed keeps multicasting this long after its last
 //!                                 # subscriber left (a resubscription finds it running)
+//! catch_up = "1min"               # a feed started again multicasts what was inserted since
+//!                                 # its last product, up to this far back (once for every
+//!                                 # subscriber, instead of each one's backlog); "0s": from now
+//! catch_up_wait = "1500ms"        # … after waiting up to this, from its first FMTP receiver's
+//!                                 # connection, for as many as it had (keep it below the 2 s
+//!                                 # after which an ldm7 subscriber takes a silent feed as quiet)
 //! subscribers_max = 256           # per feed; more SUBSCRIBEs are refused
 //! index_map_capacity = 1048576    # products the product-index map remembers
 //! product_queue_max = 1024        # products handed to FMTP and not yet multicast
@@ -140,6 +146,14 @@ pub const RETX_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 /// index going on; the reference's sender runs on until `ldmd` stops.
 pub const LINGER_DEFAULT: Duration = Duration::from_secs(60);
 
+/// How far back a feed started again multicasts what it had not (`[multicast] catch_up`).
+pub const CATCH_UP_DEFAULT: Duration = Duration::from_secs(60);
+
+/// How long a feed started again waits, from its first FMTP receiver's connection, for the
+/// others before it catches up: below `TAIL_QUIET` (2 s), after which an ldm7 subscriber that
+/// got no datagram asks for the backlog up to the newest product.
+pub const CATCH_UP_WAIT_DEFAULT: Duration = Duration::from_millis(1500);
+
 /// Products a feed's product-index map remembers unless `index_map_capacity` says otherwise.
 pub const INDEX_MAP_CAPACITY_DEFAULT: u32 = 1 << 20;
 
@@ -222,6 +236,12 @@ pub struct MulticastSettings {
     pub interface: Option<std::net::IpAddr>,
     /// How long the feed keeps multicasting after its last subscriber left.
     pub linger: Duration,
+    /// A feed started again multicasts the products inserted since its last one, up to this
+    /// far back (zero: from now).
+    pub catch_up: Duration,
+    /// How long it waits first, from its first FMTP receiver's connection, for as many as it
+    /// had.
+    pub catch_up_wait: Duration,
     /// Bound: subscribers of the feed at once.
     pub subscribers_max: usize,
     /// Products the product-index map remembers.
@@ -264,6 +284,8 @@ impl Default for MulticastSettings {
             ttl: 1,
             interface: None,
             linger: LINGER_DEFAULT,
+            catch_up: CATCH_UP_DEFAULT,
+            catch_up_wait: CATCH_UP_WAIT_DEFAULT,
             subscribers_max: 256,
             index_map_capacity: INDEX_MAP_CAPACITY_DEFAULT,
             product_queue_max: 1024,
@@ -639,6 +661,8 @@ mod raw {
         ttl: Option<u32>,
         interface: Option<String>,
         linger: Option<String>,
+        catch_up: Option<String>,
+        catch_up_wait: Option<String>,
         subscribers_max: Option<usize>,
         index_map_capacity: Option<u32>,
         product_queue_max: Option<usize>,
@@ -772,6 +796,12 @@ mod raw {
             };
             if let Some(linger) = quantity(&self.linger, key, "linger", parse_duration, value)? {
                 settings.linger = linger;
+            }
+            if let Some(catch_up) = quantity(&self.catch_up, key, "catch_up", parse_duration, value)? {
+                settings.catch_up = catch_up;
+            }
+            if let Some(wait) = quantity(&self.catch_up_wait, key, "catch_up_wait", parse_duration, value)? {
+                settings.catch_up_wait = wait;
             }
             if let Some(ttl) = self.ttl {
                 if !(1..=255).contains(&ttl) {

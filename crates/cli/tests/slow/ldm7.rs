@@ -317,11 +317,13 @@ fn a_killed_subscriber_gets_what_it_missed_through_the_backlog() {
     assert_same_products(&publisher, &[steady, killed]);
 }
 
-#[test]
-fn a_restarted_publisher_is_resubscribed_and_nothing_is_lost() {
+/// A publisher stopped while 200 products are inserted, then started again: its subscribers
+/// resubscribe and get everything. With `settings` empty (the default `catch_up`) the feed
+/// multicasts those 200 once; with catch-up off each subscriber fetches them by the backlog.
+fn restart_publisher(test: u8, settings: &str, catching_up: bool) {
     let Some(trace) = shared_data_or_skip(TRACE) else { return };
     let root = tempfile::tempdir().expect("tempdir");
-    let mut publisher = publisher(root.path(), 4, &allow_all(), "");
+    let mut publisher = publisher(root.path(), test, &allow_all(), settings);
     publisher.start();
     let mut subscribers: Vec<Node> =
         (0..2).map(|k| subscriber(root.path(), &format!("sub{k}"), &publisher, 0.01 * k as f64)).collect();
@@ -334,7 +336,7 @@ fn a_restarted_publisher_is_resubscribed_and_nothing_is_lost() {
         node.wait_for(200, Duration::from_secs(60));
     }
     publisher.stop();
-    replay(&publisher, &trace, 400, 31); // while the publisher is down: these come by the backlog
+    replay(&publisher, &trace, 400, 31); // 200 while the publisher is down
     publisher.start();
     for node in &subscribers {
         wait_until(Duration::from_secs(30), "resubscription", || node.log().contains("resubscribed").then_some(()));
@@ -343,10 +345,31 @@ fn a_restarted_publisher_is_resubscribed_and_nothing_is_lost() {
     replay(&publisher, &trace, 600, 31); // after: by multicast, with indexes going on from 200
     for node in &subscribers {
         node.wait_for(600, Duration::from_secs(60));
-        assert!(deliveries(node, "Backlog") >= 200, "{}", tail(&node.log()));
+        let backlog = deliveries(node, "Backlog");
+        if catching_up {
+            assert_eq!(backlog, 0, "the missed products came once by multicast: {}", tail(&node.log()));
+        } else {
+            assert!(backlog >= 200, "{}", tail(&node.log()));
+        }
     }
     assert!(publisher.log().contains("first product index 200"), "{}", tail(&publisher.log()));
+    assert_eq!(
+        publisher.log().contains("catching up: multicasting the 200 products inserted since"),
+        catching_up,
+        "{}",
+        tail(&publisher.log())
+    );
     assert_same_products(&publisher, &subscribers);
+}
+
+#[test]
+fn a_restarted_publisher_multicasts_what_was_inserted_while_it_was_down_and_nothing_is_lost() {
+    restart_publisher(4, "", true);
+}
+
+#[test]
+fn without_catch_up_a_restarted_publisher_leaves_what_it_missed_to_each_backlog() {
+    restart_publisher(15, "[multicast]\ncatch_up = \"0s\"\n", false);
 }
 
 #[test]

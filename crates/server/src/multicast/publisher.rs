@@ -67,6 +67,10 @@ use ldm7_net::pool::{Pool, PoolError};
 /// stopping server wakes it at once: `Queue::wake_waiters`; this bounds a missed wake-up).
 const READER_POLL: Duration = Duration::from_millis(250);
 
+/// How long a feed catching up waits for its first FMTP receiver (it was started by a
+/// subscription, whose receiver connects next).
+const CATCH_UP_FIRST_RECEIVER: Duration = Duration::from_secs(10);
+
 /// Bytes of Ethernet (14), IPv4 (20) and UDP (8) headers per datagram: pacing counts what tc
 /// HTB counts on the wire.
 const WIRE_OVERHEAD_BYTES: u64 = 42;
@@ -839,6 +843,11 @@ pub struct Feed {
     signing: SigningHandle,
     /// Reference LDM-7 subscriptions now (level 2 signs each datagram while there is one).
     reference_subscribers: std::sync::atomic::AtomicUsize,
+    /// FMTP receivers connected now.
+    receivers: std::sync::atomic::AtomicUsize,
+    /// Where their number is kept across restarts (a feed started again waits for as many
+    /// before it catches up).
+    receivers_file: PathBuf,
 }
 
 impl Feed {
@@ -850,6 +859,8 @@ impl Feed {
         let map_path = state_dir.join(format!("{}.fmtp-index", file_name(&name)));
         let index_map = IndexMap::open(&map_path, settings.index_map_capacity)?;
         let first_index = index_map.next_index();
+        let receivers_file = state_dir.join(format!("{}.fmtp-receivers", file_name(&name)));
+        let catch_up = CatchUp::plan(&queue, &index_map, &settings, &receivers_file, &name);
         let pool = if entry.subnet_len > 0 && !entry.fmtp_server.is_unspecified() {
             let subnet = ipnet::IpNet::new(entry.fmtp_server, entry.subnet_len)
                 .map_err(|_| PoolError::NoHosts(ipnet::IpNet::from(entry.fmtp_server)))?;
@@ -910,6 +921,8 @@ impl Feed {
             parity,
             signing: sender.signing_handle(),
             reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
+            receivers: std::sync::atomic::AtomicUsize::new(0),
+            receivers_file,
         });
         if let Some(control) = &violation_monitor {
             feed.start_rate_monitor(control, interface, path, sender.rate_handle(), &runtime);
@@ -923,7 +936,7 @@ impl Feed {
         let reader_feed = feed.clone();
         let reader = std::thread::Builder::new()
             .name(format!("mcast {name}"))
-            .spawn(move || reader_feed.read_queue(&queue, &runtime, &products, &counters))
+            .spawn(move || reader_feed.read_queue(&queue, catch_up, &runtime, &products, &counters))
             .map_err(FeedError::Runtime)?;
         *feed.reader.lock().unwrap_or_else(PoisonError::into_inner) = Some(reader);
         Ok(feed)
@@ -989,9 +1002,11 @@ impl Feed {
                 }
                 SenderNotice::ReceiverJoined(id, peer) => {
                     tracing::info!("{notices_name}: FMTP receiver {peer} connected ({id})");
+                    self.receivers_changed(1);
                 }
                 SenderNotice::ReceiverLeft(id, departure) => {
                     tracing::info!("{notices_name}: FMTP {id} disconnected");
+                    self.receivers_changed(-1);
                     if notices_refusals.lock().unwrap_or_else(PoisonError::into_inner).left(&departure) {
                         tracing::error!(
                             "{notices_name}: the FMTP receiver at {host} closed its repair connection right after \
@@ -1012,15 +1027,77 @@ impl Feed {
         }
     }
 
-    /// Follows the queue from now and hands every product of the feed to FMTP, until stopped.
+    /// FMTP receivers connected or gone (`change` ±1): their number is kept in the state
+    /// directory, except while the feed stops (its receivers leave because it does).
+    fn receivers_changed(&self, change: isize) {
+        let now = if change > 0 {
+            self.receivers.fetch_add(1, Ordering::SeqCst) + 1
+        } else {
+            self.receivers.fetch_sub(1, Ordering::SeqCst).saturating_sub(1)
+        };
+        if self.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(error) = std::fs::write(&self.receivers_file, format!("{now}\n")) {
+            tracing::warn!(
+                "{}: cannot keep the number of FMTP receivers in {}: {error}",
+                self.name,
+                self.receivers_file.display()
+            );
+        }
+    }
+
+    /// Follows the queue — from now, or from where `catch_up` says once it has waited for the
+    /// receivers — and hands every product of the feed to FMTP, until stopped.
     fn read_queue(
         &self,
         queue: &Arc<Queue>,
+        catch_up: Option<CatchUp>,
         runtime: &tokio::runtime::Handle,
         products: &ldm7_fmtp::ProductSender,
         counters: &PublisherCounters,
     ) {
-        let start = Timestamp::from_system_time(std::time::SystemTime::now());
+        let start = match catch_up {
+            Some(catch_up) => {
+                // The wait runs from the first receiver's connection: before it there is no
+                // one to multicast to.
+                let waited = std::time::Instant::now();
+                let mut first: Option<std::time::Instant> = None;
+                while !self.stop.load(Ordering::Relaxed) {
+                    let connected = self.receivers.load(Ordering::SeqCst);
+                    let waiting = if connected == 0 {
+                        waited.elapsed() < CATCH_UP_FIRST_RECEIVER
+                    } else {
+                        first.get_or_insert_with(std::time::Instant::now).elapsed() < self.settings.catch_up_wait
+                    };
+                    if connected >= catch_up.receivers || !waiting {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let missed = queue
+                    .snapshot()
+                    .and_then(|snapshot| {
+                        let mut count = 0u64;
+                        for product in snapshot.products_from(catch_up.from)? {
+                            count += u64::from(super::goes_out_on(self.feedtype, &product?.info));
+                        }
+                        Ok(count)
+                    })
+                    .unwrap_or_default();
+                tracing::info!(
+                    "{}: catching up: multicasting the {missed} products inserted since {} ({} of {} FMTP receivers \
+                     back after {:.1} s)",
+                    self.name,
+                    catch_up.from,
+                    self.receivers.load(Ordering::SeqCst),
+                    catch_up.receivers,
+                    waited.elapsed().as_secs_f64()
+                );
+                catch_up.from
+            }
+            None => Timestamp::from_system_time(std::time::SystemTime::now()),
+        };
         let mut follower = queue.follow(start);
         while !self.stop.load(Ordering::Relaxed) {
             let next = follower.next_with(Some(READER_POLL), |product| {
@@ -1153,6 +1230,51 @@ impl Feed {
                 None
             }
         }
+    }
+}
+
+/// Where a feed started again begins (`[multicast] catch_up`): just after the last product it
+/// multicast, when that is in the queue, but no further back than `catch_up`; so the products
+/// inserted while it was not running go out once by multicast instead of once per subscriber
+/// by the backlog. A feed that never multicast, or with `catch_up` zero, starts from now.
+#[derive(Clone, Copy, Debug)]
+struct CatchUp {
+    /// The insertion time to follow the queue from.
+    from: Timestamp,
+    /// The FMTP receivers it had (it waits up to `catch_up_wait` for as many).
+    receivers: usize,
+}
+
+impl CatchUp {
+    fn plan(
+        queue: &Queue,
+        map: &IndexMap,
+        settings: &MulticastSettings,
+        receivers_file: &std::path::Path,
+        name: &str,
+    ) -> Option<CatchUp> {
+        if settings.catch_up.is_zero() {
+            return None;
+        }
+        let last = ProductIndex(map.next_index().0.wrapping_sub(1));
+        let signature = map.get(last).ok().flatten()?;
+        let now = Timestamp::from_system_time(std::time::SystemTime::now());
+        let earliest = now.saturating_sub(settings.catch_up);
+        let after_last = match queue
+            .snapshot()
+            .and_then(|snapshot| snapshot.product_by_signature(&signature).map(|p| p.map(|p| p.insertion)))
+        {
+            Ok(Some(insertion)) => Timestamp::from_unix_micros(insertion.as_unix_micros() + 1),
+            // Gone from the queue: it is older than any catch-up.
+            Ok(None) => earliest,
+            Err(error) => {
+                tracing::warn!("{name}: cannot find the last product multicast ({error}); starting from now");
+                return None;
+            }
+        };
+        let receivers =
+            std::fs::read_to_string(receivers_file).ok().and_then(|text| text.trim().parse().ok()).unwrap_or(0);
+        Some(CatchUp { from: after_last.max(earliest), receivers })
     }
 }
 
