@@ -556,6 +556,11 @@ impl RefServer {
         self.reference.held(&self.dir, &self.queue_path())
     }
 
+    /// The build it runs.
+    pub fn reference(&self) -> &Reference {
+        &self.reference
+    }
+
     /// Waits until its queue holds `count` products.
     pub fn wait_for_products(&mut self, count: usize, timeout: Duration) -> Result<()> {
         let what = format!("{} to hold {count} products", self.name);

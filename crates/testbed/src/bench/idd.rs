@@ -167,12 +167,14 @@ struct Plan {
     /// Per relay, its leaves.
     leaves: Vec<Vec<String>>,
     reference: Option<RefPlan>,
+    /// The reference LDM-7 leaf subscribed to the top (`LDM7_REF_BIN`).
+    reference7: Option<String>,
     loss: BTreeMap<String, f64>,
     /// One-way delay of each host's leg on the path it receives by, milliseconds.
     delay_ms: BTreeMap<String, u64>,
 }
 
-fn plan(args: &IddOptions, with_reference: bool) -> Plan {
+fn plan(args: &IddOptions, with_reference: bool, with_reference7: bool) -> Plan {
     let mut draws = Draws(args.seed);
     let relays: Vec<String> = (1..=args.relays).map(|k| format!("r{k}")).collect();
     let leaves: Vec<Vec<String>> =
@@ -186,14 +188,18 @@ fn plan(args: &IddOptions, with_reference: bool) -> Plan {
     let mut loss = BTreeMap::new();
     let mut delay_ms = BTreeMap::new();
     // The reference's hosts are drawn last: the others' draws do not depend on it.
-    let extra: Vec<String> =
-        reference.iter().flat_map(|r| std::iter::once(r.name.clone()).chain(r.leaves.iter().cloned())).collect();
+    let reference7 = with_reference7.then(|| "m1".to_owned());
+    let extra: Vec<String> = reference
+        .iter()
+        .flat_map(|r| std::iter::once(r.name.clone()).chain(r.leaves.iter().cloned()))
+        .chain(reference7.clone())
+        .collect();
     for host in relays.iter().chain(leaves.iter().flatten()).chain(&extra) {
         // Losses in steps of 0.1%, delays in whole milliseconds.
         loss.insert(host.clone(), (draws.next_unit() * args.loss_max * 10.0).round() / 10.0);
         delay_ms.insert(host.clone(), (draws.next_unit() * delay_max_ms).round() as u64);
     }
-    Plan { relays, leaves, reference, loss, delay_ms }
+    Plan { relays, leaves, reference, reference7, loss, delay_ms }
 }
 
 fn lab_spec(name: &str, args: &IddOptions, plan: &Plan, mode: Mode) -> String {
@@ -203,6 +209,7 @@ fn lab_spec(name: &str, args: &IddOptions, plan: &Plan, mode: Mode) -> String {
         hosts.push(reference.name.clone());
         hosts.extend(reference.leaves.iter().cloned());
     }
+    hosts.extend(plan.reference7.iter().cloned());
     for host in &hosts {
         let _ = write!(spec, "[[hosts]]\nname = \"{host}\"\nloss_percent = {:?}\n", plan.loss[host]);
     }
@@ -211,16 +218,18 @@ fn lab_spec(name: &str, args: &IddOptions, plan: &Plan, mode: Mode) -> String {
         format!("{{ {} }}", legs.join(", "))
     };
     let quoted = |hosts: &[String]| hosts.iter().map(|h| format!("\"{h}\"")).collect::<Vec<_>>().join(", ");
-    // With LDM-7 the relays configure the FMTP addresses the top hands out; with LDM-6 they
-    // need addresses of the lab's to reach the top over the path.
+    // With LDM-7 the relays configure the FMTP addresses the top hands out (the reference
+    // LDM-7 leaf is given one by the harness); with LDM-6 they need addresses of the lab's to
+    // reach the top over the path.
+    let top_subscribers: Vec<String> = plan.relays.iter().chain(&plan.reference7).cloned().collect();
     let _ = write!(
         spec,
         "[[feeds]]\nname = \"top\"\npublisher = \"top\"\nsubscribers = [{}]\nrate = \"{}\"\nbuffer = \"600 MB\"\n\
          multicast_port = 38800\nretx_port = 38801\nsubscriber_addresses = {}\ndelay = {}\n",
-        quoted(&plan.relays),
+        quoted(&top_subscribers),
         args.rate,
         mode == Mode::Ldm6,
-        delays(&plan.relays)
+        delays(&top_subscribers)
     );
     for (relay, leaves) in plan.relays.iter().zip(&plan.leaves) {
         let mut subscribers = leaves.clone();
@@ -372,6 +381,7 @@ impl Node {
     fn software(&self) -> &'static str {
         match self {
             Node::Ours(_) => "ldm7",
+            Node::Reference(server) if server.reference().multicast => "LDM 6.13.17",
             Node::Reference(_) => "LDM 6.15",
         }
     }
@@ -584,8 +594,9 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
         bail!("ldm7 trace generate: {}", String::from_utf8_lossy(&generated.stderr));
     }
     let (trace_products, trace_bytes) = trace_totals(&trace)?;
-    let plan = plan(args, reference.is_some());
-    let extra = plan.reference.as_ref().map_or(0, |r| 1 + r.leaves.len());
+    let reference7 = Reference::ldm7()?;
+    let plan = plan(args, reference.is_some(), reference7.is_some());
+    let extra = plan.reference.as_ref().map_or(0, |r| 1 + r.leaves.len()) + plan.reference7.iter().count();
     let servers = 1 + args.relays * (1 + args.leaves) + extra;
     println!(
         "ldm7 lab idd: {servers} servers (1 top, {} relays, {} leaves{}); the IDD's 8 feeds at scale {} for {} min: \
@@ -600,7 +611,11 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
                 r.leaves.len()
             ),
             None => String::new(),
-        },
+        } + &plan
+            .reference7
+            .as_ref()
+            .map(|name| format!(", and the reference LDM-7 leaf {name} under the top"))
+            .unwrap_or_default(),
         args.scale,
         args.minutes,
         trace_bytes as f64 / 1e6,
@@ -609,7 +624,10 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
         args.chaos.map_or(String::new(), |seed| format!("; faults from --chaos {seed}"))
     );
     if reference.is_none() {
-        println!("ldm7 lab idd: no LDM_REF_BIN: every node is ldm7");
+        println!("ldm7 lab idd: no LDM_REF_BIN: no reference LDM 6.15 relay");
+    }
+    if reference7.is_none() {
+        println!("ldm7 lab idd: no LDM7_REF_BIN: no reference LDM-7 leaf");
     }
     let steps = match args.chaos {
         Some(seed) => chaos_steps(seed, args.minutes, &plan, &args.faults),
@@ -628,7 +646,15 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
     let mut outcomes = Vec::new();
     for mode in modes {
         println!("ldm7 lab idd: {} — building the network", mode_title(mode));
-        let run = Run { args, exe: &exe, scratch: scratch.path(), trace: &trace, plan: &plan, reference: &reference };
+        let run = Run {
+            args,
+            exe: &exe,
+            scratch: scratch.path(),
+            trace: &trace,
+            plan: &plan,
+            reference: &reference,
+            reference7: &reference7,
+        };
         let outcome = run.mode(mode, trace_bytes, trace_products, &steps, &label)?;
         let table = table(&outcome.results);
         println!("{}:\n{table}", mode_title(mode));
@@ -691,6 +717,7 @@ struct Run<'a> {
     trace: &'a Path,
     plan: &'a Plan,
     reference: &'a Option<Reference>,
+    reference7: &'a Option<Reference>,
 }
 
 /// The servers of one mode, by name, in the order the results list them.
@@ -800,6 +827,40 @@ impl Run<'_> {
             nodes.list.push(("relay", Node::Reference(RefServer::create(reference, &root, config)?)));
             stats_names.push((ref_plan.name.clone(), feed_address(&ref_plan.name, &ref_plan.name)?));
         }
+        // The reference LDM-7 leaf: subscribed to the top over the top's path (with LDM-7, from
+        // an address the harness gives it, high in the feed's subnet, out of the way of the
+        // addresses the top hands the relays; the top hands it its own, as the reference's
+        // rule says for a subscriber that names no attachment). Its SUBSCRIBE, backlog and
+        // repairs go over the path.
+        if let (Some(reference), Some(leaf)) = (self.reference7, &plan.reference7) {
+            let netns = lab.netns(leaf)?;
+            let conf = match mode {
+                Mode::Ldm7 => {
+                    let top = top_feed.address_of("top").context("the top's address")?;
+                    let own = ldm7_net::hostcfg::Ipv4Cidr {
+                        // Host 251 of the path's subnet (a /24: the top is host 1).
+                        address: std::net::Ipv4Addr::from((u32::from(top.address) & !0xff) | 251),
+                        prefix_len: top.prefix_len,
+                    };
+                    ldm7_net::hostcfg::set_address(Some(&netns), "top", own)?;
+                    format!("ALLOW ANY ^10\\.\nRECEIVE ANY {top_address}:388\n")
+                }
+                Mode::Ldm6 => format!("ALLOW ANY ^10\\.\nREQUEST ANY \".*\" {top_address}:388\n"),
+            };
+            let host = Host::in_lab(&netns, lab.control_address(leaf)?);
+            let queue_size = format!("{}M", bytes / 1_000_000);
+            let config = RefConfig {
+                name: leaf,
+                host: &host,
+                // It runs as its build's user and serves no one: an unprivileged port.
+                port: 38388,
+                ldmd_conf: &conf,
+                queue_size: &queue_size,
+                slots: Some(capacity.slots),
+                registry: &Registry::default(),
+            };
+            nodes.list.push(("leaf", Node::Reference(RefServer::create(reference, &root, config)?)));
+        }
         let full_leaf: Option<&String> = steps.iter().find_map(|(_, action)| match action {
             Action::Fill(leaf) => Some(leaf),
             _ => None,
@@ -884,7 +945,9 @@ impl Run<'_> {
         let replay = replay.wait();
         check_interrupted()?;
         let replay = replay?;
-        let published = nodes.list[0].1.records()?;
+        // The feed's products: not the LDM-6 top's own rtstats reports.
+        let published: Vec<ProductRecord> =
+            nodes.list[0].1.records()?.into_iter().filter(|r| !r.info.contains(" rtstats-")).collect();
         let feed_bytes: u64 = published.iter().map(|r| r.size).sum();
         println!(
             "ldm7 lab idd: {}: {} products ({:.1} MB) inserted at the top in {:.0} s; waiting for every node",
@@ -893,11 +956,35 @@ impl Run<'_> {
             feed_bytes as f64 / 1e6,
             replay.seconds
         );
-        wait_complete(&mut nodes, &published, Duration::from_secs(900))?;
+        let mut beats = 0u32;
+        let mut heartbeat = || {
+            beats += 1;
+            let name = format!("idd-heartbeat-{beats}");
+            let inserted = std::fs::write(self.scratch.join(&name), b"h").map_err(anyhow::Error::from).and_then(|()| {
+                let status = Command::new(exe)
+                    .args(["insert", "-f", "EXP", "-q"])
+                    .arg(&top_queue)
+                    .arg(&name)
+                    .current_dir(self.scratch)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()?;
+                if !status.success() {
+                    bail!("ldm7 insert: {status}");
+                }
+                Ok(())
+            });
+            if let Err(error) = inserted {
+                eprintln!("ldm7 lab idd: heartbeat product: {error:#}");
+            }
+        };
+        let heartbeat: Option<&mut dyn FnMut()> = plan.reference7.is_some().then_some(&mut heartbeat);
+        wait_complete(&mut nodes, &published, Duration::from_secs(900), heartbeat)?;
         // Each leaf's pqact files what its server holds: every product byte at least (its
         // upstream's statistics products are filed too).
         for (tier, node) in &nodes.list {
-            if *tier != "leaf" {
+            // (The reference LDM-7 leaf runs no pqact.)
+            if *tier != "leaf" || matches!(node, Node::Reference(_)) {
                 continue;
             }
             let data = node.dir().join("data");
@@ -946,8 +1033,9 @@ impl Run<'_> {
             if *tier == "top" {
                 result.egress_split = Some(split);
             }
-            if *tier == "leaf" {
-                // The top's products only (not the statistics and rtstats products made below it).
+            if *tier == "leaf" && matches!(node, Node::Ours(_)) {
+                // The top's products only (not the statistics and rtstats products made below it;
+                // the reference's queue has no times).
                 let ours: std::collections::HashSet<_> = published.iter().map(|r| r.signature).collect();
                 leaf_latencies_ms
                     .extend(records.iter().filter(|r| ours.contains(&r.signature)).map(|r| r.latency_us as f64 / 1e3));
@@ -1185,8 +1273,16 @@ impl Monitor {
 
 /// Waits until every node holds every product the top published, or a node's holdings stay
 /// the same for [`STALLED`] (it is not catching up: reported as incomplete), or `within` passes.
-fn wait_complete(nodes: &mut Nodes, published: &[ProductRecord], within: Duration) -> anyhow::Result<()> {
+/// Waits until every node holds every product of `published`; `heartbeat`, when given, is
+/// called every [`HEARTBEAT_EVERY`] meanwhile.
+fn wait_complete(
+    nodes: &mut Nodes,
+    published: &[ProductRecord],
+    within: Duration,
+    mut heartbeat: Option<&mut dyn FnMut()>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
+    let mut beat = Instant::now();
     // Per node still waited for: what it held last and since when.
     let mut waiting: BTreeMap<usize, (usize, Instant)> =
         (1..nodes.list.len()).map(|k| (k, (usize::MAX, Instant::now()))).collect();
@@ -1218,10 +1314,22 @@ fn wait_complete(nodes: &mut Nodes, published: &[ProductRecord], within: Duratio
             eprintln!("ldm7 lab idd: still incomplete after {} s: {}", within.as_secs(), names.join(", "));
             break;
         }
+        if let Some(heartbeat) = heartbeat.as_mut() {
+            if beat.elapsed() >= HEARTBEAT_EVERY {
+                heartbeat();
+                beat = Instant::now();
+            }
+        }
         sleep_unless_interrupted(Duration::from_secs(3))?;
     }
     Ok(())
 }
+
+/// How often a one-byte product goes into the top's queue after the replay while some node is
+/// incomplete, when the network has the reference LDM-7 leaf: that subscriber asks for its
+/// backlog only when a product arrives by multicast after it subscribed, so after an outage
+/// near the end of the replay it would wait forever on a feed gone quiet (the IDD never is).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 
 /// How long a node incomplete after the replay may hold the same products before it is given up.
 const STALLED: Duration = Duration::from_secs(180);
@@ -1362,7 +1470,7 @@ fn node_result(
             .map_or(f64::NAN, |bytes| bytes as f64 / 1_048_576.0),
         egress_per_byte,
         egress_split: None,
-        filed_bytes: (tier == "leaf").then(|| bytes_under(&node.dir().join("data"))),
+        filed_bytes: (tier == "leaf" && timed).then(|| bytes_under(&node.dir().join("data"))),
     }
 }
 
@@ -1383,7 +1491,7 @@ fn bytes_under(dir: &Path) -> u64 {
 const COLUMNS: [(&str, usize); 21] = [
     ("node", 7),
     ("tier", 6),
-    ("software", 8),
+    ("software", 11),
     ("loss_percent", 12),
     ("delay_ms", 8),
     ("products", 8),
