@@ -95,7 +95,8 @@ pub struct IddArgs {
     /// Only these kinds of fault, comma-separated: relay, leaf, loss, top, disk [default: all].
     #[arg(long, value_name = "KINDS", value_delimiter = ',', requires = "chaos")]
     pub faults: Vec<String>,
-    /// Keep the scratch directory (every node's log and state, not the queues) and print where.
+    /// Keep the scratch directory (every node's log and state, not the queues nor the filed
+    /// products) and print where.
     #[arg(long)]
     pub keep: bool,
     /// Then run the same network as an all-LDM-6 tree (the relays request from the top), same

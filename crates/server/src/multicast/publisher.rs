@@ -1030,11 +1030,9 @@ impl Feed {
     /// FMTP receivers connected or gone (`change` ±1): their number is kept in the state
     /// directory, except while the feed stops (its receivers leave because it does).
     fn receivers_changed(&self, change: isize) {
-        let now = if change > 0 {
-            self.receivers.fetch_add(1, Ordering::SeqCst) + 1
-        } else {
-            self.receivers.fetch_sub(1, Ordering::SeqCst).saturating_sub(1)
-        };
+        let step = |count: usize| Some(if change > 0 { count + 1 } else { count.saturating_sub(1) });
+        let before = self.receivers.fetch_update(Ordering::SeqCst, Ordering::SeqCst, step).unwrap_or_default();
+        let now = step(before).unwrap_or_default();
         if self.stop.load(Ordering::Relaxed) {
             return;
         }

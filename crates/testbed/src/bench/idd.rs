@@ -78,7 +78,8 @@ pub struct IddOptions {
     pub chaos: Option<u64>,
     /// The kinds of fault `chaos` draws from ([`FAULT_KINDS`]; empty: all of them).
     pub faults: Vec<String>,
-    /// Keep the scratch directory (every node's log and state; not the queues) and say where.
+    /// Keep the scratch directory (every node's log and state; not the queues nor the filed
+    /// products) and say where.
     pub keep: bool,
     /// Also run the all-LDM-6 tree after the LDM-7 one (the baseline).
     pub ldm6: bool,
@@ -960,20 +961,22 @@ impl Run<'_> {
         let mut heartbeat = || {
             beats += 1;
             let name = format!("idd-heartbeat-{beats}");
-            let inserted = std::fs::write(self.scratch.join(&name), b"h").map_err(anyhow::Error::from).and_then(|()| {
-                let status = Command::new(exe)
-                    .args(["insert", "-f", "EXP", "-q"])
-                    .arg(&top_queue)
-                    .arg(&name)
-                    .current_dir(self.scratch)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()?;
-                if !status.success() {
-                    bail!("ldm7 insert: {status}");
-                }
-                Ok(())
-            });
+            // Its name is its data: each has a signature of its own (the queue drops repeats).
+            let inserted =
+                std::fs::write(self.scratch.join(&name), &name).map_err(anyhow::Error::from).and_then(|()| {
+                    let status = Command::new(exe)
+                        .args(["insert", "-f", "EXP", "-q"])
+                        .arg(&top_queue)
+                        .arg(&name)
+                        .current_dir(self.scratch)
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()?;
+                    if !status.success() {
+                        bail!("ldm7 insert: {status}");
+                    }
+                    Ok(())
+                });
             if let Err(error) = inserted {
                 eprintln!("ldm7 lab idd: heartbeat product: {error:#}");
             }
@@ -1050,10 +1053,14 @@ impl Run<'_> {
         drop(nodes);
         drop(disk);
         lab.down()?;
-        // The queues (written out in full) go; the logs stay with the scratch directory.
+        // The queues (written out in full; an ldm7 queue is a directory) and the leaves' filed
+        // products go; the logs and state stay with the scratch directory.
         if let Ok(entries) = std::fs::read_dir(&root) {
             for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path().join("q.pq"));
+                for big in ["q.pq", "data"] {
+                    let path = entry.path().join(big);
+                    let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                }
             }
         }
         Ok(ModeOutcome { mode, results, events, feed_bytes, leaf_latencies_ms })
