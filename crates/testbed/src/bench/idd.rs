@@ -810,22 +810,25 @@ impl Run<'_> {
             nodes.list.push(("relay", Node::Ours(Server::create(exe, &root, config)?)));
             stats_names.push((relay.clone(), stats_name));
         }
-        if let (Some(reference), Some(ref_plan)) = (self.reference, &plan.reference) {
-            let parent = feed_address(&ref_plan.parent, &ref_plan.parent)?;
-            let conf = format!("ALLOW ANY ^10\\.\nREQUEST ANY \".*\" {parent}:388\n");
-            let netns = lab.netns(&ref_plan.name)?;
-            let host = Host::in_lab(&netns, lab.control_address(&ref_plan.name)?);
+        // A reference server in `name`'s namespace, its queue as large as ours.
+        let reference_node = |reference: &Reference, name: &str, port: u16, conf: &str| -> anyhow::Result<Node> {
+            let host = Host::in_lab(&lab.netns(name)?, lab.control_address(name)?);
             let queue_size = format!("{}M", bytes / 1_000_000);
             let config = RefConfig {
-                name: &ref_plan.name,
+                name,
                 host: &host,
-                port: 388,
-                ldmd_conf: &conf,
+                port,
+                ldmd_conf: conf,
                 queue_size: &queue_size,
                 slots: Some(capacity.slots),
                 registry: &Registry::default(),
             };
-            nodes.list.push(("relay", Node::Reference(RefServer::create(reference, &root, config)?)));
+            Ok(Node::Reference(RefServer::create(reference, &root, config)?))
+        };
+        if let (Some(reference), Some(ref_plan)) = (self.reference, &plan.reference) {
+            let parent = feed_address(&ref_plan.parent, &ref_plan.parent)?;
+            let conf = format!("ALLOW ANY ^10\\.\nREQUEST ANY \".*\" {parent}:388\n");
+            nodes.list.push(("relay", reference_node(reference, &ref_plan.name, 388, &conf)?));
             stats_names.push((ref_plan.name.clone(), feed_address(&ref_plan.name, &ref_plan.name)?));
         }
         // The reference LDM-7 leaf: subscribed to the top over the top's path (with LDM-7, from
@@ -848,19 +851,8 @@ impl Run<'_> {
                 }
                 Mode::Ldm6 => format!("ALLOW ANY ^10\\.\nREQUEST ANY \".*\" {top_address}:388\n"),
             };
-            let host = Host::in_lab(&netns, lab.control_address(leaf)?);
-            let queue_size = format!("{}M", bytes / 1_000_000);
-            let config = RefConfig {
-                name: leaf,
-                host: &host,
-                // It runs as its build's user and serves no one: an unprivileged port.
-                port: 38388,
-                ldmd_conf: &conf,
-                queue_size: &queue_size,
-                slots: Some(capacity.slots),
-                registry: &Registry::default(),
-            };
-            nodes.list.push(("leaf", Node::Reference(RefServer::create(reference, &root, config)?)));
+            // It runs as its build's user and serves no one: an unprivileged port.
+            nodes.list.push(("leaf", reference_node(reference, leaf, 38388, &conf)?));
         }
         let full_leaf: Option<&String> = steps.iter().find_map(|(_, action)| match action {
             Action::Fill(leaf) => Some(leaf),
