@@ -1045,6 +1045,44 @@ impl Feed {
         }
     }
 
+    /// Waits for the receivers `catch_up` counts on — until as many are connected, or
+    /// `catch_up_wait` after the first one (before it there is no one to multicast to) — says
+    /// what it will multicast again, and returns where to follow the queue from.
+    fn catch_up_start(&self, queue: &Queue, catch_up: CatchUp) -> Timestamp {
+        let waited = std::time::Instant::now();
+        let mut first: Option<std::time::Instant> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            let connected = self.receivers.load(Ordering::SeqCst);
+            let waiting = if connected == 0 {
+                waited.elapsed() < CATCH_UP_FIRST_RECEIVER
+            } else {
+                first.get_or_insert_with(std::time::Instant::now).elapsed() < self.settings.catch_up_wait
+            };
+            if connected >= catch_up.receivers || !waiting {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let missed = queue.snapshot().and_then(|snapshot| {
+            let mut count = 0u64;
+            for product in snapshot.products_from(catch_up.from)? {
+                count += u64::from(super::goes_out_on(self.feedtype, &product?.info));
+            }
+            Ok(count)
+        });
+        tracing::info!(
+            "{}: catching up: multicasting the {} products inserted since {} ({} of {} FMTP receivers back after \
+             {:.1} s)",
+            self.name,
+            missed.unwrap_or_default(),
+            catch_up.from,
+            self.receivers.load(Ordering::SeqCst),
+            catch_up.receivers,
+            waited.elapsed().as_secs_f64()
+        );
+        catch_up.from
+    }
+
     /// Follows the queue — from now, or from where `catch_up` says once it has waited for the
     /// receivers — and hands every product of the feed to FMTP, until stopped.
     fn read_queue(
@@ -1056,44 +1094,7 @@ impl Feed {
         counters: &PublisherCounters,
     ) {
         let start = match catch_up {
-            Some(catch_up) => {
-                // The wait runs from the first receiver's connection: before it there is no
-                // one to multicast to.
-                let waited = std::time::Instant::now();
-                let mut first: Option<std::time::Instant> = None;
-                while !self.stop.load(Ordering::Relaxed) {
-                    let connected = self.receivers.load(Ordering::SeqCst);
-                    let waiting = if connected == 0 {
-                        waited.elapsed() < CATCH_UP_FIRST_RECEIVER
-                    } else {
-                        first.get_or_insert_with(std::time::Instant::now).elapsed() < self.settings.catch_up_wait
-                    };
-                    if connected >= catch_up.receivers || !waiting {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let missed = queue
-                    .snapshot()
-                    .and_then(|snapshot| {
-                        let mut count = 0u64;
-                        for product in snapshot.products_from(catch_up.from)? {
-                            count += u64::from(super::goes_out_on(self.feedtype, &product?.info));
-                        }
-                        Ok(count)
-                    })
-                    .unwrap_or_default();
-                tracing::info!(
-                    "{}: catching up: multicasting the {missed} products inserted since {} ({} of {} FMTP receivers \
-                     back after {:.1} s)",
-                    self.name,
-                    catch_up.from,
-                    self.receivers.load(Ordering::SeqCst),
-                    catch_up.receivers,
-                    waited.elapsed().as_secs_f64()
-                );
-                catch_up.from
-            }
+            Some(catch_up) => self.catch_up_start(queue, catch_up),
             None => Timestamp::from_system_time(std::time::SystemTime::now()),
         };
         let mut follower = queue.follow(start);

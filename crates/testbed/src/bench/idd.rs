@@ -679,7 +679,7 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
     println!("wrote {}/{label}-*", args.out.display());
     if args.keep {
         let kept = scratch.keep();
-        println!("kept every node's log and state (not the queues) in {}", kept.display());
+        println!("kept every node's log and state (not the queues nor the filed products) in {}", kept.display());
     }
     let incomplete: Vec<String> = outcomes
         .iter()
