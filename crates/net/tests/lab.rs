@@ -228,6 +228,36 @@ buffer = "10MB"
     assert!(sample.received > 0 && sample.received <= sample.sent - 100, "{sample:?}");
 }
 
+/// A VDE path keeps frames in order, as a real one does, on a leg without delay too (where
+/// wirefilter, given a bandwidth and no delay, reorders: `WIREFILTER_DELAY_MIN`).
+#[test]
+fn a_vde_path_keeps_datagrams_in_order() {
+    if !root_and_tools("a_vde_path_keeps_datagrams_in_order", &["vde_switch", "wirefilter"]) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _lab = ldm7_testkit::lab_lock();
+    // The publisher's leg has no delay; the probe's bursts (50 datagrams a millisecond) queue at
+    // the legs' bandwidth.
+    let lab = TestLab::up(
+        'o',
+        &format!(
+            r#"{TWO_HOSTS}
+[[feeds]]
+name = "ngrid"
+publisher = "pub"
+subscribers = ["sub"]
+rate = "20M"
+delay = {{ sub = "2ms" }}
+"#
+        ),
+    );
+    let sample = probe::udp_loss(&lab.spec, "ngrid", "pub", "sub", 40009, 20_000).unwrap();
+    eprintln!("over VDE: {} of {} received, {} out of order", sample.received, sample.sent, sample.reordered);
+    assert!(sample.received > 0, "{sample:?}");
+    assert_eq!(sample.reordered, 0, "{sample:?}");
+}
+
 /// The network namespaces of lab `lab` (`LAB-host`, `LAB-core`): only those, whatever other labs
 /// are up on the machine.
 fn namespaces_of(lab: &str) -> Vec<String> {

@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use lab::Lab;
-pub use measure::{Egress, cpu_seconds, median, wait_with_peak_rss};
+pub use measure::{Egress, cpu_seconds, median, udp_receive_drops, wait_with_peak_rss};
 pub use records::{
     Comparison, DeliveryLine, DeliveryMode, LogCounts, ProductRecord, latency_quantile_us, read_records,
 };

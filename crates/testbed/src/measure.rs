@@ -51,6 +51,25 @@ impl Egress {
     }
 }
 
+/// Datagrams the kernel dropped for want of room in a UDP socket's receive buffer in namespace
+/// `netns` so far (`Udp: RcvbufErrors` of `/proc/net/snmp`, which `ip netns exec` shows per
+/// namespace): losses of the host, not of the network.
+pub fn udp_receive_drops(netns: Option<&str>) -> Result<u64> {
+    let text = Cmd::new("cat").netns(netns).arg("/proc/net/snmp").run()?;
+    parse_udp_receive_drops(&text).ok_or_else(|| TestbedError::Io {
+        what: "Udp RcvbufErrors of /proc/net/snmp".to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "no Udp: RcvbufErrors line pair"),
+    })
+}
+
+/// `RcvbufErrors` of the two `Udp:` lines (names, then values) of `/proc/net/snmp`.
+fn parse_udp_receive_drops(snmp: &str) -> Option<u64> {
+    let mut udp = snmp.lines().filter(|line| line.starts_with("Udp:"));
+    let (names, values) = (udp.next()?, udp.next()?);
+    let column = names.split_whitespace().position(|name| name == "RcvbufErrors")?;
+    values.split_whitespace().nth(column)?.parse().ok()
+}
+
 /// The median of `values`, NaNs left out (NaN when none is left): `ldm7_types::quantile`'s
 /// (nearest rank: of an even number of runs, the lower middle one).
 pub fn median(values: Vec<f64>) -> f64 {
@@ -110,5 +129,16 @@ mod tests {
         assert!(spin > 0);
         assert!(cpu_seconds(std::process::id()).is_some_and(|seconds| seconds >= 0.0));
         assert_eq!(cpu_seconds(u32::MAX), None);
+    }
+
+    #[test]
+    fn udp_receive_drops_are_read_from_the_udp_lines() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    Udp: 10 2 7 30 5 0\n\
+                    UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    UdpLite: 0 0 0 0 9 0\n";
+        assert_eq!(parse_udp_receive_drops(snmp), Some(5));
+        assert_eq!(parse_udp_receive_drops("Ip: a\nIp: 1\n"), None);
     }
 }

@@ -245,6 +245,8 @@ pub struct LossSample {
     pub sent: u32,
     /// Distinct datagrams received.
     pub received: u32,
+    /// Datagrams that came after one sent later (overtaken on the way).
+    pub reordered: u32,
 }
 
 impl LossSample {
@@ -269,11 +271,13 @@ pub fn udp_loss(
     let (_, to_address) = member(spec, feed, to)?;
     let target = SocketAddrV4::new(to_address, port);
     let (ready_tx, ready) = mpsc::channel();
-    let receiver = spawn_in_netns(&spec.netns_of(to), move || -> Result<u32, ProbeError> {
+    let receiver = spawn_in_netns(&spec.netns_of(to), move || -> Result<(u32, u32), ProbeError> {
         let socket = bind(target)?;
         let _ = ready_tx.send(());
         set_timeout(&socket, FIRST_DATAGRAM_TIMEOUT)?;
         let mut seen = vec![false; datagrams as usize];
+        let mut highest: Option<u32> = None;
+        let mut reordered = 0;
         let mut buffer = [0u8; 64];
         while let Ok(length) = socket.recv(&mut buffer) {
             set_timeout(&socket, IDLE_END)?;
@@ -285,9 +289,13 @@ pub fn udp_loss(
                 if let Some(slot) = seen.get_mut(sequence as usize) {
                     *slot = true;
                 }
+                if highest.is_some_and(|highest| sequence < highest) {
+                    reordered += 1;
+                }
+                highest = highest.max(Some(sequence));
             }
         }
-        Ok(seen.iter().filter(|s| **s).count() as u32)
+        Ok((seen.iter().filter(|s| **s).count() as u32, reordered))
     })?;
     let receiver = wait_ready(&ready, receiver, to)?;
     in_netns(&spec.netns_of(from), move || -> Result<(), ProbeError> {
@@ -309,8 +317,8 @@ pub fn udp_loss(
         }
         Ok(())
     })??;
-    let received = joined(receiver, to)?;
-    Ok(LossSample { sent: datagrams, received })
+    let (received, reordered) = joined(receiver, to)?;
+    Ok(LossSample { sent: datagrams, received, reordered })
 }
 
 /// A UDP socket that receives multicast group `group` on port `port` through the interface with

@@ -317,7 +317,10 @@ impl Session<'_> {
                         }
                         None => {
                             let ended = match receiver.take() {
-                                Some(receiver) => receiver.finish().await.err().map(SessionEnd::Fmtp),
+                                Some(receiver) => {
+                                    log_receiver_totals(self.name, &receiver);
+                                    receiver.finish().await.err().map(SessionEnd::Fmtp)
+                                }
                                 None => None,
                             };
                             break Err(ended.unwrap_or(SessionEnd::FmtpEnded));
@@ -339,6 +342,7 @@ impl Session<'_> {
             }
         };
         if let Some(receiver) = receiver {
+            log_receiver_totals(self.name, &receiver);
             let _ = receiver.finish().await;
         }
         // The address goes back to the publisher's pool with the session: take it off the
@@ -949,6 +953,33 @@ fn fmtp_traffic(receiver: Option<&FmtpReceiver>) -> Traffic {
         let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
         (counters.datagrams + counters.stream_messages, in_flight)
     })
+}
+
+/// Logs what a session's FMTP receiver totalled (as the publisher logs its sender's): how its
+/// products came and what their repair cost, for an operator weighing the path's loss.
+fn log_receiver_totals(name: &str, receiver: &FmtpReceiver) {
+    let c = receiver.counters();
+    let host_drops = receiver.driver_counters().host_drops;
+    tracing::info!(
+        "{name}: FMTP receiver totals: {} products delivered, {} missed; {} datagrams ({} bytes), {} duplicates, \
+         {} stale, {} host drops; repairs: {} RETX_REQ ({} bytes asked), {} blocks retransmitted, {} PARITY_REQ, \
+         {} parity shards taken ({} unused), {} blocks recovered from parity, {} fallbacks to RETX_REQ",
+        c.delivered,
+        c.missed,
+        c.datagrams,
+        c.datagram_bytes,
+        c.duplicates,
+        c.stale,
+        host_drops,
+        c.retx_requests,
+        c.retx_request_bytes,
+        c.retx_blocks,
+        c.parity_requests,
+        c.parity_shards,
+        c.parity_unused,
+        c.parity_blocks,
+        c.parity_fallbacks
+    );
 }
 
 /// The next FMTP notice, or never when there is no receiver yet.

@@ -123,6 +123,9 @@ struct NodeResult {
     backlog: usize,
     /// Blocks repaired by unicast or parity (FMTP deliveries).
     retx_blocks: u64,
+    /// Datagrams its host dropped for want of receive-buffer room during the replay and the
+    /// wait (its namespace's `Udp: RcvbufErrors`).
+    udp_drops: Option<u64>,
     p50_ms: f64,
     p99_ms: f64,
     cpu_s: f64,
@@ -457,6 +460,42 @@ impl Node {
     }
 }
 
+/// `net.core.rmem_default` raised for the run, put back when dropped. The reference LDM-7's
+/// FMTP receiver leaves its multicast socket's buffer at the host's default (212,992 bytes
+/// here), where an ldm7 receiver asks for `receive_gap` (500 ms) of the path's rate, which the
+/// kernel doubles: with the default, the reference's host dropped a datagram in a hundred at
+/// 100 Mbit/s bursts, each then retransmitted by the top. The default is a host-wide setting
+/// (a network namespace reads the host's and cannot set its own).
+struct DefaultReceiveBuffer {
+    previous: String,
+}
+
+impl DefaultReceiveBuffer {
+    const SYSCTL: &'static str = "/proc/sys/net/core/rmem_default";
+
+    fn raise(rate: Rate) -> anyhow::Result<DefaultReceiveBuffer> {
+        let previous = std::fs::read_to_string(Self::SYSCTL).with_context(|| format!("read {}", Self::SYSCTL))?;
+        let asked = ldm7_fmtp::udp::receive_buffer_bytes(rate.bits_per_s(), ldm7_plan::repair::RECEIVE_GAP_DEFAULT);
+        // What the kernel gives a socket that asks for `asked` (SO_RCVBUF doubles it).
+        let bytes = 2 * asked;
+        std::fs::write(Self::SYSCTL, bytes.to_string()).with_context(|| format!("write {}", Self::SYSCTL))?;
+        println!(
+            "ldm7 lab idd: net.core.rmem_default {} → {bytes} for the run (the reference LDM-7 leaf's multicast \
+             socket gets the buffer an ldm7 receiver has)",
+            previous.trim()
+        );
+        Ok(DefaultReceiveBuffer { previous })
+    }
+}
+
+impl Drop for DefaultReceiveBuffer {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::write(Self::SYSCTL, self.previous.trim()) {
+            eprintln!("ldm7 lab idd: cannot put net.core.rmem_default back to {}: {error}", self.previous.trim());
+        }
+    }
+}
+
 /// A tmpfs mounted on a leaf's `data` directory (its pqact's files): unmounted when dropped.
 struct Disk {
     dir: PathBuf,
@@ -551,6 +590,10 @@ struct ModeOutcome {
     feed_bytes: u64,
     /// Latency of every delivery at a leaf of ldm7's, milliseconds.
     leaf_latencies_ms: Vec<f64>,
+    /// Latency of every delivery at a relay or leaf of ldm7's by tier and feed, milliseconds.
+    feed_latencies_ms: BTreeMap<(&'static str, String), Vec<f64>>,
+    /// Products and bytes the top published, by feed.
+    feeds: BTreeMap<String, (usize, u64)>,
 }
 
 /// Runs the network (LDM-7, then with `--ldm6` the all-LDM-6 tree) and prints and writes the
@@ -644,6 +687,12 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
         args.seed,
         args.chaos.map_or(String::new(), |seed| format!("-chaos{seed}"))
     );
+    // Same settings for both receivers: the reference LDM-7's multicast socket gets the
+    // receive buffer an ldm7 receiver sizes for the path.
+    let _buffer = match &plan.reference7 {
+        Some(_) => Some(DefaultReceiveBuffer::raise(args.rate)?),
+        None => None,
+    };
     let mut outcomes = Vec::new();
     for mode in modes {
         println!("ldm7 lab idd: {} — building the network", mode_title(mode));
@@ -893,6 +942,12 @@ impl Run<'_> {
                         server.wait_for_log("FMTP repair connection to", Duration::from_secs(120))?;
                     }
                 }
+                // A subscriber that sees no product for 2 s after its FMTP connection takes the
+                // feed as quiet and asks for the backlog up to the newest product. The replay
+                // starts after that decision, so that it is made on a quiet feed (a backlog of
+                // none), as when subscribers join a running feed, and not on the replay's first
+                // second, whose products it would then fetch twice (by backlog and by FMTP).
+                sleep_unless_interrupted(Duration::from_secs(3))?;
             }
             Mode::Ldm6 => sleep_unless_interrupted(Duration::from_secs(5))?,
         }
@@ -916,6 +971,8 @@ impl Run<'_> {
         };
         let top_before = counters(&top_ns, "top")?;
         let ctl_before = Egress::read(Some(&top_ns), ldm7_net::lab::spec::CONTROL_INTERFACE)?;
+        let drops = |node: &str| lab.netns(node).ok().and_then(|ns| crate::udp_receive_drops(Some(&ns)).ok());
+        let drops_before: Vec<Option<u64>> = nodes.list.iter().map(|(_, node)| drops(node.name())).collect();
         let relay_before: Vec<Egress> =
             plan.relays.iter().map(|r| Ok(Egress::read(Some(&lab.netns(r)?), r)?)).collect::<anyhow::Result<_>>()?;
         println!("ldm7 lab idd: {}: every relay subscribed; replaying {} min of traffic", mode.label(), args.minutes);
@@ -1016,7 +1073,18 @@ impl Run<'_> {
         }
         let mut results = Vec::new();
         let mut leaf_latencies_ms = Vec::new();
-        for (tier, node) in &nodes.list {
+        // The top's products only (not the statistics and rtstats products made below it), by
+        // signature: their feed.
+        let feed_of: std::collections::HashMap<_, &str> =
+            published.iter().map(|r| (r.signature, feed_of_info(&r.info))).collect();
+        let mut feeds: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+        for record in &published {
+            let entry = feeds.entry(feed_of_info(&record.info).to_owned()).or_default();
+            entry.0 += 1;
+            entry.1 += record.size;
+        }
+        let mut feed_latencies_ms: BTreeMap<(&'static str, String), Vec<f64>> = BTreeMap::new();
+        for ((tier, node), before) in nodes.list.iter().zip(drops_before) {
             let name = node.name().to_owned();
             let records = node.records().unwrap_or_default();
             let egress = match *tier {
@@ -1028,12 +1096,17 @@ impl Run<'_> {
             if *tier == "top" {
                 result.egress_split = Some(split);
             }
-            if *tier == "leaf" && matches!(node, Node::Ours(_)) {
-                // The top's products only (not the statistics and rtstats products made below it;
-                // the reference's queue has no times).
-                let ours: std::collections::HashSet<_> = published.iter().map(|r| r.signature).collect();
-                leaf_latencies_ms
-                    .extend(records.iter().filter(|r| ours.contains(&r.signature)).map(|r| r.latency_us as f64 / 1e3));
+            result.udp_drops = before.zip(drops(&name)).map(|(before, after)| after.saturating_sub(before));
+            // (The reference's queue has no times.)
+            if *tier != "top" && matches!(node, Node::Ours(_)) {
+                for record in &records {
+                    let Some(feed) = feed_of.get(&record.signature) else { continue };
+                    let ms = record.latency_us as f64 / 1e3;
+                    feed_latencies_ms.entry((tier, (*feed).to_owned())).or_default().push(ms);
+                    if *tier == "leaf" {
+                        leaf_latencies_ms.push(ms);
+                    }
+                }
             }
             results.push(result);
         }
@@ -1055,7 +1128,7 @@ impl Run<'_> {
                 }
             }
         }
-        Ok(ModeOutcome { mode, results, events, feed_bytes, leaf_latencies_ms })
+        Ok(ModeOutcome { mode, results, events, feed_bytes, leaf_latencies_ms, feed_latencies_ms, feeds })
     }
 
     /// Does one step of the faults; what came of it, for the event line.
@@ -1383,6 +1456,38 @@ fn comparison(outcomes: &[ModeOutcome]) -> String {
             if complete { "met" } else { "NOT met" }
         );
     }
+    let _ = writeln!(
+        out,
+        "\nper feed and tier: latency p50/p99 ms (creation at the top → insertion), every delivery at the tier's ldm7 nodes"
+    );
+    let mut header = format!("{:<10} {:>8} {:>8}  {:<6}", "feed", "products", "MB", "tier");
+    for outcome in outcomes {
+        let label = outcome.mode.label();
+        let _ = write!(header, "  {:>9} {:>9}", format!("{label} p50"), format!("{label} p99"));
+    }
+    out.push_str(header.trim_end());
+    out.push('\n');
+    if let Some(first) = outcomes.first() {
+        for (feed, (products, bytes)) in &first.feeds {
+            for tier in ["relay", "leaf"] {
+                let mut line = format!("{feed:<10} {products:>8} {:>8.1}  {tier:<6}", *bytes as f64 / 1e6);
+                for outcome in outcomes {
+                    let quantile = |q: f64| {
+                        outcome
+                            .feed_latencies_ms
+                            .get(&(tier, feed.clone()))
+                            .and_then(|ms| {
+                                ldm7_types::quantile::quantile_of(ms.iter().map(|ms| (ms * 1000.0) as i64), q)
+                            })
+                            .map_or(f64::NAN, |us| us as f64 / 1e3)
+                    };
+                    let _ = write!(line, "  {:>9.0} {:>9.0}", quantile(0.5), quantile(0.99));
+                }
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+    }
     out
 }
 
@@ -1420,6 +1525,11 @@ fn latency_figure(path: &Path, outcomes: &[ModeOutcome]) -> anyhow::Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The feedtype of a product's printed metadata (`SIZE ARRIVAL FEEDTYPE SEQNO  IDENT`).
+fn feed_of_info(info: &str) -> &str {
+    info.split_whitespace().nth(2).unwrap_or("?")
 }
 
 /// Products and bytes of a trace file (`SIZE TIME [FEED]` lines).
@@ -1460,6 +1570,7 @@ fn node_result(
         inserted: count(DeliveryMode::Inserted),
         backlog: count(DeliveryMode::Backlog),
         retx_blocks: records.iter().filter_map(|r| r.retransmitted_blocks).map(u64::from).sum(),
+        udp_drops: None,
         p50_ms: quantile_ms(0.5),
         p99_ms: quantile_ms(0.99),
         cpu_s: node.pid().and_then(crate::measure::cpu_seconds).unwrap_or(f64::NAN),
@@ -1487,7 +1598,7 @@ fn bytes_under(dir: &Path) -> u64 {
 }
 
 /// The columns of the table and the CSV: name, width in the table.
-const COLUMNS: [(&str, usize); 21] = [
+const COLUMNS: [(&str, usize); 22] = [
     ("node", 7),
     ("tier", 6),
     ("software", 11),
@@ -1500,6 +1611,7 @@ const COLUMNS: [(&str, usize); 21] = [
     ("backstop", 8),
     ("backlog", 7),
     ("retx_blocks", 11),
+    ("udp_drops", 9),
     ("p50_ms", 7),
     ("p99_ms", 7),
     ("cpu_s", 6),
@@ -1513,7 +1625,7 @@ const COLUMNS: [(&str, usize); 21] = [
 
 impl NodeResult {
     /// The row's values, in [`COLUMNS`]' order (`-`: not measured for this node).
-    fn values(&self) -> [String; 21] {
+    fn values(&self) -> [String; 22] {
         let optional = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
         [
             self.name.clone(),
@@ -1528,6 +1640,7 @@ impl NodeResult {
             self.inserted.to_string(),
             self.backlog.to_string(),
             self.retx_blocks.to_string(),
+            optional(self.udp_drops.map(|d| d.to_string())),
             format!("{:.0}", self.p50_ms),
             format!("{:.0}", self.p99_ms),
             format!("{:.1}", self.cpu_s),
@@ -1542,7 +1655,7 @@ impl NodeResult {
 }
 
 fn table(results: &[NodeResult]) -> String {
-    let line = |values: [String; 21]| -> String {
+    let line = |values: [String; 22]| -> String {
         let cells: Vec<String> = values
             .iter()
             .zip(COLUMNS)
