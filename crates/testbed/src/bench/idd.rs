@@ -594,6 +594,8 @@ struct ModeOutcome {
     feed_latencies_ms: BTreeMap<(&'static str, String), Vec<f64>>,
     /// Products and bytes the top published, by feed.
     feeds: BTreeMap<String, (usize, u64)>,
+    /// What the top sent the reference LDM-7 leaf by unicast (LDM-7 mode), per product byte.
+    reference7_egress: Option<f64>,
 }
 
 /// Runs the network (LDM-7, then with `--ldm6` the all-LDM-6 tree) and prints and writes the
@@ -885,6 +887,8 @@ impl Run<'_> {
         // addresses the top hands the relays; the top hands it its own, as the reference's
         // rule says for a subscriber that names no attachment). Its SUBSCRIBE, backlog and
         // repairs go over the path.
+        // The reference LDM-7 leaf's own path address (LDM-7 mode).
+        let mut reference7_address = None;
         if let (Some(reference), Some(leaf)) = (self.reference7, &plan.reference7) {
             let netns = lab.netns(leaf)?;
             let conf = match mode {
@@ -896,6 +900,7 @@ impl Run<'_> {
                         prefix_len: top.prefix_len,
                     };
                     ldm7_net::hostcfg::set_address(Some(&netns), "top", own)?;
+                    reference7_address = Some(own.address);
                     format!("ALLOW ANY ^10\\.\nRECEIVE ANY {top_address}:388\n")
                 }
                 Mode::Ldm6 => format!("ALLOW ANY ^10\\.\nREQUEST ANY \".*\" {top_address}:388\n"),
@@ -969,6 +974,14 @@ impl Run<'_> {
             let class = |c: Option<&ldm7_net::tc::ClassCounters>| c.map_or(0, |c| c.sent_bytes);
             Ok((egress, class(tc.multicast()), class(tc.retransmission())))
         };
+        // What the top sends the reference LDM-7 leaf itself (its subscription, repairs and
+        // backlog; not the multicast): a counting rule (no target) in the top's OUTPUT chain.
+        if let Some(address) = reference7_address {
+            Cmd::new("iptables")
+                .netns(Some(&top_ns))
+                .args(["-A", "OUTPUT", "-o", "top", "-d", &address.to_string()])
+                .run()?;
+        }
         let top_before = counters(&top_ns, "top")?;
         let ctl_before = Egress::read(Some(&top_ns), ldm7_net::lab::spec::CONTROL_INTERFACE)?;
         let drops = |node: &str| lab.netns(node).ok().and_then(|ns| crate::udp_receive_drops(Some(&ns)).ok());
@@ -1056,6 +1069,10 @@ impl Run<'_> {
         let per_byte = |bytes: u64| bytes as f64 / feed_bytes.max(1) as f64;
         let top_egress = per_byte(top_path + ctl);
         let split = (per_byte(top_after.1 - top_before.1), per_byte(top_after.2 - top_before.2), per_byte(ctl));
+        let reference7_egress = match reference7_address {
+            Some(address) => Some(per_byte(output_bytes_to(&top_ns, address)?)),
+            None => None,
+        };
         let mut relay_egress: BTreeMap<String, f64> = BTreeMap::new();
         for (relay, before) in plan.relays.iter().zip(relay_before) {
             let after = Egress::read(Some(&lab.netns(relay)?), relay)?;
@@ -1128,7 +1145,16 @@ impl Run<'_> {
                 }
             }
         }
-        Ok(ModeOutcome { mode, results, events, feed_bytes, leaf_latencies_ms, feed_latencies_ms, feeds })
+        Ok(ModeOutcome {
+            mode,
+            results,
+            events,
+            feed_bytes,
+            leaf_latencies_ms,
+            feed_latencies_ms,
+            feeds,
+            reference7_egress,
+        })
     }
 
     /// Does one step of the faults; what came of it, for the event line.
@@ -1435,6 +1461,14 @@ fn comparison(outcomes: &[ModeOutcome]) -> String {
     if let Some(ldm7) = outcomes.iter().find(|o| o.mode == Mode::Ldm7) {
         let top = ldm7.results.iter().find(|r| r.tier == "top").and_then(|r| r.egress_per_byte).unwrap_or(f64::NAN);
         let _ = writeln!(out, "bar: LDM-7 top egress {top:.3} ≤ 1.15: {}", if top <= 1.15 { "met" } else { "NOT met" });
+        if let Some(reference) = ldm7.reference7_egress {
+            let _ = writeln!(
+                out,
+                "  of which {reference:.3} went to the reference LDM-7 leaf by unicast (its repairs and backlog; IP \
+                 bytes): {:.3} without it",
+                top - reference
+            );
+        }
         if let Some(ldm6) = outcomes.iter().find(|o| o.mode == Mode::Ldm6) {
             let (a, b) = (leaf_p99(ldm7, 0.99), leaf_p99(ldm6, 0.99));
             let _ = writeln!(
@@ -1582,6 +1616,16 @@ fn node_result(
         egress_split: None,
         filed_bytes: (tier == "leaf" && timed).then(|| bytes_under(&node.dir().join("data"))),
     }
+}
+
+/// Bytes (IP) the OUTPUT chain of namespace `netns` counted to `address` (its counting rule).
+fn output_bytes_to(netns: &str, address: std::net::Ipv4Addr) -> anyhow::Result<u64> {
+    let text = Cmd::new("iptables").netns(Some(netns)).args(["-L", "OUTPUT", "-v", "-x", "-n"]).run()?;
+    let target = address.to_string();
+    text.lines()
+        .find(|line| line.split_whitespace().any(|word| word == target))
+        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .with_context(|| format!("no OUTPUT counting rule for {address} in {netns}:\n{text}"))
 }
 
 /// Bytes of the files below `dir`.
