@@ -14,7 +14,7 @@
 //!    from just after the resume point (or `time_offset` back without one) up to that product
 //!    ([`BacklogStart`]; the reference asks at the first product delivered, which for a lossy
 //!    subscriber is often a later one). Only when no FMTP datagram at all arrives for
-//!    [`TAIL_QUIET`] after the repair connection (a quiet feed), or nothing resolves for
+//!    [`FIRST_QUIET`] after the repair connection (a quiet feed), or nothing resolves for
 //!    [`BACKLOG_WAIT`], does it ask up to the upstream's newest product: products the multicast
 //!    is still carrying would otherwise come twice.
 //! 3. **Fences**: each REQUEST_BACKLOG goes with a fence far ahead of the newest FMTP index seen
@@ -46,9 +46,14 @@ use ldm7_types::{Instant, Signature};
 use crate::{BacklogSpec, fence_index};
 
 /// How long the feed must be quiet (no FMTP notice) before the subscriber checks for products
-/// lost whole at its end; also how long after the repair connection a feed that brought no
-/// datagram counts as quiet.
+/// lost whole at its end.
 pub const TAIL_QUIET: Duration = Duration::from_secs(2);
+/// How long after the repair connection a feed that brought no datagram counts as quiet (the
+/// backlog is then asked up to the newest product). Longer than a restarted publisher's
+/// catch-up wait (`catch_up_wait`, 1.5 s), with room for a loaded host: at 2 s, a subscriber
+/// back from a publisher restart on a busy machine took the catch-up's first seconds as a quiet
+/// feed and fetched those products by its backlog too.
+pub const FIRST_QUIET: Duration = Duration::from_secs(5);
 /// How far back a tail check reaches if the upstream no longer has the newest product.
 pub const TAIL_OFFSET: Duration = Duration::from_secs(60);
 /// How long after the FMTP connection the subscriber waits for a first product with its
@@ -401,7 +406,7 @@ impl TailCheck {
 /// When a session asks for its backlog: once, when the session's first FMTP product (the
 /// receiver's first index) is resolved, or, if that one is no longer to be had, at the next
 /// product resolved with its signature; up to the newest product when the feed is quiet (no
-/// FMTP datagram for [`TAIL_QUIET`] after the connection) or nothing has resolved after
+/// FMTP datagram for [`FIRST_QUIET`] after the connection) or nothing has resolved after
 /// [`BACKLOG_WAIT`].
 #[derive(Debug, Default)]
 struct BacklogStart {
@@ -438,11 +443,11 @@ impl BacklogStart {
         Some(before)
     }
 
-    /// When to ask up to the newest product: [`TAIL_QUIET`] after the connection while no
+    /// When to ask up to the newest product: [`FIRST_QUIET`] after the connection while no
     /// multicast message has come, [`BACKLOG_WAIT`] after it once one has.
     fn due(&self) -> Option<Instant> {
         let connected_at = self.connected_at.filter(|_| !self.asked)?;
-        Some(connected_at + if self.first.is_some() { BACKLOG_WAIT } else { TAIL_QUIET })
+        Some(connected_at + if self.first.is_some() { BACKLOG_WAIT } else { FIRST_QUIET })
     }
 
     /// Whether to ask for the backlog up to the newest product at `now`.
@@ -616,10 +621,10 @@ mod tests {
         let mut lossy = BacklogStart::default();
         assert_eq!(lossy.due(), None, "nothing before the FMTP connection");
         lossy.connected(start);
-        assert_eq!(lossy.due(), Some(start + TAIL_QUIET));
+        assert_eq!(lossy.due(), Some(start + FIRST_QUIET));
         lossy.started(10);
         assert_eq!(lossy.due(), Some(start + BACKLOG_WAIT), "datagrams arrive: not quiet");
-        assert!(!lossy.expired(start + TAIL_QUIET), "the first product is still being repaired");
+        assert!(!lossy.expired(start + FIRST_QUIET), "the first product is still being repaired");
         assert_eq!(lossy.resolved(12, Some(a)), None, "a later product first: 10 is still on its way");
         assert_eq!(lossy.resolved(10, Some(b)), Some(b), "the first product: the backlog ends before it");
         assert_eq!(lossy.resolved(11, Some(a)), None, "once");
@@ -633,7 +638,7 @@ mod tests {
         let mut quiet = BacklogStart::default();
         quiet.connected(start);
         assert!(!quiet.expired(start));
-        assert!(quiet.expired(start + TAIL_QUIET), "no datagram at all: up to the newest");
+        assert!(quiet.expired(start + FIRST_QUIET), "no datagram at all: up to the newest");
         assert_eq!(quiet.resolved(10, Some(a)), None, "already asked");
 
         let mut stuck = BacklogStart::default();

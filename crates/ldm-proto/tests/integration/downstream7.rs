@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use ldm7_ldm_proto::downstream7::{
-    BACKLOG_WAIT, BacklogReason, Downstream7, Downstream7Config, FmtpReport, INDEX_GAP_REQUESTS_MAX, ResumePoint,
-    TAIL_OFFSET, TAIL_QUIET, UpstreamRequest,
+    BACKLOG_WAIT, BacklogReason, Downstream7, Downstream7Config, FIRST_QUIET, FmtpReport, INDEX_GAP_REQUESTS_MAX,
+    ResumePoint, TAIL_OFFSET, TAIL_QUIET, UpstreamRequest,
 };
 use ldm7_ldm_proto::{BacklogSpec, fence_index};
 use ldm7_types::{Instant, Signature};
@@ -92,10 +92,10 @@ fn a_quiet_feed_asks_up_to_the_newest_product_and_fences_it_with_the_first_index
     downstream.session_started(at(0));
     assert_eq!(downstream.poll_timeout(), None, "nothing before the FMTP connection");
     downstream.fmtp(at(0), FmtpReport::Connected, Some((0, 0)));
-    assert_eq!(downstream.poll_timeout(), Some(at(0) + TAIL_QUIET));
+    assert_eq!(downstream.poll_timeout(), Some(at(0) + FIRST_QUIET));
     downstream.handle_timeout(at(1), Some((0, 0)));
     assert_eq!(decisions(&mut downstream), [], "early");
-    downstream.handle_timeout(at(0) + TAIL_QUIET, Some((0, 0)));
+    downstream.handle_timeout(at(0) + FIRST_QUIET, Some((0, 0)));
     assert_eq!(
         decisions(&mut downstream),
         [UpstreamRequest::RequestBacklog {

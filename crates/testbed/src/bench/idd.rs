@@ -947,12 +947,12 @@ impl Run<'_> {
                         server.wait_for_log("FMTP repair connection to", Duration::from_secs(120))?;
                     }
                 }
-                // A subscriber that sees no product for 2 s after its FMTP connection takes the
+                // A subscriber that sees no product for 5 s after its FMTP connection takes the
                 // feed as quiet and asks for the backlog up to the newest product. The replay
                 // starts after that decision, so that it is made on a quiet feed (a backlog of
                 // none), as when subscribers join a running feed, and not on the replay's first
                 // second, whose products it would then fetch twice (by backlog and by FMTP).
-                sleep_unless_interrupted(Duration::from_secs(3))?;
+                sleep_unless_interrupted(Duration::from_secs(6))?;
             }
             Mode::Ldm6 => sleep_unless_interrupted(Duration::from_secs(5))?,
         }
