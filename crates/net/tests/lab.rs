@@ -46,6 +46,24 @@ impl TestLab {
         TestLab { spec }
     }
 
+    /// [`TWO_HOSTS`] with the feed `ngrid` from `pub` to `sub` at `rate`, `sub`'s leg delayed
+    /// by `delay` (so the path is VDE).
+    fn vde_feed(letter: char, rate: &str, delay: &str) -> TestLab {
+        TestLab::up(
+            letter,
+            &format!(
+                r#"{TWO_HOSTS}
+[[feeds]]
+name = "ngrid"
+publisher = "pub"
+subscribers = ["sub"]
+rate = "{rate}"
+delay = {{ sub = "{delay}" }}
+"#
+            ),
+        )
+    }
+
     fn netns(&self, host: &str) -> String {
         self.spec.netns_of(host)
     }
@@ -168,19 +186,7 @@ fn round_trips_carry_the_configured_delay() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let _lab = ldm7_testkit::lab_lock();
-    let lab = TestLab::up(
-        'b',
-        &format!(
-            r#"{TWO_HOSTS}
-[[feeds]]
-name = "ngrid"
-publisher = "pub"
-subscribers = ["sub"]
-rate = "40M"
-delay = {{ sub = "20ms" }}
-"#
-        ),
-    );
+    let lab = TestLab::vde_feed('b', "40M", "20ms");
     let mut rtts = probe::round_trips(&lab.spec, "ngrid", "pub", "sub", 40007, 20, Duration::from_millis(5)).unwrap();
     rtts.sort();
     assert!(rtts.len() >= 15, "most probes come back on a path without loss: {} of 20", rtts.len());
@@ -239,19 +245,7 @@ fn a_vde_path_keeps_datagrams_in_order() {
     let _lab = ldm7_testkit::lab_lock();
     // The publisher's leg has no delay; the probe's bursts (50 datagrams a millisecond) queue at
     // the legs' bandwidth.
-    let lab = TestLab::up(
-        'o',
-        &format!(
-            r#"{TWO_HOSTS}
-[[feeds]]
-name = "ngrid"
-publisher = "pub"
-subscribers = ["sub"]
-rate = "20M"
-delay = {{ sub = "2ms" }}
-"#
-        ),
-    );
+    let lab = TestLab::vde_feed('o', "20M", "2ms");
     let sample = probe::udp_loss(&lab.spec, "ngrid", "pub", "sub", 40009, 20_000).unwrap();
     eprintln!("over VDE: {} of {} received, {} out of order", sample.received, sample.sent, sample.reordered);
     assert!(sample.received > 0, "{sample:?}");
