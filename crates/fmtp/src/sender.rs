@@ -369,6 +369,59 @@ impl SigningHandle {
     }
 }
 
+/// Finishes a running [`FmtpSender`] in order (an orderly stop); clone it to use it from
+/// another task.
+#[derive(Clone)]
+pub struct FinishHandle {
+    inputs: Inputs,
+}
+
+impl std::fmt::Debug for FinishHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FinishHandle").finish_non_exhaustive()
+    }
+}
+
+/// What [`FinishHandle::finish`] left undone: the products handed over and not begun.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// The index the next product would have had: the products from it on were withdrawn (not
+    /// multicast); a later sender starting at this index may multicast them with the same
+    /// indexes.
+    pub next_index: ProductIndex,
+    /// How many products were withdrawn (handed over, no BOP multicast).
+    pub withdrawn: usize,
+}
+
+/// An orderly finish under way: see [`Finishing::settled`].
+#[derive(Debug)]
+pub struct Finishing {
+    /// What was withdrawn.
+    pub finished: Finished,
+    settled: oneshot::Receiver<()>,
+}
+
+impl Finishing {
+    /// Returns once every product multicast is released (each receiver finished it, or its
+    /// retransmission deadline passed); `false` if the sender task ended first. Bound the wait
+    /// with a timeout: a receiver that never finishes holds a product until its deadline.
+    pub async fn settled(self) -> bool {
+        self.settled.await.is_ok()
+    }
+}
+
+impl FinishHandle {
+    /// The sender takes no more products: those handed over and not begun are withdrawn, the
+    /// one under way is finished, and repairs go on being served (see [`Finishing::settled`]).
+    /// `None` if the sender task ended.
+    pub async fn finish(&self) -> Option<Finishing> {
+        let (withdrawn, finished) = oneshot::channel();
+        let (settle, settled) = oneshot::channel();
+        self.inputs.send(Input::Finish { withdrawn, settled: settle }).await.ok()?;
+        Some(Finishing { finished: finished.await.ok()?, settled })
+    }
+}
+
 impl RateHandle {
     /// Paces multicast and repairs at `rate_bits_per_s` from now on (see `Sender::set_rate`);
     /// returns once the sender task applied it.
@@ -457,6 +510,7 @@ impl FmtpSender {
         let signing = SigningHandle { lists: Arc::new(AtomicBool::new(options.mac_signing == MacSigning::Lists)) };
         let task = SenderTask {
             sender,
+            finishing: Vec::new(),
             udp,
             queued_products_max,
             bounds,
@@ -524,6 +578,11 @@ impl FmtpSender {
     /// The next notice; `None` once the sender stopped.
     pub async fn next_notice(&mut self) -> Option<SenderNotice> {
         self.notices.recv().await
+    }
+
+    /// A handle that finishes the sender in order (see [`FinishHandle::finish`]).
+    pub fn finish_handle(&self) -> FinishHandle {
+        FinishHandle { inputs: self.rate.inputs.clone() }
     }
 
     /// A handle that switches level-2 signing between each datagram and digest lists.
@@ -627,6 +686,9 @@ enum Input {
     Disconnected(ReceiverId),
     /// Pace at a new rate; the outcome goes back on `reply`.
     SetRate { rate_bits_per_s: u64, reply: oneshot::Sender<Result<(), ConfigError>> },
+    /// Take no more products and withdraw those not begun (said on `withdrawn`); say on
+    /// `settled` once every product multicast is released.
+    Finish { withdrawn: oneshot::Sender<Finished>, settled: oneshot::Sender<()> },
 }
 
 /// The sender task's input channel, counting when it is full.
@@ -728,6 +790,8 @@ impl Drop for Link {
 
 struct SenderTask {
     sender: Sender,
+    /// Who waits for the sender to settle (an orderly stop: no new product is taken).
+    finishing: Vec<oneshot::Sender<()>>,
     udp: MulticastSender,
     queued_products_max: usize,
     bounds: SenderBounds,
@@ -797,6 +861,11 @@ impl SenderTask {
         let mut products_open = true;
         loop {
             self.drive().await;
+            if !self.finishing.is_empty() && self.sender.is_settled() {
+                for reply in self.finishing.drain(..) {
+                    let _ = reply.send(());
+                }
+            }
             let list_due = self.lister.as_ref().and_then(DigestLister::due);
             let timeout = [self.sender.poll_timeout(), self.rotation_timeout(), list_due].into_iter().flatten().min();
             let take_products = products_open
@@ -816,6 +885,22 @@ impl SenderTask {
             };
             match wake {
                 Wake::Input(None) => return,
+                Wake::Input(Some(Input::Finish { withdrawn, settled })) => {
+                    // Handed over and not taken yet: withdrawn, as the products not begun.
+                    products.close();
+                    let mut dropped = 0;
+                    while products.try_recv().is_ok() {
+                        dropped += 1;
+                    }
+                    products_open = false;
+                    let finished = Finished {
+                        withdrawn: self.sender.withdraw_unsent() + dropped,
+                        next_index: self.sender.next_index(),
+                    };
+                    // The caller may have stopped waiting.
+                    let _ = withdrawn.send(finished);
+                    self.finishing.push(settled);
+                }
                 Wake::Input(Some(input)) => self.handle_input(input),
                 Wake::NoticeSlot(Some(permit)) => {
                     if let Some(notice) = self.pending_notices.pop_front() {
@@ -932,6 +1017,7 @@ impl SenderTask {
                 // The caller may have stopped waiting.
                 let _ = reply.send(result);
             }
+            Input::Finish { .. } => {} // Taken by the task's loop (it holds the product channel).
             Input::Disconnected(id) => {
                 if let Some(link) = self.links.remove(&id) {
                     self.key_acknowledged(now, id, None);

@@ -433,6 +433,9 @@ impl Server {
         if let Some(metrics) = self.metrics.take() {
             metrics.stop();
         }
+        // Multicasting ends first, while the subscriptions are up: receivers finish what was
+        // multicast before their subscriptions end.
+        self.shared.multicaster.finish();
         self.shared.stop.stop();
         // Threads waiting for the queue to change (feeding a downstream, multicasting) wake now.
         self.shared.queue.wake_waiters();

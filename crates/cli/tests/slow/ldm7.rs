@@ -362,6 +362,42 @@ fn restart_publisher(test: u8, settings: &str, catching_up: bool) {
     assert_same_products(&publisher, &subscribers);
 }
 
+/// A publisher stopped in the middle of a burst, its subscriber losing 5% of the datagrams:
+/// the products it multicast reach the subscriber by FMTP before it exits (it goes on serving
+/// repairs until the subscriber finished them), and those it had handed to FMTP but not begun
+/// go out after its restart with the same indexes; nothing comes by the backstop or the backlog.
+#[test]
+fn a_stopping_publisher_finishes_what_it_multicast_and_withdraws_the_rest() {
+    let Some(trace) = shared_data_or_skip(TRACE) else { return };
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut publisher = publisher(root.path(), 16, &allow_all(), "[multicast]\nrate = \"100 Mbit/s\"\n");
+    publisher.start();
+    let mut lossy = subscriber(root.path(), "lossy", &publisher, 0.05);
+    lossy.start();
+    wait_subscribed(&lossy);
+    replay(&publisher, &trace, 300, 41);
+    publisher.wait_for_log("Multicasted: prodIndex=20,", Duration::from_secs(30));
+    publisher.stop();
+    let log = publisher.log();
+    assert!(log.contains("every FMTP receiver finished the products multicast"), "{}", tail(&log));
+    // The products it multicast: those up to the first withdrawn index.
+    let withdrawn = log.lines().find_map(|line| {
+        let (_, rest) = line.split_once("not begun are not multicast (indexes ")?;
+        rest.split_once(' ')?.0.parse::<u64>().ok()
+    });
+    let multicast = withdrawn.unwrap_or_else(|| log.matches("Multicasted: prodIndex=").count() as u64);
+    assert!(multicast < 300, "the stop came before the burst was multicast: {}", tail(&log));
+    lossy.wait_for(multicast, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lossy.count(), multicast, "nothing beyond what was multicast: {}", tail(&lossy.log()));
+    assert_eq!(deliveries(&lossy, "Received") as u64, multicast, "{}", tail(&lossy.log()));
+    publisher.start();
+    lossy.wait_for(300, Duration::from_secs(60));
+    assert_eq!(deliveries(&lossy, "Received"), 300, "every product by FMTP: {}", tail(&lossy.log()));
+    assert_eq!(deliveries(&lossy, "Inserted") + deliveries(&lossy, "Backlog"), 0, "{}", tail(&lossy.log()));
+    assert_same_products(&publisher, &[lossy]);
+}
+
 #[test]
 fn a_restarted_publisher_multicasts_what_was_inserted_while_it_was_down_and_nothing_is_lost() {
     restart_publisher(4, "", true);

@@ -13,7 +13,7 @@ use crate::wire::{self, Body, METADATA_LEN_MAX, Message};
 use super::interest::InterestSet;
 use super::{
     EnqueueError, EnqueueRefusal, OutgoingProduct, ReceiverId, ReceiverState, Sender, SenderCounters, SenderEvent,
-    SentProduct, Transmit, WorkKind, sync_ready,
+    SentProduct, Stage, Transmit, WorkKind, sync_ready,
 };
 
 #[cfg(doc)]
@@ -308,6 +308,29 @@ impl Sender {
     /// Product bytes queued for retransmission to a receiver.
     pub fn retx_backlog_bytes(&self, id: ReceiverId) -> u64 {
         self.receivers.get(&id).map_or(0, |r| r.backlog_bytes)
+    }
+
+    /// Takes back the products accepted and not begun (no BOP multicast yet) and returns how
+    /// many: an orderly stop finishes the product under way and leaves the rest to the
+    /// application, which may hand them to a later sender with the same indexes (from
+    /// [`Sender::next_index`], which is the first of them after this).
+    pub fn withdraw_unsent(&mut self) -> usize {
+        let begun = usize::from(!self.multicast_queue.is_empty() && !matches!(self.stage, Stage::Bop));
+        let withdrawn: Vec<u64> = self.multicast_queue.drain(begun..).collect();
+        for key in &withdrawn {
+            self.products.remove(key);
+        }
+        if let Some(first) = withdrawn.first() {
+            // Multicast goes in key order: no key from the first withdrawn on went out.
+            self.next_key = *first;
+        }
+        withdrawn.len()
+    }
+
+    /// Whether every product handed over is done with: idle, and none retained for repairs
+    /// (each receiver finished it, or its retransmission deadline passed).
+    pub fn is_settled(&self) -> bool {
+        self.is_idle() && self.retained_count == 0
     }
 
     /// Whether nothing is queued: no product waits to be multicast, no repair is queued and no

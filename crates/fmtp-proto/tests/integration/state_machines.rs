@@ -619,6 +619,32 @@ fn products_without_receivers_are_released_after_multicast_when_allowed() {
 }
 
 #[test]
+fn withdrawing_keeps_the_product_under_way_and_gives_the_rest_back_with_their_indexes() {
+    let config = SenderConfig { multicast_without_receivers: true, ..SenderConfig::default() };
+    let mut sender = Sender::new(config, Instant::ZERO).unwrap();
+    for n in 0..3u8 {
+        sender.enqueue(Instant::ZERO, OutgoingProduct::new(vec![n; 3000], [n; 16])).unwrap();
+    }
+    let mut buf = Vec::new();
+    // The first product's BOP and a block: under way.
+    for _ in 0..2 {
+        sender.poll_transmit(Instant::ZERO, &mut buf).expect("a datagram");
+    }
+    assert_eq!(sender.withdraw_unsent(), 2);
+    assert_eq!(sender.next_index(), ProductIndex(1), "the withdrawn products' indexes are given again");
+    assert!(!sender.is_settled(), "the product under way is finished first");
+    let mut count = 0;
+    while sender.poll_transmit(Instant::ZERO, &mut buf).is_some() {
+        count += 1;
+    }
+    assert_eq!(count, 3, "the first product's last 2 blocks and its EOP, nothing of the others");
+    assert!(sender.is_settled());
+    assert_eq!(sender.withdraw_unsent(), 0, "nothing left to withdraw");
+    let index = sender.enqueue(Instant::ZERO, OutgoingProduct::new(vec![7u8; 10], [7u8; 16])).unwrap();
+    assert_eq!(index, ProductIndex(1));
+}
+
+#[test]
 fn receiver_joining_mid_product_recovers_it_and_holds_it() {
     let config = SenderConfig { multicast_pacing: Some(Pacing::new(10_000_000)), ..sender_config() };
     let mut net = Net::new(config, receivers(1));

@@ -108,6 +108,20 @@ impl IndexMap {
         Ok(())
     }
 
+    /// Forgets the products from `from` up to the next index (handed to FMTP, then withdrawn
+    /// before they were multicast): `from` becomes the next index.
+    pub fn withdraw(&mut self, from: ProductIndex) -> Result<(), IndexMapError> {
+        let io = |source| IndexMapError::Io { path: self.path.clone(), source };
+        let mut index = from;
+        while index != self.next_index {
+            self.file.write_all_at(&[0u8; RECORD_LEN as usize], self.offset(index)).map_err(io)?;
+            index = index.wrapping_add(1);
+        }
+        self.next_index = from;
+        self.file.write_all_at(&self.next_index.0.to_le_bytes(), 12).map_err(io)?;
+        Ok(())
+    }
+
     /// The signature of the product multicast with `index`, if the map still remembers it.
     pub fn get(&self, index: ProductIndex) -> Result<Option<Signature>, IndexMapError> {
         let mut record = [0u8; RECORD_LEN as usize];
@@ -159,6 +173,26 @@ mod tests {
         let map = IndexMap::open(&path, 99).unwrap();
         assert_eq!((map.next_index(), map.capacity()), (ProductIndex(6), 4));
         assert_eq!(map.get(ProductIndex(4)).unwrap(), Some(signature(4)));
+    }
+
+    #[test]
+    fn withdrawn_records_are_forgotten_and_their_indexes_given_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("EXP.fmtp-index");
+        let mut map = IndexMap::open(&path, 8).unwrap();
+        for n in 0..5u32 {
+            map.put(ProductIndex(n), &signature(n as u8)).unwrap();
+        }
+        map.withdraw(ProductIndex(3)).unwrap();
+        assert_eq!(map.next_index(), ProductIndex(3));
+        assert_eq!(map.get(ProductIndex(2)).unwrap(), Some(signature(2)));
+        assert_eq!(map.get(ProductIndex(3)).unwrap(), None);
+        assert_eq!(map.get(ProductIndex(4)).unwrap(), None);
+        drop(map);
+        let mut map = IndexMap::open(&path, 8).unwrap();
+        assert_eq!(map.next_index(), ProductIndex(3), "kept across a restart");
+        map.put(ProductIndex(3), &signature(9)).unwrap();
+        assert_eq!(map.get(ProductIndex(3)).unwrap(), Some(signature(9)));
     }
 
     #[test]

@@ -63,6 +63,11 @@ use crate::config::{Config, Multicast};
 use crate::settings::{Deadline, MulticastSettings, PathSettings, Settings};
 use ldm7_net::pool::{Pool, PoolError};
 
+/// How long a stopping server lets each feed's FMTP sender serve repairs for the products it
+/// multicast, while the subscriptions are still up ([`Multicaster::finish`]). Products are
+/// complete a repair round trip after their EOP, well under this on any path FMTP serves.
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
 /// How long the queue reader waits for a product before it looks at the stop flag again (a
 /// stopping server wakes it at once: `Queue::wake_waiters`; this bounds a missed wake-up).
 const READER_POLL: Duration = Duration::from_millis(250);
@@ -417,6 +422,56 @@ impl Multicaster {
     /// The product index map's signature for `index` of the feed a subscription is to.
     pub fn signature_of(&self, subscription: &Subscription, index: ProductIndex) -> Option<Signature> {
         subscription.feed.signature_of(index)
+    }
+
+    /// The orderly start of a server shutdown, while the subscriptions are still up: no new
+    /// subscription is answered OK and no new product is multicast. Each feed's FMTP sender
+    /// finishes the product under way and serves repairs until every receiver finished the
+    /// products multicast (at most [`FINISH_WAIT`]): a receiver torn down with its
+    /// subscription — as a reference LDM-7 is when the connection ends — would otherwise lose
+    /// a product multicast just before, and its next backlog starts after the newest product
+    /// it holds. Products handed to FMTP and not begun are withdrawn, and their indexes given
+    /// back to the feed's index map: the next start multicasts them (`catch_up`) with the
+    /// same indexes.
+    pub fn finish(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        let feeds: Vec<Arc<Feed>> = self.feeds().values().cloned().collect();
+        let handle = self.runtime.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|r| r.handle().clone());
+        let Some(runtime) = handle.filter(|_| !feeds.is_empty()) else { return };
+        for feed in &feeds {
+            feed.stop.store(true, Ordering::Relaxed);
+        }
+        let started = std::time::Instant::now();
+        let finishing: Vec<Option<ldm7_fmtp::Finishing>> =
+            runtime.block_on(async { finish_each(feeds.iter().map(|feed| feed.finish.clone())).await });
+        // The queue readers, flagged and their hand-over closed, end now.
+        self.queue.wake_waiters();
+        for feed in &feeds {
+            feed.join_reader();
+        }
+        let mut settling = Vec::new();
+        for (feed, finishing) in feeds.iter().zip(finishing) {
+            let Some(finishing) = finishing else { continue };
+            feed.withdraw(finishing.finished);
+            let settled = async move { tokio::time::timeout(FINISH_WAIT, finishing.settled()).await == Ok(true) };
+            settling.push((feed.clone(), runtime.spawn(settled)));
+        }
+        for (feed, settled) in settling {
+            if runtime.block_on(settled).unwrap_or(false) {
+                tracing::info!(
+                    "{}: stopping: every FMTP receiver finished the products multicast ({:.2} s)",
+                    feed.name,
+                    started.elapsed().as_secs_f64()
+                );
+            } else {
+                tracing::warn!(
+                    "{}: stopping: FMTP receivers had not finished every product multicast after {} s; the rest is \
+                     left to their backstop",
+                    feed.name,
+                    FINISH_WAIT.as_secs()
+                );
+            }
+        }
     }
 
     /// Stops every feed (server shutdown): no new subscription is answered OK.
@@ -829,6 +884,8 @@ pub struct Feed {
     reader: Mutex<Option<JoinHandle<()>>>,
     /// The task that owns the FMTP sender and reads its notices; aborting it stops FMTP.
     fmtp: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Finishes the FMTP sender in order (a stopping server).
+    finish: ldm7_fmtp::FinishHandle,
     /// The FMTP sender's protocol counters.
     sender_counters: tokio::sync::watch::Receiver<ldm7_fmtp_proto::SenderCounters>,
     /// The online monitor, when the feed has `rate_control`.
@@ -914,6 +971,7 @@ impl Feed {
             stop: stop.clone(),
             reader: Mutex::new(None),
             fmtp: Mutex::new(None),
+            finish: sender.finish_handle(),
             sender_counters: sender.counters_watch(),
             rate_control: violation_monitor.clone(),
             rate_task: Mutex::new(None),
@@ -1178,6 +1236,41 @@ impl Feed {
         if let Some(task) = self.fmtp.lock().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
         }
+        self.join_reader();
+    }
+
+    /// Gives the indexes of products FMTP withdrew back to the index map (they were mapped when
+    /// handed over): the next start continues from the first of them, and its catch-up
+    /// multicasts them.
+    fn withdraw(&self, finished: ldm7_fmtp::Finished) {
+        let mut map = self.index_map.lock().unwrap_or_else(PoisonError::into_inner);
+        let mapped = map.next_index().0.wrapping_sub(finished.next_index.0);
+        if mapped == 0 {
+            return;
+        }
+        if mapped > map.capacity() {
+            tracing::error!(
+                "{}: the index map ({}) is not where FMTP stopped ({}): left as it is",
+                self.name,
+                map.next_index().0,
+                finished.next_index.0
+            );
+            return;
+        }
+        match map.withdraw(finished.next_index) {
+            Ok(()) => tracing::info!(
+                "{}: stopping: {mapped} products handed to FMTP and not begun are not multicast (indexes {} to {}); \
+                 the next start multicasts them",
+                self.name,
+                finished.next_index.0,
+                finished.next_index.0.wrapping_add(mapped - 1)
+            ),
+            Err(error) => tracing::error!("{}: {error}", self.name),
+        }
+    }
+
+    /// Waits for the queue reader to end (the stop flag is set).
+    fn join_reader(&self) {
         if let Some(reader) = self.reader.lock().unwrap_or_else(PoisonError::into_inner).take() {
             let _ = reader.join();
         }
@@ -1230,6 +1323,15 @@ impl Feed {
             }
         }
     }
+}
+
+/// Asks each sender in turn to finish (each answers at once).
+async fn finish_each(handles: impl Iterator<Item = ldm7_fmtp::FinishHandle>) -> Vec<Option<ldm7_fmtp::Finishing>> {
+    let mut finishing = Vec::new();
+    for handle in handles {
+        finishing.push(handle.finish().await);
+    }
+    finishing
 }
 
 /// Where a feed started again begins (`[multicast] catch_up`): just after the last product it
