@@ -449,6 +449,16 @@ fn leg_controls_reception(lab: &TestLab) {
     paths.add_leg("ngrid", &leg).unwrap();
     let added_at = next_number.get();
     receives(0, added_at, 20, "sub1 receives again once its leg is added back");
+    if feed.uses_vde() {
+        // A leg half removed (a process stopped between closing its switch port and stopping
+        // its wirefilter) is made anew by the next add_leg, not taken as there.
+        close_switch_port(paths.as_mut(), "ngrid", &leg.endpoint);
+        let closed_at = next_number.get();
+        receives(1, closed_at, 20, "sub2 receives while sub1's switch port is closed");
+        paths.add_leg("ngrid", &leg).unwrap();
+        let healed_at = next_number.get();
+        receives(0, healed_at, 20, "sub1 receives again once add_leg made its half-removed leg anew");
+    }
     stop.store(true, Ordering::SeqCst);
     for receiver in receivers {
         receiver.join().unwrap().unwrap();
@@ -458,6 +468,29 @@ fn leg_controls_reception(lab: &TestLab) {
         leaked.len()
     );
     assert!(leaked.is_empty(), "{kind}: sub1 received datagrams sent after its leg was removed: {leaked:?}");
+}
+
+/// Closes the VDE switch port of `endpoint`'s leg on path `name`, leaving its wirefilter running.
+fn close_switch_port(paths: &mut dyn ldm7_net::path::PathService, name: &str, endpoint: &ldm7_net::path::Endpoint) {
+    let info = paths.list().unwrap().into_iter().find(|info| info.name == name).expect("the path");
+    let socket = info.detail.strip_prefix("vde_switch ").expect("a VDE path");
+    let dir = std::path::Path::new(socket).parent().unwrap().to_path_buf();
+    let record =
+        std::fs::read_to_string(dir.join(format!("leg-{}-{}.leg", endpoint.node, endpoint.interface))).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    let port = record["port"].as_u64().unwrap();
+    let mgmt = dir.join("switch.mgmt");
+    let ports = ldm7_net::path::vde::mgmt_command(&mgmt, "port/print").unwrap();
+    let mut current = None;
+    for line in ports.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"Port") {
+            current = words.get(1).and_then(|word| word.parse::<u64>().ok());
+        } else if current == Some(port) && line.contains("endpoint ID") {
+            let id = words.iter().position(|word| *word == "ID").and_then(|at| words.get(at + 1)).unwrap();
+            ldm7_net::path::vde::mgmt_command(&mgmt, &format!("port/epclose {port} {id}")).unwrap();
+        }
+    }
 }
 
 /// The datagram numbers a receiver got, in the order it got them.

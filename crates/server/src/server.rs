@@ -442,6 +442,16 @@ impl Server {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        // The connections' threads end their sessions: a subscription's end gives its address
+        // back and removes its path leg, which a process exiting midway would leave half done.
+        let waited = std::time::Instant::now();
+        while self.shared.active_connections.load(Ordering::Relaxed) > 0 && waited.elapsed() < CONNECTIONS_STOP_WAIT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let open = self.shared.active_connections.load(Ordering::Relaxed);
+        if open > 0 {
+            tracing::warn!("{open} connections had not ended {} s after the stop", CONNECTIONS_STOP_WAIT.as_secs());
+        }
         let requests = std::mem::take(&mut *self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         requests.stop();
         if let Some(Subscribers { runtime, stop, tasks }) = self.subscribers.take() {
@@ -651,6 +661,10 @@ fn requests(config: &Config, default_port: u16) -> Vec<RequestSpec> {
         })
         .collect()
 }
+
+/// How long a stopping server waits for its connections' threads to end their sessions (each
+/// is woken by the stop at once; a session ends after the product it is sending).
+const CONNECTIONS_STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a stopping server waits for its LDM-7 subscribers to end their sessions.
 const SUBSCRIBERS_STOP_WAIT: Duration = Duration::from_secs(10);

@@ -110,6 +110,14 @@ impl VdePaths {
         legs
     }
 
+    /// Removes what the driver remembers of a leg whose wirefilter is stopped.
+    fn forget_leg(&self, name: &str, endpoint: &Endpoint) {
+        let stem = self.leg_stem(name, endpoint);
+        for extension in ["leg", "pid", "mgmt"] {
+            let _ = std::fs::remove_file(stem.with_extension(extension));
+        }
+    }
+
     /// (port, endpoint id) of every active switch endpoint, from `port/print`.
     fn active_ports(&self, name: &str) -> Result<Vec<(u32, u32)>, PathError> {
         Ok(parse_port_print(&mgmt_command(&self.mgmt(name), "port/print")?))
@@ -156,12 +164,20 @@ impl PathService for VdePaths {
 
     fn add_leg(&mut self, name: &str, leg: &Leg) -> Result<(), PathError> {
         let rate = self.require(name)?;
-        let legs = self.legs(name);
-        if legs.iter().any(|(record, _)| record.endpoint == leg.endpoint) {
-            return Ok(());
+        let mut legs = self.legs(name);
+        let active = self.active_ports(name)?;
+        if let Some(at) = legs.iter().position(|(record, _)| record.endpoint == leg.endpoint) {
+            if active.iter().any(|(port, _)| *port == legs[at].0.port) {
+                return Ok(());
+            }
+            // Half removed: its switch port closed and its wirefilter left running (a process
+            // stopped while it removed the leg). The host is cut off: the leg is made again.
+            let (record, pid) = legs.remove(at);
+            stop_owned(pid, &self.path_dir(name));
+            self.forget_leg(name, &record.endpoint);
         }
         let mut used: Vec<u32> = legs.iter().map(|(record, _)| record.port).collect();
-        used.extend(self.active_ports(name)?.into_iter().map(|(port, _)| port));
+        used.extend(active.into_iter().map(|(port, _)| port));
         let port = (1..SWITCH_PORTS)
             .find(|p| !used.contains(p))
             .ok_or_else(|| PathError::NoFreePort { name: name.to_string(), ports: SWITCH_PORTS })?;
@@ -216,10 +232,7 @@ impl PathService for VdePaths {
             mgmt_command(&self.mgmt(name), &format!("port/epclose {port} {endpoint_id}"))?;
         }
         stop_owned(pid, &self.path_dir(name));
-        let stem = self.leg_stem(name, endpoint);
-        for extension in ["leg", "pid", "mgmt"] {
-            let _ = std::fs::remove_file(stem.with_extension(extension));
-        }
+        self.forget_leg(name, endpoint);
         Ok(())
     }
 
