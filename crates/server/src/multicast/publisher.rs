@@ -36,7 +36,7 @@
 //! latency from its RETX_END, and steps the path rate (path service, the HTB tree of the
 //! multicast interface if it has one, FMTP pacing) every interval.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -417,6 +417,12 @@ impl Multicaster {
     pub fn is_fence(&self, subscription: &Subscription, index: ProductIndex) -> bool {
         let next = subscription.feed.index_map.lock().unwrap_or_else(PoisonError::into_inner).next_index();
         ldm7_ldm_proto::is_fence(index.0, next.0)
+    }
+
+    /// How far a backlog asked now by a subscriber of this feed may reach (see
+    /// `Feed::backlog_cutoff`): the products after it come by multicast.
+    pub fn backlog_cutoff(&self, subscription: &Subscription) -> Option<Timestamp> {
+        subscription.feed.backlog_cutoff()
     }
 
     /// The product index map's signature for `index` of the feed a subscription is to.
@@ -905,6 +911,50 @@ pub struct Feed {
     /// Where their number is kept across restarts (a feed started again waits for as many
     /// before it catches up).
     receivers_file: PathBuf,
+    /// How far the multicast got (what a backlog leaves to it).
+    position: Mutex<MulticastPosition>,
+}
+
+/// How far a feed's multicast got in the queue: a backlog asked now stops there, since the
+/// feed's later products are on their way by multicast to every subscriber of the feed.
+#[derive(Debug)]
+struct MulticastPosition {
+    /// Where the queue reader starts (the catch-up's start, or the feed's): later products are
+    /// multicast in this run.
+    from: Timestamp,
+    /// Products handed to FMTP and not yet multicast whole, oldest first: index and insertion.
+    in_flight: VecDeque<(ProductIndex, Timestamp)>,
+    /// The insertion time of the last product multicast whole (its EOP sent).
+    through: Option<Timestamp>,
+}
+
+impl MulticastPosition {
+    fn new(from: Timestamp) -> Self {
+        Self { from, in_flight: VecDeque::new(), through: None }
+    }
+
+    /// Product `index`, inserted at `insertion`, was handed to FMTP.
+    fn handed(&mut self, index: ProductIndex, insertion: Timestamp) {
+        self.in_flight.push_back((index, insertion));
+    }
+
+    /// Product `index` was multicast whole (products are multicast in the order handed; one
+    /// FMTP refused is passed over).
+    fn multicast_whole(&mut self, index: ProductIndex) {
+        while let Some((handed, insertion)) = self.in_flight.pop_front() {
+            if handed == index {
+                self.through = Some(insertion);
+                return;
+            }
+        }
+    }
+
+    /// The newest insertion time a backlog may reach: the last product multicast whole, and
+    /// at least everything before the reader's start.
+    fn cutoff(&self) -> Timestamp {
+        let before_start = Timestamp::from_unix_micros(self.from.as_unix_micros() - 1);
+        self.through.map_or(before_start, |through| through.max(before_start))
+    }
 }
 
 impl Feed {
@@ -958,30 +1008,35 @@ impl Feed {
         );
         let index_map = Arc::new(Mutex::new(index_map));
         let stop = Arc::new(AtomicBool::new(false));
-        let feed = Arc::new(Self {
-            name: name.clone(),
-            feedtype: entry.feedtype,
-            path_name,
-            settings,
-            group,
-            retx_addr,
-            admission,
-            index_map: index_map.clone(),
-            subscribers: std::sync::atomic::AtomicUsize::new(0),
-            stop: stop.clone(),
-            reader: Mutex::new(None),
-            fmtp: Mutex::new(None),
-            finish: sender.finish_handle(),
-            sender_counters: sender.counters_watch(),
-            rate_control: violation_monitor.clone(),
-            rate_task: Mutex::new(None),
-            key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
-            parity,
-            signing: sender.signing_handle(),
-            reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
-            receivers: std::sync::atomic::AtomicUsize::new(0),
-            receivers_file,
-        });
+        let feed =
+            Arc::new(Self {
+                name: name.clone(),
+                feedtype: entry.feedtype,
+                path_name,
+                settings,
+                group,
+                retx_addr,
+                admission,
+                index_map: index_map.clone(),
+                subscribers: std::sync::atomic::AtomicUsize::new(0),
+                stop: stop.clone(),
+                reader: Mutex::new(None),
+                fmtp: Mutex::new(None),
+                finish: sender.finish_handle(),
+                sender_counters: sender.counters_watch(),
+                rate_control: violation_monitor.clone(),
+                rate_task: Mutex::new(None),
+                key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
+                parity,
+                signing: sender.signing_handle(),
+                reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
+                receivers: std::sync::atomic::AtomicUsize::new(0),
+                receivers_file,
+                position: Mutex::new(MulticastPosition::new(catch_up.map_or_else(
+                    || Timestamp::from_system_time(std::time::SystemTime::now()),
+                    |catch_up| catch_up.from,
+                ))),
+            });
         if let Some(control) = &violation_monitor {
             feed.start_rate_monitor(control, interface, path, sender.rate_handle(), &runtime);
         }
@@ -1044,6 +1099,7 @@ impl Feed {
             match notice {
                 SenderNotice::Event(SenderEvent::Sent { index, size }) => {
                     tracing::debug!("{notices_name}: multicast product {} ({size} bytes)", index.0);
+                    self.position.lock().unwrap_or_else(PoisonError::into_inner).multicast_whole(index);
                 }
                 SenderNotice::Event(SenderEvent::BoundHit { bound, receiver }) => {
                     tracing::debug!("{notices_name}: FMTP bound {bound:?} hit (receiver {receiver:?})");
@@ -1183,6 +1239,7 @@ impl Feed {
                     return;
                 }
                 tracing::info!(target: ldm7_io::log_target::PRODUCT, "Multicasted: prodIndex={}, prodInfo=\"{info}\"", index.0);
+                self.position.lock().unwrap_or_else(PoisonError::into_inner).handed(index, insertion);
                 if let Some(monitor) = &self.rate_control {
                     if monitor.lock().unwrap_or_else(PoisonError::into_inner).handed(index, insertion) {
                         tracing::warn!(
@@ -1267,6 +1324,16 @@ impl Feed {
             ),
             Err(error) => tracing::error!("{}: {error}", self.name),
         }
+    }
+
+    /// How far a backlog asked now may reach: products inserted later are on their way by
+    /// this feed's multicast (handed to FMTP and not multicast whole, or not read from the
+    /// queue yet), so a subscriber of the feed gets them by FMTP. `None` once the feed stops.
+    fn backlog_cutoff(&self) -> Option<Timestamp> {
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(self.position.lock().unwrap_or_else(PoisonError::into_inner).cutoff())
     }
 
     /// Waits for the queue reader to end (the stop flag is set).
@@ -1479,6 +1546,29 @@ mod tests {
             connected_for: Duration::from_millis(connected_ms),
             messages,
         }
+    }
+
+    #[test]
+    fn a_backlog_stops_where_the_multicast_is_and_keeps_what_came_before_the_reader() {
+        let at = |secs: i64| Timestamp::from_unix_micros(secs * 1_000_000);
+        let mut position = MulticastPosition::new(at(100));
+        // Nothing multicast yet: what was inserted before the reader's start, no later.
+        assert_eq!(position.cutoff(), Timestamp::from_unix_micros(100 * 1_000_000 - 1));
+        position.handed(ProductIndex(7), at(101));
+        position.handed(ProductIndex(8), at(102));
+        position.handed(ProductIndex(9), at(103));
+        assert_eq!(position.cutoff(), Timestamp::from_unix_micros(100 * 1_000_000 - 1), "handed is not multicast");
+        position.multicast_whole(ProductIndex(7));
+        assert_eq!(position.cutoff(), at(101));
+        // Product 8 refused by FMTP: passed over.
+        position.multicast_whole(ProductIndex(9));
+        assert_eq!(position.cutoff(), at(103));
+        assert!(position.in_flight.is_empty());
+        // A catch-up that starts back before what an earlier run multicast never goes backward.
+        let mut position = MulticastPosition::new(at(200));
+        position.handed(ProductIndex(1), at(150));
+        position.multicast_whole(ProductIndex(1));
+        assert_eq!(position.cutoff(), Timestamp::from_unix_micros(200 * 1_000_000 - 1));
     }
 
     #[test]

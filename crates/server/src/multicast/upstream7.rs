@@ -107,7 +107,8 @@ pub(crate) fn serve(
                     if backlog.is_some() {
                         tracing::warn!("{peer}: a new REQUEST_BACKLOG replaces the one being sent");
                     }
-                    backlog = Some(start_backlog(shared, &spec));
+                    let cutoff = subscription.as_ref().and_then(|s| shared.multicaster.backlog_cutoff(s));
+                    backlog = Some(start_backlog(shared, &spec, cutoff));
                 }
                 InboundEvent::Ldm7(PublisherEvent::TestConnection) => tracing::debug!("{peer}: TEST_CONNECTION"),
                 InboundEvent::Ldm7(PublisherEvent::Closed(result)) => {
@@ -195,11 +196,16 @@ fn answer_requests(
 }
 
 /// Where a backlog starts and ends (§2.4): just after `after` if the queue has it, else
-/// `time_offset` before now; up to `before` or the newest product now.
-fn start_backlog(shared: &Shared, spec: &BacklogSpec) -> Backlog {
+/// `time_offset` before now; up to `before` or the newest product now, and never past `cutoff`
+/// (the feed's products after it are on their way by multicast: an ldm7 addition, so that a
+/// subscriber asking just as a product is inserted does not get it twice).
+fn start_backlog(shared: &Shared, spec: &BacklogSpec, cutoff: Option<Timestamp>) -> Backlog {
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     let (position, end) = match shared.queue.snapshot() {
-        Ok(snapshot) => backlog_bounds(&snapshot, spec, now),
+        Ok(snapshot) => {
+            let (position, end) = backlog_bounds(&snapshot, spec, now);
+            (position, cutoff.map_or(end, |cutoff| end.min(cutoff)))
+        }
         Err(error) => {
             tracing::error!("reading the queue for a backlog: {error}");
             (now.saturating_sub(spec.time_offset()), now)
