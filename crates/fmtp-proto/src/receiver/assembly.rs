@@ -200,8 +200,15 @@ impl Receiver {
             self.counters.out_of_range += 1;
             return;
         }
+        if !retransmitted && product.requested.contains(start, end) && !product.received.contains(start, end) {
+            // Asked for, then brought by the multicast after all: the request came early.
+            self.counters.multicast_after_asked += 1;
+        }
         if product.received.insert(start, end) == 0 {
             self.counters.duplicates += 1;
+            if retransmitted {
+                self.counters.retx_duplicates += 1;
+            }
             return;
         }
         if !self.store(key, offset, data) {

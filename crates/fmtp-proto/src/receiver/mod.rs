@@ -366,6 +366,11 @@ pub struct ReceiverCounters {
     pub retx_ends: u64,
     /// RETX_DATA blocks that brought new bytes.
     pub retx_blocks: u64,
+    /// Retransmitted blocks that were held already (asked for, and then had otherwise).
+    pub retx_duplicates: u64,
+    /// Multicast blocks that were asked for already (RETX_REQ or parity): requests that came
+    /// before the multicast had passed.
+    pub multicast_after_asked: u64,
     /// RETX_REJ received for a product being received.
     pub rejects: u64,
     /// Products started on (each ends as one `delivered` or one `missed`: the difference is

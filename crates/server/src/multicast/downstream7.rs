@@ -963,7 +963,8 @@ fn log_receiver_totals(name: &str, receiver: &FmtpReceiver) {
     tracing::info!(
         "{name}: FMTP receiver totals: {} products delivered, {} missed; {} datagrams ({} bytes), {} duplicates, \
          {} stale, {} host drops; repairs: {} RETX_REQ ({} bytes asked), {} blocks retransmitted, {} PARITY_REQ, \
-         {} parity shards taken ({} unused), {} blocks recovered from parity, {} fallbacks to RETX_REQ",
+         {} parity shards taken ({} unused), {} blocks recovered from parity, {} fallbacks to RETX_REQ; {} EOP_REQ \
+         (receive timer), {} retransmitted blocks held already, {} multicast blocks asked for before they came",
         c.delivered,
         c.missed,
         c.datagrams,
@@ -978,7 +979,10 @@ fn log_receiver_totals(name: &str, receiver: &FmtpReceiver) {
         c.parity_shards,
         c.parity_unused,
         c.parity_blocks,
-        c.parity_fallbacks
+        c.parity_fallbacks,
+        c.eop_requests,
+        c.retx_duplicates,
+        c.multicast_after_asked
     );
 }
 
