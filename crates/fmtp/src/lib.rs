@@ -38,8 +38,8 @@ pub use receiver::{
     ReceiverOptions, ReceiverReport,
 };
 pub use sender::{
-    Authorizer, Departure, FinishHandle, Finished, Finishing, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN,
-    ProductSender, RateHandle, SendError, SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions,
-    SetRateError, SigningHandle, TrySendError,
+    Authorizer, Departure, FinishHandle, Finishing, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender,
+    RateHandle, SendError, SenderBounds, SenderDriverCounters, SenderNotice, SenderOptions, SetRateError,
+    SigningHandle, TrySendError,
 };
 pub use spool::{SpoolSink, SpooledProduct, Taken};

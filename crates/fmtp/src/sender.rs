@@ -338,15 +338,9 @@ pub enum SetRateError {
 
 /// Changes the pacing rate of a running [`FmtpSender`] (multicast and repairs); clone it to
 /// use it from another task.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RateHandle {
     inputs: Inputs,
-}
-
-impl std::fmt::Debug for RateHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RateHandle").finish_non_exhaustive()
-    }
 }
 
 /// Switches a running [`FmtpSender`] between level-2 signing modes; clone it to use it from
@@ -371,33 +365,18 @@ impl SigningHandle {
 
 /// Finishes a running [`FmtpSender`] in order (an orderly stop); clone it to use it from
 /// another task.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct FinishHandle {
     inputs: Inputs,
-}
-
-impl std::fmt::Debug for FinishHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FinishHandle").finish_non_exhaustive()
-    }
-}
-
-/// What [`FinishHandle::finish`] left undone: the products handed over and not begun.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Finished {
-    /// The index the next product would have had: the products from it on were withdrawn (not
-    /// multicast); a later sender starting at this index may multicast them with the same
-    /// indexes.
-    pub next_index: ProductIndex,
-    /// How many products were withdrawn (handed over, no BOP multicast).
-    pub withdrawn: usize,
 }
 
 /// An orderly finish under way: see [`Finishing::settled`].
 #[derive(Debug)]
 pub struct Finishing {
-    /// What was withdrawn.
-    pub finished: Finished,
+    /// The index the next product would have had: the products handed over from it on were
+    /// withdrawn (not multicast); a later sender starting at this index may multicast them with
+    /// the same indexes.
+    pub next_index: ProductIndex,
     settled: oneshot::Receiver<()>,
 }
 
@@ -415,10 +394,10 @@ impl FinishHandle {
     /// one under way is finished, and repairs go on being served (see [`Finishing::settled`]).
     /// `None` if the sender task ended.
     pub async fn finish(&self) -> Option<Finishing> {
-        let (withdrawn, finished) = oneshot::channel();
+        let (withdrawn, next_index) = oneshot::channel();
         let (settle, settled) = oneshot::channel();
         self.inputs.send(Input::Finish { withdrawn, settled: settle }).await.ok()?;
-        Some(Finishing { finished: finished.await.ok()?, settled })
+        Some(Finishing { next_index: next_index.await.ok()?, settled })
     }
 }
 
@@ -686,9 +665,9 @@ enum Input {
     Disconnected(ReceiverId),
     /// Pace at a new rate; the outcome goes back on `reply`.
     SetRate { rate_bits_per_s: u64, reply: oneshot::Sender<Result<(), ConfigError>> },
-    /// Take no more products and withdraw those not begun (said on `withdrawn`); say on
-    /// `settled` once every product multicast is released.
-    Finish { withdrawn: oneshot::Sender<Finished>, settled: oneshot::Sender<()> },
+    /// Take no more products and withdraw those not begun (the next index then said on
+    /// `withdrawn`); say on `settled` once every product multicast is released.
+    Finish { withdrawn: oneshot::Sender<ProductIndex>, settled: oneshot::Sender<()> },
 }
 
 /// The sender task's input channel, counting when it is full.
@@ -696,6 +675,12 @@ enum Input {
 struct Inputs {
     inputs: mpsc::Sender<Input>,
     shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inputs").finish_non_exhaustive()
+    }
 }
 
 impl Inputs {
@@ -888,17 +873,11 @@ impl SenderTask {
                 Wake::Input(Some(Input::Finish { withdrawn, settled })) => {
                     // Handed over and not taken yet: withdrawn, as the products not begun.
                     products.close();
-                    let mut dropped = 0;
-                    while products.try_recv().is_ok() {
-                        dropped += 1;
-                    }
+                    while products.try_recv().is_ok() {}
                     products_open = false;
-                    let finished = Finished {
-                        withdrawn: self.sender.withdraw_unsent() + dropped,
-                        next_index: self.sender.next_index(),
-                    };
+                    self.sender.withdraw_unsent();
                     // The caller may have stopped waiting.
-                    let _ = withdrawn.send(finished);
+                    let _ = withdrawn.send(self.sender.next_index());
                     self.finishing.push(settled);
                 }
                 Wake::Input(Some(input)) => self.handle_input(input),

@@ -448,8 +448,14 @@ impl Multicaster {
             feed.stop.store(true, Ordering::Relaxed);
         }
         let started = std::time::Instant::now();
-        let finishing: Vec<Option<ldm7_fmtp::Finishing>> =
-            runtime.block_on(async { finish_each(feeds.iter().map(|feed| feed.finish.clone())).await });
+        // Each sender answers at once (withdrawn what it had not begun).
+        let finishing: Vec<Option<ldm7_fmtp::Finishing>> = runtime.block_on(async {
+            let mut finishing = Vec::new();
+            for feed in &feeds {
+                finishing.push(feed.finish.finish().await);
+            }
+            finishing
+        });
         // The queue readers, flagged and their hand-over closed, end now.
         self.queue.wake_waiters();
         for feed in &feeds {
@@ -458,7 +464,7 @@ impl Multicaster {
         let mut settling = Vec::new();
         for (feed, finishing) in feeds.iter().zip(finishing) {
             let Some(finishing) = finishing else { continue };
-            feed.withdraw(finishing.finished);
+            feed.withdraw(finishing.next_index);
             let settled = async move { tokio::time::timeout(FINISH_WAIT, finishing.settled()).await == Ok(true) };
             settling.push((feed.clone(), runtime.spawn(settled)));
         }
@@ -1008,35 +1014,33 @@ impl Feed {
         );
         let index_map = Arc::new(Mutex::new(index_map));
         let stop = Arc::new(AtomicBool::new(false));
-        let feed =
-            Arc::new(Self {
-                name: name.clone(),
-                feedtype: entry.feedtype,
-                path_name,
-                settings,
-                group,
-                retx_addr,
-                admission,
-                index_map: index_map.clone(),
-                subscribers: std::sync::atomic::AtomicUsize::new(0),
-                stop: stop.clone(),
-                reader: Mutex::new(None),
-                fmtp: Mutex::new(None),
-                finish: sender.finish_handle(),
-                sender_counters: sender.counters_watch(),
-                rate_control: violation_monitor.clone(),
-                rate_task: Mutex::new(None),
-                key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
-                parity,
-                signing: sender.signing_handle(),
-                reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
-                receivers: std::sync::atomic::AtomicUsize::new(0),
-                receivers_file,
-                position: Mutex::new(MulticastPosition::new(catch_up.map_or_else(
-                    || Timestamp::from_system_time(std::time::SystemTime::now()),
-                    |catch_up| catch_up.from,
-                ))),
-            });
+        let multicast_from = catch_up
+            .map_or_else(|| Timestamp::from_system_time(std::time::SystemTime::now()), |catch_up| catch_up.from);
+        let feed = Arc::new(Self {
+            name: name.clone(),
+            feedtype: entry.feedtype,
+            path_name,
+            settings,
+            group,
+            retx_addr,
+            admission,
+            index_map: index_map.clone(),
+            subscribers: std::sync::atomic::AtomicUsize::new(0),
+            stop: stop.clone(),
+            reader: Mutex::new(None),
+            fmtp: Mutex::new(None),
+            finish: sender.finish_handle(),
+            sender_counters: sender.counters_watch(),
+            rate_control: violation_monitor.clone(),
+            rate_task: Mutex::new(None),
+            key_refusals: Arc::new(Mutex::new(KeyRefusals::default())),
+            parity,
+            signing: sender.signing_handle(),
+            reference_subscribers: std::sync::atomic::AtomicUsize::new(0),
+            receivers: std::sync::atomic::AtomicUsize::new(0),
+            receivers_file,
+            position: Mutex::new(MulticastPosition::new(multicast_from)),
+        });
         if let Some(control) = &violation_monitor {
             feed.start_rate_monitor(control, interface, path, sender.rate_handle(), &runtime);
         }
@@ -1299,9 +1303,9 @@ impl Feed {
     /// Gives the indexes of products FMTP withdrew back to the index map (they were mapped when
     /// handed over): the next start continues from the first of them, and its catch-up
     /// multicasts them.
-    fn withdraw(&self, finished: ldm7_fmtp::Finished) {
+    fn withdraw(&self, next_index: ProductIndex) {
         let mut map = self.index_map.lock().unwrap_or_else(PoisonError::into_inner);
-        let mapped = map.next_index().0.wrapping_sub(finished.next_index.0);
+        let mapped = map.next_index().0.wrapping_sub(next_index.0);
         if mapped == 0 {
             return;
         }
@@ -1310,17 +1314,17 @@ impl Feed {
                 "{}: the index map ({}) is not where FMTP stopped ({}): left as it is",
                 self.name,
                 map.next_index().0,
-                finished.next_index.0
+                next_index.0
             );
             return;
         }
-        match map.withdraw(finished.next_index) {
+        match map.withdraw(next_index) {
             Ok(()) => tracing::info!(
                 "{}: stopping: {mapped} products handed to FMTP and not begun are not multicast (indexes {} to {}); \
                  the next start multicasts them",
                 self.name,
-                finished.next_index.0,
-                finished.next_index.0.wrapping_add(mapped - 1)
+                next_index.0,
+                next_index.0.wrapping_add(mapped - 1)
             ),
             Err(error) => tracing::error!("{}: {error}", self.name),
         }
@@ -1390,15 +1394,6 @@ impl Feed {
             }
         }
     }
-}
-
-/// Asks each sender in turn to finish (each answers at once).
-async fn finish_each(handles: impl Iterator<Item = ldm7_fmtp::FinishHandle>) -> Vec<Option<ldm7_fmtp::Finishing>> {
-    let mut finishing = Vec::new();
-    for handle in handles {
-        finishing.push(handle.finish().await);
-    }
-    finishing
 }
 
 /// Where a feed started again begins (`[multicast] catch_up`): just after the last product it
@@ -1564,7 +1559,7 @@ mod tests {
         position.multicast_whole(ProductIndex(9));
         assert_eq!(position.cutoff(), at(103));
         assert!(position.in_flight.is_empty());
-        // A catch-up that starts back before what an earlier run multicast never goes backward.
+        // The cutoff never falls before the reader's start, whatever was multicast.
         let mut position = MulticastPosition::new(at(200));
         position.handed(ProductIndex(1), at(150));
         position.multicast_whole(ProductIndex(1));

@@ -464,8 +464,8 @@ impl Node {
 /// FMTP receiver leaves its multicast socket's buffer at the host's default (212,992 bytes
 /// here), where an ldm7 receiver asks for `receive_gap` (500 ms) of the path's rate, which the
 /// kernel doubles: with the default, the reference's host dropped 738 of its about 53,000
-/// datagrams in a 4-minute run (100 Mbit/s bursts), each then retransmitted by the top. The default is a host-wide setting
-/// (a network namespace reads the host's and cannot set its own).
+/// datagrams in a 4-minute run (100 Mbit/s bursts), each then retransmitted by the top. The
+/// default is a host-wide setting (a network namespace reads the host's and cannot set its own).
 struct DefaultReceiveBuffer {
     previous: String,
 }
