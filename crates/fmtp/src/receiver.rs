@@ -57,6 +57,11 @@ const TIMER_HELD_MAX: Duration = Duration::from_secs(1);
 
 /// How long a receiver asked to stop still writes the requests it has queued.
 const FLUSH_ON_STOP: Duration = Duration::from_secs(1);
+/// When the sender closed the connection, the multicast already received is taken until none
+/// comes for this long ...
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
+/// ... for at most this long.
+const DRAIN_MAX: Duration = Duration::from_secs(2);
 /// Default of [`ReceiverOptions::connect_deadline`] (the reference's 120 s).
 pub const CONNECT_DEADLINE_DEFAULT: Duration = Duration::from_secs(120);
 
@@ -623,6 +628,7 @@ impl ReceiverTask {
             Ok(Stopped::Asked) => {}
             Ok(Stopped::SenderClosed) => {
                 tracing::info!(sender = %addr, "FMTP sender closed the connection");
+                self.drain_multicast(&mut reader).await;
                 // What was in flight will not come: say so (never silently lost).
                 self.receiver.disconnected(Clock::now());
                 while let Some(event) = self.receiver.poll_event() {
@@ -702,26 +708,7 @@ impl ReceiverTask {
             tokio::select! {
                 received = reader.next() => {
                     let batch = read_batch(received)?;
-                    let now = Clock::now();
-                    // The datagrams of a read are checked together (at level 2, as Ed25519
-                    // batches: about half the work of checking each alone).
-                    let mut kept: Vec<&[u8]> = Vec::with_capacity(batch.len());
-                    for datagram in batch.datagrams() {
-                        if self.drop_filter.as_mut().is_some_and(DropFilter::drops) {
-                            self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        kept.push(datagram);
-                    }
-                    // Unsigned datagrams of a level-2 sender signing digest lists wait for theirs.
-                    if let Some(keys) = self.keys.as_mut() {
-                        let receiver = &mut self.receiver;
-                        let refused = keys.check_batch(now, &kept, |message| receiver.handle_datagram(now, message));
-                        self.shared.count_refused(refused);
-                    }
-                    // Parity requests wait while more datagrams do (the shards others asked
-                    // for may be among them).
-                    self.receiver.set_backlog(now, !reader.is_idle());
+                    self.take_batch(&batch, reader.is_idle());
                 }
                 read_count = read_more(read, stream_buffer, READ_CHUNK_BYTES) => {
                     match read_count {
@@ -735,6 +722,45 @@ impl ReceiverTask {
                 }
                 () = queue.drained.notified(), if held_back => {}
                 () = stopped(stop) => return Ok(Stopped::Asked),
+            }
+        }
+    }
+
+    /// Hands a read's datagrams to the protocol, through the loss filter and the MAC check.
+    fn take_batch(&mut self, batch: &Batch, reader_idle: bool) {
+        let now = Clock::now();
+        // The datagrams of a read are checked together (at level 2, as Ed25519 batches: about
+        // half the work of checking each alone).
+        let mut kept: Vec<&[u8]> = Vec::with_capacity(batch.len());
+        for datagram in batch.datagrams() {
+            if self.drop_filter.as_mut().is_some_and(DropFilter::drops) {
+                self.shared.datagrams_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            kept.push(datagram);
+        }
+        // Unsigned datagrams of a level-2 sender signing digest lists wait for theirs.
+        if let Some(keys) = self.keys.as_mut() {
+            let receiver = &mut self.receiver;
+            let refused = keys.check_batch(now, &kept, |message| receiver.handle_datagram(now, message));
+            self.shared.count_refused(refused);
+        }
+        // Parity requests wait while more datagrams do (the shards others asked for may be
+        // among them).
+        self.receiver.set_backlog(now, !reader_idle);
+    }
+
+    /// Takes the multicast already received when the sender closed the connection: a sender
+    /// that finished quickly (all released, or its repairs given up) may close it before a
+    /// loaded receiver read the datagrams it sent. They are taken until none comes for
+    /// [`DRAIN_QUIET`], for at most [`DRAIN_MAX`]; what they leave unfinished is missed.
+    async fn drain_multicast(&mut self, reader: &mut DatagramReader) {
+        let until = tokio::time::Instant::now() + DRAIN_MAX;
+        loop {
+            let quiet = (tokio::time::Instant::now() + DRAIN_QUIET).min(until);
+            match tokio::time::timeout_at(quiet, reader.next()).await {
+                Ok(Some(Ok(batch))) => self.take_batch(&batch, reader.is_idle()),
+                Ok(_) | Err(_) => break,
             }
         }
     }

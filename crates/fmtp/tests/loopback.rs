@@ -830,6 +830,51 @@ async fn answer_holding_relay(sender: SocketAddr, release: impl std::future::Fut
     address
 }
 
+/// A relay to the sender's repair port that closes the receiver's connection as soon as `close`
+/// ends (as a sender that finished, or stopped, does).
+async fn closing_relay(sender: SocketAddr, close: impl std::future::Future + Send + 'static) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let (mut receiver, _) = listener.accept().await.expect("accept");
+        let mut upstream = tokio::net::TcpStream::connect(sender).await.expect("connect");
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut receiver, &mut upstream) => return,
+            _ = close => {}
+        }
+        // Closed in order (a FIN, not a reset): what the receiver still writes is read away.
+        use tokio::io::AsyncWriteExt;
+        let _ = receiver.shutdown().await;
+        let _ = tokio::io::copy(&mut receiver, &mut tokio::io::sink()).await;
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_multicast_read_before_the_sender_closed_is_taken_whole() {
+    let multicast = loopback_group(31);
+    let options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(2_000_000_000));
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    // The connection closes the moment the last EOP went out: the receiver may still have
+    // datagrams of the last products to read.
+    let (closing, close) = tokio::sync::oneshot::channel();
+    let relay = closing_relay(sender.retx_addr(), close).await;
+    let products: Vec<(Vec<u8>, [u8; 16])> = (0..24)
+        .map(|index| {
+            let data: Vec<u8> = (0..100_000).map(|offset: usize| (offset * 11 + index * 3) as u8).collect();
+            let digest: [u8; 16] = Md5::digest(&data).into();
+            (data, digest)
+        })
+        .collect();
+    let receiver = FmtpReceiver::start(ReceiverOptions::new(multicast, relay)).expect("receiver");
+    let receiving = tokio::spawn(collect(receiver, products.len()));
+    joined(&mut sender, 1).await;
+    send_all_telling(&mut sender, &products, Some(closing)).await;
+    let outcome = receiving.await.expect("receiver");
+    assert!(outcome.missed.is_empty(), "none is missed: {outcome:?}");
+    assert_each_once(&outcome, &products);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn datagrams_read_before_the_key_arrives_are_kept_whole() {
     use ldm7_fmtp_proto::mac::MacLevel;
