@@ -460,38 +460,65 @@ impl Node {
     }
 }
 
-/// `net.core.rmem_default` raised for the run, put back when dropped. The reference LDM-7's
-/// FMTP receiver leaves its multicast socket's buffer at the host's default (212,992 bytes
-/// here), where an ldm7 receiver asks for `receive_gap` (500 ms) of the path's rate, which the
-/// kernel doubles: with the default, the reference's host dropped 738 of its about 53,000
-/// datagrams in a 4-minute run (100 Mbit/s bursts), each then retransmitted by the top. The
-/// default is a host-wide setting (a network namespace reads the host's and cannot set its own).
-struct DefaultReceiveBuffer {
+/// A host-wide `net.core` setting raised for the run, put back when dropped (a network
+/// namespace reads the host's and cannot set its own).
+struct RaisedSysctl {
+    path: &'static str,
     previous: String,
 }
 
-impl DefaultReceiveBuffer {
-    const SYSCTL: &'static str = "/proc/sys/net/core/rmem_default";
+impl RaisedSysctl {
+    /// `net.core.rmem_default`: the reference LDM-7's FMTP receiver leaves its multicast socket's
+    /// buffer at the host's default (212,992 bytes here), where an ldm7 receiver asks for
+    /// `receive_gap` (500 ms) of the path's rate, which the kernel doubles: with the default,
+    /// the reference's host dropped 738 of its about 53,000 datagrams in a 4-minute run
+    /// (100 Mbit/s bursts), each then retransmitted by the top.
+    fn receive_buffer(bytes: usize) -> anyhow::Result<RaisedSysctl> {
+        Self::raise(
+            "/proc/sys/net/core/rmem_default",
+            bytes,
+            "the reference LDM-7 leaf's multicast socket gets the buffer an ldm7 receiver has",
+        )
+    }
 
-    fn raise(rate: Rate) -> anyhow::Result<DefaultReceiveBuffer> {
-        let previous = std::fs::read_to_string(Self::SYSCTL).with_context(|| format!("read {}", Self::SYSCTL))?;
-        let asked = ldm7_fmtp::udp::receive_buffer_bytes(rate.bits_per_s(), ldm7_plan::repair::RECEIVE_GAP_DEFAULT);
-        // What the kernel gives a socket that asks for `asked` (SO_RCVBUF doubles it).
-        let bytes = 2 * asked;
-        std::fs::write(Self::SYSCTL, bytes.to_string()).with_context(|| format!("write {}", Self::SYSCTL))?;
-        println!(
-            "ldm7 lab idd: net.core.rmem_default {} → {bytes} for the run (the reference LDM-7 leaf's multicast \
-             socket gets the buffer an ldm7 receiver has)",
-            previous.trim()
-        );
-        Ok(DefaultReceiveBuffer { previous })
+    /// `net.core.wmem_default`: the VDE processes that carry the multipoint path (`vde_switch`,
+    /// each leg's `wirefilter`) pass frames over unix datagram sockets, whose queued frames are
+    /// charged to the sending socket's buffer. At the default (212,992 bytes, about 90 frames)
+    /// a wirefilter that does not run for 40 ms — common on this 2-core host with every server
+    /// of the run on it — loses the frames beyond: bursts of blocks a real path would not lose,
+    /// each repaired by the top. The run's path holds what a receiver holds. (Two namespaces
+    /// on one switch, 30,000 frames at 3.7 MB/s, the receiving leg's wirefilter stopped for
+    /// 40 ms every 300 ms: 250 and 295 more frames lost at the default than without the
+    /// stops, none more at 4 MiB; `net.unix.max_dgram_qlen` made no difference.)
+    fn path_buffer(bytes: usize) -> anyhow::Result<RaisedSysctl> {
+        Self::raise(
+            "/proc/sys/net/core/wmem_default",
+            bytes,
+            "the emulated path's processes hold a stall's frames instead of dropping them",
+        )
+    }
+
+    fn raise(path: &'static str, bytes: usize, why: &str) -> anyhow::Result<RaisedSysctl> {
+        let previous = std::fs::read_to_string(path).with_context(|| format!("read {path}"))?;
+        let name = Self::name(path);
+        if previous.trim().parse::<usize>().is_ok_and(|now| now >= bytes) {
+            println!("ldm7 lab idd: {name} {} kept for the run ({why})", previous.trim());
+            return Ok(RaisedSysctl { path, previous });
+        }
+        std::fs::write(path, bytes.to_string()).with_context(|| format!("write {path}"))?;
+        println!("ldm7 lab idd: {name} {} → {bytes} for the run ({why})", previous.trim());
+        Ok(RaisedSysctl { path, previous })
+    }
+
+    fn name(path: &str) -> String {
+        path.trim_start_matches("/proc/sys/").replace('/', ".")
     }
 }
 
-impl Drop for DefaultReceiveBuffer {
+impl Drop for RaisedSysctl {
     fn drop(&mut self) {
-        if let Err(error) = std::fs::write(Self::SYSCTL, self.previous.trim()) {
-            eprintln!("ldm7 lab idd: cannot put net.core.rmem_default back to {}: {error}", self.previous.trim());
+        if let Err(error) = std::fs::write(self.path, self.previous.trim()) {
+            eprintln!("ldm7 lab idd: cannot put {} back to {}: {error}", Self::name(self.path), self.previous.trim());
         }
     }
 }
@@ -698,12 +725,19 @@ pub fn run(args: &IddOptions) -> anyhow::Result<()> {
         args.seed,
         args.chaos.map_or(String::new(), |seed| format!("-chaos{seed}"))
     );
+    // What an ldm7 receiver's multicast socket gets for the path's rate (SO_RCVBUF doubles
+    // what it asks for).
+    let path_bytes =
+        2 * ldm7_fmtp::udp::receive_buffer_bytes(args.rate.bits_per_s(), ldm7_plan::repair::RECEIVE_GAP_DEFAULT);
     // Same settings for both receivers: the reference LDM-7's multicast socket gets the
     // receive buffer an ldm7 receiver sizes for the path.
-    let _buffer = match &plan.reference7 {
-        Some(_) => Some(DefaultReceiveBuffer::raise(args.rate)?),
+    let _receive_buffer = match &plan.reference7 {
+        Some(_) => Some(RaisedSysctl::receive_buffer(path_bytes)?),
         None => None,
     };
+    // The same for both modes: the emulated links lose what the seed draws, not what a stalled
+    // emulator process could not queue.
+    let _path_buffer = RaisedSysctl::path_buffer(path_bytes)?;
     let mut outcomes = Vec::new();
     for mode in modes {
         println!("ldm7 lab idd: {} — building the network", mode_title(mode));
