@@ -104,6 +104,29 @@ impl Default for ReceiveTimer {
     }
 }
 
+/// [`ReceiveTimer::slack`] with a sender that probes the tail of its multicast (an ldm7 sender:
+/// [`crate::SenderConfig::tail_probe`]).
+///
+/// With such a sender the timer only stands in for probes that were all lost: a product's
+/// tail lost while the multicast goes on is asked for when the next product begins, and one
+/// lost as the multicast falls idle when the sender's probe comes (its RETX_EOP, 200 ms after
+/// the EOP). What the timer still sees is a multicast that paused mid-product: a sender or a
+/// receiver not scheduled for a while on a loaded host. Asking then for the whole tail (more
+/// than a parity group's shards: by RETX_REQ) has the sender send it twice, by multicast when
+/// it goes on and by retransmission. In a 37-server lab on two cores (`ldm7 lab idd`) the
+/// relays' receive timers fired 11–23 times per top run with the 100 ms slack, and most of
+/// the 23 MB they then had retransmitted (0.11 of the top's egress per product byte) came
+/// by multicast too.
+pub const PROBED_SENDER_SLACK: Duration = Duration::from_secs(2);
+
+impl ReceiveTimer {
+    /// The timer for a sender that probes its tail (an ldm7 sender): multicast at
+    /// `rate_bits_per_s`, with [`PROBED_SENDER_SLACK`].
+    pub fn for_probing_sender(rate_bits_per_s: u64) -> Self {
+        Self { rate_bits_per_s, slack: PROBED_SENDER_SLACK, ..Self::default() }
+    }
+}
+
 /// Receiver settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReceiverConfig {

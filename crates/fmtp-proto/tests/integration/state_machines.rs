@@ -11,8 +11,9 @@ use ldm7_fmtp_proto::sender::TAIL_PROBE_DEFAULT;
 use ldm7_fmtp_proto::wire::{Body, Message, MessageType};
 use ldm7_fmtp_proto::{
     Assembly, Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueRefusal, Instant,
-    MissReason, OutgoingProduct, Pacing, ProductData, ProductIndex, ReceiverBound, ReceiverConfig, ReceiverEvent,
-    ReceiverId, ReleaseReason, Sender, SenderBound, SenderConfig, SenderEvent, block_fingerprint,
+    MissReason, OutgoingProduct, PROBED_SENDER_SLACK, Pacing, ProductData, ProductIndex, ReceiveTimer, ReceiverBound,
+    ReceiverConfig, ReceiverEvent, ReceiverId, ReleaseReason, Sender, SenderBound, SenderConfig, SenderEvent,
+    block_fingerprint,
 };
 use proptest::prelude::*;
 
@@ -238,6 +239,47 @@ fn lost_tail_of_the_last_product_is_recovered_by_the_receive_timer() {
     // The timer: 100 ms slack after the last multicast block (~1 ms), nothing left expected.
     let asked_at = requests[0].0;
     assert!(asked_at >= Instant::from_nanos(100_000_000) && asked_at < Instant::from_nanos(110_000_000), "{asked_at}");
+}
+
+#[test]
+fn a_multicast_paused_mid_product_is_waited_for_with_a_probing_sender_and_asked_for_with_the_reference() {
+    // The tail (blocks 3 and 4, and the EOP) comes 1 s late, as from a sender not scheduled
+    // for that long. The sender's probe is off: it would be stalled too.
+    let held: std::rc::Rc<std::cell::RefCell<Vec<Vec<u8>>>> = Default::default();
+    let mut patient = support::trusting();
+    patient.receive_timer = ReceiveTimer::for_probing_sender(100_000_000);
+    let mut reference = support::trusting();
+    reference.receive_timer = ReceiveTimer { rate_bits_per_s: 100_000_000, ..ReceiveTimer::default() };
+    let mut net = Net::new(SenderConfig { tail_probe: None, ..sender_config() }, vec![patient, reference]);
+    let holding = held.clone();
+    net.drop = Box::new(move |to, message| {
+        let tail = match message.body {
+            Body::MemData { offset, .. } => offset >= block(3),
+            Body::Eop => true,
+            _ => false,
+        };
+        if tail && to == 0 {
+            holding.borrow_mut().push(message.to_vec().expect("emit"));
+        }
+        tail
+    });
+    net.enqueue(5 * 1448 - 10, 1);
+    net.run_for(Duration::from_secs(1));
+    net.drop = Box::new(|_, _| false);
+    for datagram in held.take() {
+        net.inject(0, datagram);
+    }
+    net.settle(10 * SECOND);
+    assert_eq!(net.check_accounted(), (2, 0));
+    // The patient receiver took the late tail by multicast and asked for nothing but its end.
+    let kinds: Vec<MessageType> = net.nodes[0].requests.iter().map(|(_, m)| m.message_type()).collect();
+    assert_eq!(kinds, vec![MessageType::RetxEnd]);
+    assert_eq!(net.nodes[0].delivered[&ProductIndex(0)].retransmitted_blocks, 0);
+    // The reference's timer asked for the tail 100 ms after the last block.
+    let requests = &net.nodes[1].requests;
+    assert_eq!(requests[0].1.message_type(), MessageType::RetxReq);
+    assert!(requests[0].0 < Instant::from_nanos(110_000_000), "{}", requests[0].0);
+    assert!(PROBED_SENDER_SLACK > Duration::from_secs(1));
 }
 
 #[test]

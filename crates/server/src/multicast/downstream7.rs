@@ -602,7 +602,12 @@ impl Session<'_> {
         }
         let in_flight = self.settings.in_flight_bytes_max.bytes();
         options.proto = ReceiverConfig {
-            receive_timer: ReceiveTimer { rate_bits_per_s: rate, ..ReceiveTimer::default() },
+            // An ldm7 publisher (it answered the extension) probes its tail: the timer may wait
+            // out a pause of the multicast instead of asking for the tail it will still send.
+            receive_timer: match info.answer {
+                Some(_) => ReceiveTimer::for_probing_sender(rate),
+                None => ReceiveTimer { rate_bits_per_s: rate, ..ReceiveTimer::default() },
+            },
             in_flight_bytes_max: in_flight,
             product_size_max: u32::try_from(in_flight.min(u64::from(u32::MAX))).unwrap_or(u32::MAX),
             parity: parity.map(|answer| ParityConfig {
