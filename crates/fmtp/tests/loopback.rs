@@ -48,6 +48,17 @@ fn products(count: usize) -> Vec<(Vec<u8>, [u8; 16])> {
         .collect()
 }
 
+/// `count` distinct products of `size` bytes each, patterned by `stride`: (data, MD5).
+fn same_size_products(count: usize, size: usize, stride: usize) -> Vec<(Vec<u8>, [u8; 16])> {
+    (0..count)
+        .map(|index| {
+            let data: Vec<u8> = (0..size).map(|offset| (offset * stride + index * 5) as u8).collect();
+            let digest: [u8; 16] = Md5::digest(&data).into();
+            (data, digest)
+        })
+        .collect()
+}
+
 /// What one receiver got.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -859,13 +870,7 @@ async fn the_multicast_read_before_the_sender_closed_is_taken_whole() {
     // datagrams of the last products to read.
     let (closing, close) = tokio::sync::oneshot::channel();
     let relay = closing_relay(sender.retx_addr(), close).await;
-    let products: Vec<(Vec<u8>, [u8; 16])> = (0..24)
-        .map(|index| {
-            let data: Vec<u8> = (0..100_000).map(|offset: usize| (offset * 11 + index * 3) as u8).collect();
-            let digest: [u8; 16] = Md5::digest(&data).into();
-            (data, digest)
-        })
-        .collect();
+    let products = same_size_products(24, 100_000, 11);
     let receiver = FmtpReceiver::start(ReceiverOptions::new(multicast, relay)).expect("receiver");
     let receiving = tokio::spawn(collect(receiver, products.len()));
     joined(&mut sender, 1).await;
@@ -889,13 +894,7 @@ async fn datagrams_read_before_the_key_arrives_are_kept_whole() {
     receiver_options.mac_level = MacLevel::Hmac;
     // Eight products of 250 kB (1,416 datagrams at once, under the 4 MiB kept): read in GRO
     // batches of many datagrams each while the answer is held.
-    let products: Vec<(Vec<u8>, [u8; 16])> = (0..8)
-        .map(|index| {
-            let data: Vec<u8> = (0..250_000).map(|offset: usize| (offset * 13 + index * 5) as u8).collect();
-            let digest: [u8; 16] = Md5::digest(&data).into();
-            (data, digest)
-        })
-        .collect();
+    let products = same_size_products(8, 250_000, 13);
     let receiving = tokio::spawn(collect(FmtpReceiver::start(receiver_options).expect("receiver"), products.len()));
     joined(&mut sender, 1).await;
     send_all_telling(&mut sender, &products, Some(release)).await;
