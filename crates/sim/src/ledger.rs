@@ -97,18 +97,6 @@ pub enum Violation {
     NotQuiescent(String),
 }
 
-/// The coding a PARITY datagram says it was made with (log₂ of its group size and shard count).
-fn coding_of(group_blocks_log2: u8, shards_log2: u8, block_len: usize) -> Result<ParityConfig, String> {
-    let parity = ParityConfig {
-        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
-        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
-        block_len,
-        ..ParityConfig::default()
-    };
-    parity.validate().map_err(|error| error.to_string())?;
-    Ok(parity)
-}
-
 /// Every parity shard of a group of a product, computed from the product's content as the
 /// datagram says it was coded.
 fn parity_of(
@@ -119,7 +107,13 @@ fn parity_of(
     shards_log2: u8,
     block_len: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let parity = coding_of(group_blocks_log2, shards_log2, block_len)?;
+    let parity = ParityConfig {
+        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
+        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
+        block_len,
+        ..ParityConfig::default()
+    };
+    parity.validate().map_err(|error| error.to_string())?;
     if u64::from(group) >= parity.groups(u64::from(record.size)) {
         return Err("no such group".into());
     }
@@ -144,7 +138,13 @@ fn run_parity_of(
     shards_log2: u8,
     block_len: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let parity = coding_of(group_blocks_log2, shards_log2, block_len)?;
+    let parity = ParityConfig {
+        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
+        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
+        block_len,
+        ..ParityConfig::default()
+    };
+    parity.validate().map_err(|error| error.to_string())?;
     if records.len() < 2 || records.iter().any(|record| !parity.in_runs(u64::from(record.size))) {
         return Err("no such run".into());
     }

@@ -142,19 +142,15 @@ impl Receiver {
         self.transmits
             .push_back(Message { index, body: Body::ParityReq { group, need: need as u16, from: from as u16 } });
         self.counters.parity_requests += 1;
-        self.parity_timer_by(key, retry_at);
-    }
-
-    /// Makes product `key`'s parity timer due at `at` at the latest.
-    pub(super) fn parity_timer_by(&mut self, key: i64, at: Instant) {
-        let Some(product) = self.products.get_mut(&key) else { return };
-        if product.parity_timer.is_some_and(|due| due <= at) {
-            return;
+        if product.parity_timer.is_none_or(|at| at > retry_at) {
+            if let Some(at) = product.parity_timer.take() {
+                self.remove_timer((at, key, TimerKind::Parity));
+            }
+            if let Some(product) = self.products.get_mut(&key) {
+                product.parity_timer = Some(retry_at);
+            }
+            self.add_timer((retry_at, key, TimerKind::Parity));
         }
-        if let Some(due) = product.parity_timer.replace(at) {
-            self.remove_timer((due, key, TimerKind::Parity));
-        }
-        self.add_timer((at, key, TimerKind::Parity));
     }
 
     pub(super) fn parity_timer_fired(&mut self, key: i64) {

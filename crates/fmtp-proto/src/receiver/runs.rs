@@ -13,7 +13,7 @@ use crate::time::Instant;
 use crate::wire::{Body, Message};
 
 use super::parity::HeldShards;
-use super::{Assembly, MissReason, Receiver, block_fingerprint};
+use super::{Assembly, MissReason, Receiver, TimerKind, block_fingerprint};
 
 #[cfg(doc)]
 use super::ReceiverConfig;
@@ -179,8 +179,16 @@ impl Receiver {
         let Some(run) = self.runs.get_mut(&first) else { return };
         run.retry_at = Some(at);
         let count = i64::from(run.count);
-        if let Some(key) = (first..first + count).find(|key| self.products.contains_key(key)) {
-            self.parity_timer_by(key, at);
+        let Some(key) = (first..first + count).find(|key| self.products.contains_key(key)) else { return };
+        let Some(product) = self.products.get_mut(&key) else { return };
+        if product.parity_timer.is_none_or(|timer| timer > at) {
+            if let Some(timer) = product.parity_timer.take() {
+                self.remove_timer((timer, key, TimerKind::Parity));
+            }
+            if let Some(product) = self.products.get_mut(&key) {
+                product.parity_timer = Some(at);
+            }
+            self.add_timer((at, key, TimerKind::Parity));
         }
     }
 

@@ -73,7 +73,14 @@ fn a_group_s_losses_are_asked_for_at_once_when_its_multicast_has_passed() {
     net.settle(Duration::from_secs(5));
     assert_eq!(net.check_accounted(), (1, 0));
     // One request per group, each for all it lost: not one per gap.
-    let asked = parity_requests(&net, 0);
+    let asked: Vec<(u16, u16, u16)> = net
+        .requests_of(0, MessageType::ParityReq)
+        .iter()
+        .filter_map(|message| match message.body {
+            Body::ParityReq { group, need, from } => Some((group, need, from)),
+            _ => None,
+        })
+        .collect();
     assert_eq!(asked, [(0, 3, 0), (1, 1, 0)]);
     assert_eq!(net.nodes[0].receiver.counters().parity_blocks, 4);
     assert!(net.requests_of(0, MessageType::RetxReq).is_empty());
@@ -147,7 +154,14 @@ fn a_lost_shard_of_a_run_is_asked_for_by_the_run() {
     }
     net.settle(Duration::from_secs(5));
     assert_eq!(net.check_accounted(), (6, 0));
-    let asked = parity_requests(&net, 0);
+    let asked: Vec<(u16, u16, u16)> = net
+        .requests_of(0, MessageType::ParityReq)
+        .iter()
+        .filter_map(|message| match message.body {
+            Body::ParityReq { group, need, from } => Some((group, need, from)),
+            _ => None,
+        })
+        .collect();
     // Each product's own request, then the run's: one more shard, from index 2 (shard 1 held).
     assert_eq!(asked, [(0, 1, 0), (0, 1, 0), (ldm7_fmtp_proto::parity::RUN_MARK, 1, 2)]);
     assert_eq!(net.nodes[0].receiver.counters().parity_blocks, 2);
@@ -319,17 +333,6 @@ proptest! {
         let (delivered, missed) = net.check_accounted();
         prop_assert_eq!(delivered + missed, receivers * sizes.len());
     }
-}
-
-/// Receiver `n`'s PARITY_REQs: (group, need, from).
-fn parity_requests(net: &Net, n: usize) -> Vec<(u16, u16, u16)> {
-    net.requests_of(n, MessageType::ParityReq)
-        .iter()
-        .filter_map(|message| match message.body {
-            Body::ParityReq { group, need, from } => Some((group, need, from)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The times receiver `n` sent its PARITY_REQs.
