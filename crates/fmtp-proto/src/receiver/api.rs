@@ -27,13 +27,9 @@ impl Receiver {
     }
 
     /// Whether a parity shard of group `group` of product `index` would be of use here now
-    /// (the product is being received, its size is known and the group is incomplete; for a
-    /// run's shard, a product of the run is): a simulator hands parity datagrams only to the
-    /// receivers that want them.
+    /// (the product is being received, its size is known and the group is incomplete): a
+    /// simulator hands parity datagrams only to the receivers that want them.
     pub fn wants_parity(&self, index: ProductIndex, group: u16) -> bool {
-        if group >= crate::parity::RUN_MARK {
-            return self.wants_run_parity(index, group - crate::parity::RUN_MARK);
-        }
         let (Some(parity), Some((_, product))) = (self.parity_in_use(), self.known(index)) else { return false };
         product.group_incomplete(&parity, group)
     }
@@ -217,7 +213,6 @@ impl Receiver {
             return Err(ConfigError(format!("{count} whole products up to {newest} do not follow {seen}")));
         }
         self.newest = Some((newest, key + i64::from(count)));
-        self.keep_taken_whole(key + 1..key + 1 + i64::from(count));
         self.eop_seen_last = true;
         let counters = &mut self.counters;
         counters.datagrams += datagrams;

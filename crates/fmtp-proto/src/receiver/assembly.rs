@@ -243,16 +243,11 @@ impl Receiver {
     pub(super) fn end_multicast(&mut self, key: i64) {
         let Some(product) = self.products.get_mut(&key) else { return };
         product.ended = true;
-        let run = product.run;
         self.multicasting.remove(&key);
         if let Some(size) = product.bop.as_ref().map(|b| u64::from(b.size)) {
             self.request_missing(key, 0, size);
         }
         self.ask_waiting_parity(key);
-        if let Some(first) = run {
-            // Its run may have waited for its multicast to pass.
-            self.try_decode_run(first);
-        }
     }
 
     /// Keeps a block's bytes where the product is assembled (its buffer, the sink, nowhere);
@@ -288,27 +283,11 @@ impl Receiver {
             return false;
         }
         let product = self.remove(key).expect("checked above");
-        let size = product.bop.as_ref().map_or(0, |bop| bop.size);
-        if self.parity_in_use().is_some_and(|parity| parity.in_runs(u64::from(size))) {
-            // Kept a while for the decode of its run (docs/parity.md "Runs").
-            let kept = match self.config.assembly {
-                Assembly::Memory => Some(product.data.clone()),
-                Assembly::Discard => Some(Vec::new()),
-                Assembly::Sink => self.sink.as_mut().and_then(|sink| {
-                    let mut bytes = vec![0u8; size as usize];
-                    sink.0.read_at(product.index, 0, &mut bytes).ok().map(|()| bytes)
-                }),
-            };
-            if let Some(bytes) = kept {
-                self.keep_recent(key, size, bytes);
-            }
-        }
         if product.sink_open {
             if let Some(sink) = &mut self.sink {
                 sink.0.close(product.index, true);
             }
         }
-        let run = product.run;
         let bop = product.bop.expect("checked above");
         let latency_ns = self.wall_clock.wall_at(self.now).signed_nanos_since(bop.start_time);
         self.end(key, product.index);
@@ -323,10 +302,6 @@ impl Receiver {
             latency_ns,
             fingerprint: product.fingerprint,
         }));
-        if let Some(first) = run {
-            // Its bytes may be what the run's decode waited for.
-            self.try_decode_run(first);
-        }
         true
     }
 

@@ -81,11 +81,9 @@ mod assembly;
 mod indexes;
 mod parity;
 mod requests;
-mod runs;
 
 use parity::{GroupRepairs, ParityRtt};
 pub use parity::{PARITY_DEFER_MAX, PARITY_RETRY_MIN};
-use runs::{RecentProducts, RunRepair};
 
 /// The receive timer: how long a product may go without multicast progress before its tail
 /// and EOP are requested.
@@ -481,11 +479,6 @@ pub struct Receiver {
     /// Parity requests held while [`Receiver::backlog`]: product key, group, whether a retry,
     /// and since when.
     deferred_parity: Vec<(i64, u16, bool, Instant)>,
-    /// Runs of small products coded together (docs/parity.md "Runs") being repaired here, by
-    /// their first product's key.
-    runs: BTreeMap<i64, RunRepair>,
-    /// Small products delivered lately, kept for their runs' decodes.
-    recent: RecentProducts,
 }
 
 /// [`Receiver::set_fingerprint_source`]'s function.
@@ -573,8 +566,6 @@ impl Receiver {
             parity_rtt: ParityRtt::default(),
             backlog: false,
             deferred_parity: Vec::new(),
-            runs: BTreeMap::new(),
-            recent: RecentProducts::default(),
         })
     }
 }
@@ -664,8 +655,6 @@ struct Incoming {
     /// A group that lost blocks while being multicast: its PARITY_REQ goes out once the
     /// multicast has passed it ([`Receiver::ask_parity_when_passed`]).
     parity_waiting: Option<u16>,
-    /// The run it was coded in (its first product's key), once a shard of the run came.
-    run: Option<i64>,
 }
 
 /// MEM_DATA datagrams of one product that arrived back to back and in order, handed over at once
@@ -766,7 +755,6 @@ impl Incoming {
             parity: GroupRepairs::default(),
             parity_timer: None,
             parity_waiting: None,
-            run: None,
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::index::ProductIndex;
-use crate::parity::{ParityConfig, RUN_MARK, RUN_OPEN_MAX};
+use crate::parity::ParityConfig;
 use crate::time::Instant;
 use crate::wire::{Body, Message};
 
@@ -69,7 +69,7 @@ impl Receiver {
     }
 
     /// The ranges of `[start, end)` neither received nor still to come by multicast (asked for).
-    pub(super) fn lost_ranges(product: &Incoming, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    fn lost_ranges(product: &Incoming, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         product.received.gaps_iter(start, end).flat_map(|(from, to)| product.requested.within(from, to))
     }
 
@@ -91,19 +91,9 @@ impl Receiver {
     pub(super) fn send_parity_request(&mut self, key: i64, group: u16, retry: bool) {
         let Some(parity) = self.parity_in_use() else { return };
         let now = self.now;
-        let mut wait = self.parity_rtt.retry_after(parity.retry);
+        let wait = self.parity_rtt.retry_after(parity.retry);
         let Some(product) = self.products.get_mut(&key) else { return };
-        if let Some(first) = product.run {
-            // The run's parity stands for the product's own.
-            self.send_run_request(first, retry);
-            return;
-        }
         let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
-        // A small product's parity comes once its run is closed, up to RUN_OPEN_MAX later.
-        let in_run = parity.in_runs(size);
-        if in_run {
-            wait += RUN_OPEN_MAX;
-        }
         let (start, end, _) = parity.group_range(u32::from(group), size);
         let lost = Self::lost_blocks(product, start, end, parity.block_len as u64);
         let index = product.index;
@@ -134,8 +124,7 @@ impl Receiver {
         repair.asked_for = lost;
         repair.rounds = repair.rounds.saturating_add(1);
         // Only a first request times the answer: a shard after a second one may answer either.
-        // (Not a small product's: its answer waits for its run to close.)
-        repair.asked_at = (repair.rounds == 1 && !in_run).then_some(now);
+        repair.asked_at = (repair.rounds == 1).then_some(now);
         let retry_at = now + wait;
         repair.retry_at = Some(retry_at);
         // need ≤ lost ≤ 32768 and from ≤ shards ≤ 256.
@@ -163,22 +152,16 @@ impl Receiver {
             .filter(|(_, repair)| !repair.fallback && repair.retry_at.is_some_and(|at| at <= now))
             .map(|(group, _)| *group)
             .collect();
-        let run = product.run;
         for group in due {
             self.ask_parity(key, group, true);
         }
-        if let Some(first) = run.filter(|first| self.run_retry_at(*first).is_some_and(|at| at <= now)) {
-            self.send_run_request(first, true);
-        }
-        // The next retry of the groups (and of the run) still waiting.
-        let run_retry = run.and_then(|first| self.run_retry_at(first));
+        // The next retry of the groups still waiting.
         let Some(product) = self.products.get_mut(&key) else { return };
         let next = product
             .parity
             .values()
             .filter(|repair| !repair.fallback)
             .filter_map(|repair| repair.retry_at)
-            .chain(run_retry)
             .filter(|at| *at > now)
             .min();
         if let Some(at) = next {
@@ -197,10 +180,6 @@ impl Receiver {
         };
         if !parity.codes_as(coding.0, coding.1) || data.len() != parity.block_len || u32::from(shard) >= parity.shards {
             self.counters.parity_mismatched += 1;
-            return;
-        }
-        if group >= RUN_MARK {
-            self.on_run_parity(index, group - RUN_MARK, shard, data);
             return;
         }
         let Some(key) =
@@ -232,10 +211,6 @@ impl Receiver {
     pub(super) fn decode_passed_groups(&mut self, key: i64, start: u64, end: u64) {
         let Some(parity) = self.parity_in_use() else { return };
         let Some(product) = self.products.get(&key) else { return };
-        if let Some(first) = product.run {
-            self.try_decode_run(first);
-            return;
-        }
         if product.parity.is_empty() || end <= start {
             return;
         }
@@ -362,10 +337,10 @@ impl Receiver {
     }
 }
 
-/// Whether parity can repair a product of `size` bytes: at most 2¹⁵ block groups (group
-/// numbers are 16 bits on the wire, and those from [`RUN_MARK`] up name runs).
+/// Whether parity can repair a product of `size` bytes: at most 2¹⁶ block groups (group
+/// numbers are 16 bits on the wire).
 pub(super) fn codes_product(parity: &ParityConfig, size: u64) -> bool {
-    parity.groups(size) <= u64::from(RUN_MARK)
+    parity.groups(size) <= 1 << 16
 }
 
 /// A group of a product's blocks being repaired by parity.
@@ -421,7 +396,7 @@ impl ParityRtt {
         });
     }
 
-    pub(super) fn retry_after(&self, configured: Duration) -> Duration {
+    fn retry_after(&self, configured: Duration) -> Duration {
         match self.smoothed {
             None => configured,
             Some((srtt, rttvar)) => (srtt * 2 + rttvar * 4).clamp(PARITY_RETRY_MIN.min(configured), configured),
@@ -439,7 +414,7 @@ impl GroupRepairs {
         self.0.binary_search_by_key(&group, |(group, _)| *group)
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
@@ -451,7 +426,7 @@ impl GroupRepairs {
         self.find(*group).ok().map(|at| &mut self.0[at].1)
     }
 
-    pub(super) fn get_or_default(&mut self, group: u16) -> &mut GroupRepair {
+    fn get_or_default(&mut self, group: u16) -> &mut GroupRepair {
         let at = self.find(group).unwrap_or_else(|at| {
             self.0.insert(at, (group, GroupRepair::default()));
             at
@@ -459,7 +434,7 @@ impl GroupRepairs {
         &mut self.0[at].1
     }
 
-    pub(super) fn remove(&mut self, group: &u16) -> Option<GroupRepair> {
+    fn remove(&mut self, group: &u16) -> Option<GroupRepair> {
         self.find(*group).ok().map(|at| self.0.remove(at).1)
     }
 
@@ -486,27 +461,27 @@ impl GroupRepairs {
 /// bytes are discarded, their bytes by index (a discarding receiver, most of a large
 /// simulation's, then allocates nothing per group).
 #[derive(Debug, Default)]
-pub(super) struct HeldShards {
+struct HeldShards {
     held: [u64; 4],
     /// Sorted by index.
     bytes: Vec<(u8, Vec<u8>)>,
 }
 
 impl HeldShards {
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.held.iter().map(|word| word.count_ones() as usize).sum()
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.held == [0; 4]
     }
 
-    pub(super) fn contains(&self, shard: u8) -> bool {
+    fn contains(&self, shard: u8) -> bool {
         self.held[usize::from(shard / 64)] >> (shard % 64) & 1 == 1
     }
 
     /// The highest index held.
-    pub(super) fn last(&self) -> Option<u8> {
+    fn last(&self) -> Option<u8> {
         // ≤ 255.
         (0..4)
             .rev()
@@ -515,7 +490,7 @@ impl HeldShards {
     }
 
     /// Holds shard `shard`, with `bytes` unless they are discarded.
-    pub(super) fn insert(&mut self, shard: u8, bytes: Option<&[u8]>) {
+    fn insert(&mut self, shard: u8, bytes: Option<&[u8]>) {
         self.held[usize::from(shard / 64)] |= 1 << (shard % 64);
         if let Some(bytes) = bytes {
             let at = self.bytes.partition_point(|(held, _)| *held < shard);
@@ -528,7 +503,7 @@ impl HeldShards {
     }
 
     /// The shards held with their bytes, by index.
-    pub(super) fn with_bytes(&self) -> impl Iterator<Item = (u32, &[u8])> {
+    fn with_bytes(&self) -> impl Iterator<Item = (u32, &[u8])> {
         self.bytes.iter().map(|(shard, bytes)| (u32::from(*shard), bytes.as_slice()))
     }
 }

@@ -86,88 +86,6 @@ fn a_group_s_losses_are_asked_for_at_once_when_its_multicast_has_passed() {
     assert!(net.requests_of(0, MessageType::RetxReq).is_empty());
 }
 
-/// Drops block `block` of product `index` at receiver `to`, for each `(to, index, block)`.
-fn blocks_of_products(lost: &'static [(usize, u32, u32)]) -> support::DropFilter {
-    Box::new(move |to, message| match message.body {
-        Body::MemData { offset, .. } => lost.contains(&(to, message.index.0, offset / 1448)),
-        _ => false,
-    })
-}
-
-/// Small products multicast one after another are coded together as a run: one shard repairs
-/// a block of a different product at each receiver.
-#[test]
-fn small_products_multicast_together_are_repaired_by_the_shards_of_their_run() {
-    let mut net = net(3, true);
-    // Ten products of 5 blocks (50 blocks: within a group of 64); receiver n loses block 1 of
-    // product n + 2.
-    net.drop = blocks_of_products(&[(0, 2, 1), (1, 3, 1), (2, 4, 1)]);
-    for seed in 0..10 {
-        net.enqueue(5 * 1448 - 100, seed);
-    }
-    net.settle(Duration::from_secs(5));
-    assert_eq!(net.check_accounted(), (30, 0));
-    let counters = net.sender.counters();
-    assert_eq!((counters.parity_runs_coded, counters.parity_datagrams), (1, 1), "{counters:?}");
-    assert_eq!(counters.retx_data_blocks, 0);
-    for n in 0..3 {
-        assert_eq!(net.nodes[n].receiver.counters().parity_blocks, 1);
-        assert!(net.requests_of(n, MessageType::RetxReq).is_empty());
-        let asked = net.requests_of(n, MessageType::ParityReq);
-        assert!(asked.iter().all(|m| matches!(m.body, Body::ParityReq { group: 0, need: 1, from: 0 })), "{asked:?}");
-    }
-}
-
-/// A receiver that lost blocks of several products of a run gets as many of the run's shards,
-/// which also repair the others.
-#[test]
-fn the_shards_of_a_run_cover_the_receiver_that_lost_most_of_it() {
-    let mut net = net(2, true);
-    net.drop = blocks_of_products(&[(0, 1, 2), (0, 4, 0), (0, 7, 3), (1, 5, 0)]);
-    for seed in 0..10 {
-        net.enqueue(6 * 1448, seed);
-    }
-    net.settle(Duration::from_secs(5));
-    assert_eq!(net.check_accounted(), (20, 0));
-    let counters = net.sender.counters();
-    assert_eq!((counters.parity_runs_coded, counters.parity_datagrams), (1, 3), "{counters:?}");
-    assert_eq!(net.nodes[0].receiver.counters().parity_blocks, 3);
-    assert_eq!(net.nodes[1].receiver.counters().parity_blocks, 1);
-    assert_eq!(counters.retx_data_blocks, 0);
-}
-
-/// A receiver that learnt the run from a shard asks for the run's parity when one is lost.
-#[test]
-fn a_lost_shard_of_a_run_is_asked_for_by_the_run() {
-    let mut net = net(1, true);
-    let mut parity_seen = 0;
-    net.drop = Box::new(move |_, message| match message.body {
-        Body::MemData { offset, .. } => [1, 3].contains(&message.index.0) && offset == 1448,
-        Body::Parity { .. } => {
-            parity_seen += 1;
-            parity_seen == 1
-        }
-        _ => false,
-    });
-    for seed in 0..6 {
-        net.enqueue(4 * 1448, seed);
-    }
-    net.settle(Duration::from_secs(5));
-    assert_eq!(net.check_accounted(), (6, 0));
-    let asked: Vec<(u16, u16, u16)> = net
-        .requests_of(0, MessageType::ParityReq)
-        .iter()
-        .filter_map(|message| match message.body {
-            Body::ParityReq { group, need, from } => Some((group, need, from)),
-            _ => None,
-        })
-        .collect();
-    // Each product's own request, then the run's: one more shard, from index 2 (shard 1 held).
-    assert_eq!(asked, [(0, 1, 0), (0, 1, 0), (ldm7_fmtp_proto::parity::RUN_MARK, 1, 2)]);
-    assert_eq!(net.nodes[0].receiver.counters().parity_blocks, 2);
-    assert!(net.requests_of(0, MessageType::RetxReq).is_empty());
-}
-
 /// Drops block 5 of every product and the `nth` parity shard multicast (from 1).
 fn block_5_and_shard(nth: u32) -> support::DropFilter {
     let mut parity_seen = 0;
@@ -316,25 +234,6 @@ proptest! {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
-
-    /// The same with many small products (coded in runs), some lost whole.
-    #[test]
-    fn any_loss_of_small_products_ends_delivered_or_missed(seed in any::<u64>(), rate in 0.0f64..0.2,
-                                                           receivers in 1usize..5,
-                                                           sizes in proptest::collection::vec(1usize..40_000, 2..24)) {
-        let mut net = net(receivers, true);
-        net.drop = random_loss(seed, rate);
-        for (n, size) in sizes.iter().enumerate() {
-            net.enqueue(*size, seed ^ n as u64);
-        }
-        net.settle(Duration::from_secs(60));
-        let (delivered, missed) = net.check_accounted();
-        prop_assert_eq!(delivered + missed, receivers * sizes.len());
-    }
-}
-
 /// The times receiver `n` sent its PARITY_REQs.
 fn parity_request_times(net: &Net, n: usize) -> Vec<ldm7_fmtp_proto::Instant> {
     net.nodes[n]
@@ -354,13 +253,11 @@ fn a_lost_shard_is_asked_for_again_after_the_timed_round_trip_not_the_configured
     let receiver = ReceiverConfig { parity: Some(slow), ..trusting() };
     let mut net = Net::new(sender, vec![receiver]);
     net.sender.set_rtt(net.nodes[0].id, Duration::from_millis(6));
-    // Block 5 of each product; the shard answering the second product's first request. (Of
-    // 40 blocks, more than half a group: each is a group of its own. A small product's answer
-    // waits for its run to close and is not timed.)
+    // Block 5 of each product; the shard answering the second product's first request.
     net.drop = block_5_and_shard(2);
-    net.enqueue(40 * 1448, 1);
+    net.enqueue(20 * 1448, 1);
     net.settle(Duration::from_secs(5));
-    net.enqueue(40 * 1448, 2);
+    net.enqueue(20 * 1448, 2);
     net.settle(Duration::from_secs(5));
     assert_eq!(net.check_accounted(), (2, 0));
     let times = parity_request_times(&net, 0);
@@ -408,48 +305,4 @@ fn a_receiver_that_stays_behind_asks_for_parity_after_the_longest_deferral() {
     net.nodes[0].receiver.set_backlog(net.now, false);
     net.settle(Duration::from_secs(5));
     assert_eq!(net.check_accounted(), (1, 0));
-}
-
-/// A receiver that does not know the run yet asks for each product it lost blocks of; its
-/// request for a second product of the run, while the shard answering its first is still on
-/// its way to it (50 ms here, more than its round trip), gets one more shard, not two.
-#[test]
-fn a_run_s_second_product_request_counts_the_shard_answering_the_first() {
-    use ldm7_fmtp_proto::{Instant, OutgoingProduct, ReceiverId, Sender};
-    let mut sender =
-        Sender::new(SenderConfig { parity: Some(parity()), ..SenderConfig::default() }, Instant::ZERO).expect("sender");
-    let id = ReceiverId(1);
-    sender.receiver_connected(Instant::ZERO, id);
-    sender.set_rtt(id, Duration::from_millis(2));
-    for seed in 0..4u8 {
-        sender.enqueue(Instant::ZERO, OutgoingProduct::new(vec![seed; 3 * 1448], vec![seed; 16])).expect("enqueue");
-    }
-    let mut buf = Vec::new();
-    let mut shards_sent = |sender: &mut Sender, now: Instant| {
-        let mut count = 0;
-        while let Some(transmit) = sender.poll_transmit(now, &mut buf) {
-            count += usize::from(transmit.message_type == MessageType::Parity);
-            buf.clear();
-        }
-        count
-    };
-    assert_eq!(shards_sent(&mut sender, Instant::ZERO), 0, "the products multicast, no shard");
-    let ask = |sender: &mut Sender, now: Instant, index: u32| {
-        let request = Message {
-            index: ldm7_fmtp_proto::ProductIndex(index),
-            body: Body::ParityReq { group: 0, need: 1, from: 0 },
-        };
-        sender.handle_stream(now, id, &request);
-    };
-    ask(&mut sender, Instant::ZERO + Duration::from_millis(1), 0);
-    // The run closes 50 ms after its first EOP: the request is answered then.
-    assert_eq!(shards_sent(&mut sender, Instant::ZERO + Duration::from_millis(10)), 0, "the run is open");
-    let closed = Instant::ZERO + Duration::from_millis(60);
-    assert_eq!(shards_sent(&mut sender, closed), 1);
-    assert_eq!(sender.counters().parity_runs_coded, 1);
-    ask(&mut sender, closed + Duration::from_millis(30), 2);
-    assert_eq!(shards_sent(&mut sender, closed + Duration::from_millis(30)), 1, "one more for the second product");
-    // Asked again much later (the shards were lost): both again.
-    ask(&mut sender, closed + Duration::from_millis(200), 2);
-    assert_eq!(shards_sent(&mut sender, closed + Duration::from_millis(200)), 2);
 }
