@@ -94,7 +94,7 @@ pub struct SendArgs {
     pub mac_signing: MacSigning,
     /// Repair by parity (an ldm7 extension, docs/parity.md): answer receivers' parity requests
     /// with parity shards multicast once for all of them, to the group's next port. `auto`:
-    /// what an LDM-7 publisher with default settings chooses (256/16); GROUP/SHARDS: GROUP data
+    /// what an LDM-7 publisher with default settings chooses (1024/32); GROUP/SHARDS: GROUP data
     /// blocks per group and up to SHARDS shards each; `off`: unicast repairs only. Receivers
     /// need the same value.
     #[arg(long, value_name = "auto|off|GROUP/SHARDS", default_value = "auto")]
@@ -237,12 +237,14 @@ async fn send(args: &SendArgs) -> CmdResult {
     if args.parity != ParityChoice::Off {
         let protocol = &summary.protocol;
         println!(
-            "fmtp send: parity: {} requests, {} shards multicast ({} bytes, {:.2}% of the product bytes), {} groups coded",
+            "fmtp send: parity: {} requests, {} shards multicast ({} bytes, {:.2}% of the product bytes), {} groups \
+             and {} runs coded",
             protocol.parity_requests,
             protocol.parity_datagrams,
             protocol.parity_bytes,
             protocol.parity_bytes as f64 * 100.0 / summary.bytes.max(1) as f64,
-            protocol.parity_groups_coded
+            protocol.parity_groups_coded,
+            protocol.parity_runs_coded
         );
     }
     Ok(())

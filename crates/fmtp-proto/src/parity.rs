@@ -56,13 +56,27 @@ impl Default for ParityConfig {
     }
 }
 
+/// Group numbers from this one up name a *run* (docs/parity.md "Runs"): in a PARITY datagram
+/// the group field is this mark plus the run's product count, `prodindex` its first product; in
+/// a PARITY_REQ the mark alone asks for the parity of the run the product belongs to. A
+/// product's own groups number below it.
+pub const RUN_MARK: u16 = 0x8000;
+
+/// Products in one run at most (the count must fit below [`RUN_MARK`]).
+pub const RUN_PRODUCTS_MAX: usize = 0x7fff;
+
+/// How long a sender keeps a run open after its first product's EOP for more products to join
+/// it: the longest a request for a run's parity waits for the run to be coded. The receiver
+/// waits this much longer before asking a small product's parity again.
+pub const RUN_OPEN_MAX: Duration = Duration::from_millis(50);
+
 /// The loss a publisher plans parity for when its settings name none (the design's 1%).
 pub const PLANNED_LOSS_DEFAULT: f64 = 0.01;
 
 impl ParityConfig {
     /// The coding a publisher chooses for a feed of `subscribers`, each losing `loss` of the
     /// datagrams independently (docs/parity.md "Defaults"; the rule is
-    /// [`ldm7_plan::repair::parity_for`]): groups of 256 blocks, and as shards the smallest
+    /// [`ldm7_plan::repair::parity_for`]): groups of 1024 blocks, and as shards the smallest
     /// power of two from 8 to 256 that covers the largest loss count of any subscriber in a
     /// group with probability 0.999. A group that loses more at a subscriber is repaired by
     /// RETX_REQ, as without parity.
@@ -102,6 +116,14 @@ impl ParityConfig {
     /// Data blocks of a product of `size` bytes.
     pub fn blocks(&self, size: u64) -> u64 {
         size.div_ceil(self.block_len as u64)
+    }
+
+    /// Whether a product of `size` bytes is coded in a run with the products multicast next to
+    /// it rather than alone: products of at most half a group (docs/parity.md "Runs"). The
+    /// shards a group needs are about the largest loss count of the subscribers in it, which
+    /// grows slower than the group: a small product alone costs nearly as much as a whole group.
+    pub fn in_runs(&self, size: u64) -> bool {
+        size > 0 && self.blocks(size) <= u64::from(self.group_blocks / 2)
     }
 
     /// Groups of a product of `size` bytes.
@@ -329,17 +351,17 @@ mod tests {
 
     #[test]
     fn the_publisher_rule_covers_the_most_unlucky_subscriber() {
-        // At 1%: 256 blocks, the largest of 570 counts is ≤ 13 with probability 0.999.
+        // At 1%: 1024 blocks, the largest of 570 counts is ≤ 32 with probability 0.999.
         let chosen = |n, p| {
             let config = ParityConfig::for_feed(n, p);
             config.validate().unwrap();
             (config.group_blocks, config.shards)
         };
-        assert_eq!(chosen(570, 0.01), (256, 16));
-        assert_eq!(chosen(8, 0.01), (256, 16));
-        assert_eq!(chosen(1, 0.0), (256, 8));
-        assert_eq!(chosen(570, 0.05), (256, 32));
-        assert_eq!(chosen(100_000, 0.5), (256, 256));
+        assert_eq!(chosen(570, 0.01), (1024, 32));
+        assert_eq!(chosen(8, 0.01), (1024, 32));
+        assert_eq!(chosen(1, 0.0), (1024, 8));
+        assert_eq!(chosen(570, 0.05), (1024, 128));
+        assert_eq!(chosen(100_000, 0.5), (1024, 256));
         // More subscribers or more loss never choose fewer shards.
         let mut last = 0;
         for n in [1, 2, 8, 32, 128, 570, 5000] {

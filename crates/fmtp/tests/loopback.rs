@@ -6,6 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ldm7_fmtp::udp::MulticastConfig;
@@ -119,7 +120,17 @@ async fn send_all(sender: &mut FmtpSender, products: &[(Vec<u8>, [u8; 16])]) {
 async fn send_all_telling(
     sender: &mut FmtpSender,
     products: &[(Vec<u8>, [u8; 16])],
+    all_sent: Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    send_all_spaced(sender, products, all_sent, Duration::ZERO).await;
+}
+
+/// [`send_all_telling`], handing the sender a product every `spacing`.
+async fn send_all_spaced(
+    sender: &mut FmtpSender,
+    products: &[(Vec<u8>, [u8; 16])],
     mut all_sent: Option<tokio::sync::oneshot::Sender<()>>,
+    spacing: Duration,
 ) {
     let feeder = sender.product_sender();
     let outgoing: Vec<OutgoingProduct> =
@@ -127,6 +138,9 @@ async fn send_all_telling(
     let feeding = tokio::spawn(async move {
         for product in outgoing {
             feeder.send(product).await.expect("the sender runs");
+            if !spacing.is_zero() {
+                tokio::time::sleep(spacing).await;
+            }
         }
     });
     let (mut sent, mut released) = (0, 0);
@@ -859,6 +873,52 @@ async fn closing_relay(sender: SocketAddr, close: impl std::future::Future + Sen
         let _ = tokio::io::copy(&mut receiver, &mut tokio::io::sink()).await;
     });
     address
+}
+
+/// A relay between a receiver and its sender's retransmission address that counts the reads of
+/// what the receiver writes (its segments, when the relay keeps up).
+async fn counting_relay(sender: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counted = reads.clone();
+    tokio::spawn(async move {
+        let (receiver, _) = listener.accept().await.expect("accept");
+        let upstream = tokio::net::TcpStream::connect(sender).await.expect("connect");
+        receiver.set_nodelay(true).expect("nodelay");
+        upstream.set_nodelay(true).expect("nodelay");
+        let ((mut from_receiver, mut to_receiver), (mut from_sender, mut to_sender)) =
+            (receiver.into_split(), upstream.into_split());
+        tokio::spawn(async move { tokio::io::copy(&mut from_sender, &mut to_receiver).await });
+        let mut buffer = vec![0u8; 65_536];
+        while let Ok(read) = from_receiver.read(&mut buffer).await {
+            if read == 0 || to_sender.write_all(&buffer[..read]).await.is_err() {
+                break;
+            }
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (address, reads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ends_of_products_close_together_go_to_the_sender_together() {
+    let multicast = loopback_group(32);
+    let options = SenderOptions::new(multicast.clone(), free_tcp_addr(), SenderConfig::with_rate(400_000_000));
+    let mut sender = FmtpSender::start(options).await.expect("sender");
+    let (relay, reads) = counting_relay(sender.retx_addr()).await;
+    let products = same_size_products(20, 5_000, 7);
+    let receiver = FmtpReceiver::start(ReceiverOptions::new(multicast, relay)).expect("receiver");
+    let receiving = tokio::spawn(collect(receiver, products.len()));
+    joined(&mut sender, 1).await;
+    let before = reads.load(Ordering::SeqCst);
+    // A product every 5 ms: each RETX_END alone would be 20 segments, each acknowledged.
+    send_all_spaced(&mut sender, &products, None, Duration::from_millis(5)).await;
+    let outcome = receiving.await.expect("receiver");
+    assert_each_once(&outcome, &products);
+    let segments = reads.load(Ordering::SeqCst) - before;
+    assert!(segments <= 8, "20 RETX_ENDs over about 100 ms held 50 ms each go in a few segments: {segments}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

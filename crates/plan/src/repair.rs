@@ -52,7 +52,7 @@ pub fn expected_largest_loss(n: u32, p: f64, draws: u32) -> f64 {
 }
 
 /// The data blocks per group a publisher chooses for parity (docs/parity.md "Defaults").
-pub const PARITY_GROUP_BLOCKS: u32 = 256;
+pub const PARITY_GROUP_BLOCKS: u32 = 1024;
 /// The fewest parity shards a publisher chooses per group.
 pub const PARITY_SHARDS_MIN: u32 = 8;
 /// How sure the chosen shard count is to cover the most unlucky subscriber's losses in a group.

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use ldm7_fmtp_proto::parity::RUN_MARK;
 use ldm7_fmtp_proto::wire::{BLOCK_LEN, Body, Message};
 use ldm7_fmtp_proto::{
     DeliveredProduct, Instant, MissReason, ParityConfig, ParityEncoder, ProductIndex, ReceiverEvent, ReleaseReason,
@@ -96,6 +97,18 @@ pub enum Violation {
     NotQuiescent(String),
 }
 
+/// The coding a PARITY datagram says it was made with (log₂ of its group size and shard count).
+fn coding_of(group_blocks_log2: u8, shards_log2: u8, block_len: usize) -> Result<ParityConfig, String> {
+    let parity = ParityConfig {
+        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
+        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
+        block_len,
+        ..ParityConfig::default()
+    };
+    parity.validate().map_err(|error| error.to_string())?;
+    Ok(parity)
+}
+
 /// Every parity shard of a group of a product, computed from the product's content as the
 /// datagram says it was coded.
 fn parity_of(
@@ -106,13 +119,7 @@ fn parity_of(
     shards_log2: u8,
     block_len: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let parity = ParityConfig {
-        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
-        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
-        block_len,
-        ..ParityConfig::default()
-    };
-    parity.validate().map_err(|error| error.to_string())?;
+    let parity = coding_of(group_blocks_log2, shards_log2, block_len)?;
     if u64::from(group) >= parity.groups(u64::from(record.size)) {
         return Err("no such group".into());
     }
@@ -126,6 +133,38 @@ fn parity_of(
         Content::Bytes(data) => encoder.encode(&parity, &data[start as usize..end as usize]),
     };
     shards.map_err(|error| error.to_string())
+}
+
+/// Every parity shard of the run of `records` (consecutive products coded together, each
+/// product's last block padded; docs/parity.md "Runs"), as the datagram says it was coded.
+fn run_parity_of(
+    encoder: &mut ParityEncoder,
+    records: &[ProductRecord],
+    group_blocks_log2: u8,
+    shards_log2: u8,
+    block_len: usize,
+) -> Result<Vec<Vec<u8>>, String> {
+    let parity = coding_of(group_blocks_log2, shards_log2, block_len)?;
+    if records.len() < 2 || records.iter().any(|record| !parity.in_runs(u64::from(record.size))) {
+        return Err("no such run".into());
+    }
+    let span = |size: u32| (size as usize).div_ceil(block_len) * block_len;
+    let total: usize = records.iter().map(|record| span(record.size)).sum();
+    if total > parity.group_blocks as usize * block_len {
+        return Err("a run longer than a group".into());
+    }
+    let bytes = encoder.group_buffer(total);
+    let mut at = 0;
+    for record in records {
+        let size = record.size as usize;
+        match &record.content {
+            Content::Pattern(seed) => crate::workload::pattern_fill(*seed, 0, &mut bytes[at..at + size]),
+            Content::Bytes(data) => bytes[at..at + size].copy_from_slice(&data[..size]),
+        }
+        bytes[at + size..at + span(record.size)].fill(0);
+        at += span(record.size);
+    }
+    encoder.encode_filled(&parity).map_err(|error| error.to_string())
 }
 
 /// What a product's bytes are.
@@ -364,9 +403,14 @@ impl Ledger {
             Body::Parity { group, group_blocks_log2, shards_log2, shard, data } => {
                 let key = (index, group, group_blocks_log2, shards_log2);
                 if self.parity_checked.as_ref().is_none_or(|(checked, _)| *checked != key) {
-                    let shards =
+                    let shards = if group >= RUN_MARK {
+                        let count = usize::from(group - RUN_MARK);
+                        let records = self.products.get(position..position + count).unwrap_or_default();
+                        run_parity_of(&mut self.parity_encoder, records, group_blocks_log2, shards_log2, data.len())
+                    } else {
                         parity_of(&mut self.parity_encoder, record, group, group_blocks_log2, shards_log2, data.len())
-                            .map_err(|what| Violation::Sender(format!("parity of {index} group {group}: {what}")))?;
+                    }
+                    .map_err(|what| Violation::Sender(format!("parity of {index} group {group}: {what}")))?;
                     self.parity_checked = Some((key, shards));
                 }
                 let shards = self.parity_checked.as_ref().map(|(_, shards)| shards);

@@ -2,6 +2,8 @@
 //! stream messages, timeouts, the backlog hint, reconnection and disconnection), the outputs it
 //! drains (`poll_transmit`, `poll_event`, `poll_timeout`) and the queries on its state.
 
+use std::time::Duration;
+
 use crate::ConfigError;
 use crate::index::ProductIndex;
 use crate::ranges::RangeSet;
@@ -9,8 +11,8 @@ use crate::time::{Instant, WallClock, WallTime};
 use crate::wire::{self, BLOCK_LEN, Body, Message};
 
 use super::{
-    Anchor, Assembly, BlockRun, EarlyBlock, FingerprintSource, InFlight, MissReason, PARITY_DEFER_MAX, Receiver,
-    ReceiverCounters, ReceiverEvent,
+    Anchor, Assembly, BlockRun, EarlyBlock, FingerprintSource, InFlight, Incoming, MissReason, PARITY_DEFER_MAX,
+    Receiver, ReceiverCounters, ReceiverEvent,
 };
 
 #[cfg(doc)]
@@ -27,9 +29,13 @@ impl Receiver {
     }
 
     /// Whether a parity shard of group `group` of product `index` would be of use here now
-    /// (the product is being received, its size is known and the group is incomplete): a
-    /// simulator hands parity datagrams only to the receivers that want them.
+    /// (the product is being received, its size is known and the group is incomplete; for a
+    /// run's shard, a product of the run is): a simulator hands parity datagrams only to the
+    /// receivers that want them.
     pub fn wants_parity(&self, index: ProductIndex, group: u16) -> bool {
+        if group >= crate::parity::RUN_MARK {
+            return self.wants_run_parity(index, group - crate::parity::RUN_MARK);
+        }
         let (Some(parity), Some((_, product))) = (self.parity_in_use(), self.known(index)) else { return false };
         product.group_incomplete(&parity, group)
     }
@@ -213,6 +219,7 @@ impl Receiver {
             return Err(ConfigError(format!("{count} whole products up to {newest} do not follow {seen}")));
         }
         self.newest = Some((newest, key + i64::from(count)));
+        self.keep_taken_whole(key + 1..key + 1 + i64::from(count));
         self.eop_seen_last = true;
         let counters = &mut self.counters;
         counters.datagrams += datagrams;
@@ -365,6 +372,8 @@ impl Receiver {
             self.counters.missed += 1;
             self.events.push_back(ReceiverEvent::Missed { index: product.index, reason: MissReason::Disconnected });
         }
+        // (Nothing is left to decode.)
+        self.runs.clear();
         self.transmits.clear();
     }
 
@@ -453,9 +462,19 @@ impl Receiver {
     /// Where each product being received stands, oldest first (for an operator: what a stop
     /// leaves unfinished, and why).
     pub fn in_flight(&self) -> Vec<InFlight> {
+        self.in_flight_for(Duration::ZERO)
+    }
+
+    /// [`Receiver::in_flight`], of the products in flight for `age` or longer.
+    pub fn in_flight_for(&self, age: Duration) -> Vec<InFlight> {
+        // (A product is given up `incomplete_timeout` after its first message.)
+        let age_of = |product: &Incoming| {
+            self.config.incomplete_timeout.saturating_sub(product.abandon_at.saturating_duration_since(self.now))
+        };
         self.products
-            .values()
-            .map(|product| InFlight {
+            .iter()
+            .filter(|(_, product)| age_of(product) >= age)
+            .map(|(key, product)| InFlight {
                 index: product.index,
                 size: product.bop.as_ref().map(|bop| bop.size),
                 received_bytes: product.received.len(),
@@ -463,6 +482,8 @@ impl Receiver {
                 ended: product.ended,
                 eop_seen: product.eop_seen,
                 tentative: self.tentative_anchor().is_some_and(|(index, _)| index == product.index),
+                age: age_of(product),
+                repair: self.describe_repair(*key, product),
             })
             .collect()
     }

@@ -248,6 +248,10 @@ impl Receiver {
             self.request_missing(key, 0, size);
         }
         self.ask_waiting_parity(key);
+        if let Some(first) = self.run_of(key) {
+            // Its run may have waited for its multicast to pass.
+            self.try_decode_run(first);
+        }
     }
 
     /// Keeps a block's bytes where the product is assembled (its buffer, the sink, nowhere);
@@ -283,6 +287,21 @@ impl Receiver {
             return false;
         }
         let product = self.remove(key).expect("checked above");
+        let size = product.bop.as_ref().map_or(0, |bop| bop.size);
+        if self.parity_in_use().is_some_and(|parity| parity.in_runs(u64::from(size))) {
+            // Kept a while for the decode of its run (docs/parity.md "Runs").
+            let kept = match self.config.assembly {
+                Assembly::Memory => Some(product.data.clone()),
+                Assembly::Discard => Some(Vec::new()),
+                Assembly::Sink => self.sink.as_mut().and_then(|sink| {
+                    let mut bytes = vec![0u8; size as usize];
+                    sink.0.read_at(product.index, 0, &mut bytes).ok().map(|()| bytes)
+                }),
+            };
+            if let Some(bytes) = kept {
+                self.keep_recent(key, size, bytes);
+            }
+        }
         if product.sink_open {
             if let Some(sink) = &mut self.sink {
                 sink.0.close(product.index, true);
@@ -302,6 +321,10 @@ impl Receiver {
             latency_ns,
             fingerprint: product.fingerprint,
         }));
+        if let Some(first) = self.run_of(key) {
+            // Its bytes may be what the run's decode waited for.
+            self.try_decode_run(first);
+        }
         true
     }
 
@@ -318,6 +341,10 @@ impl Receiver {
         }
         self.counters.missed += 1;
         self.events.push_back(ReceiverEvent::Missed { index: product.index, reason });
+        if let Some(first) = self.run_of(key) {
+            // Its run cannot be decoded here any more: its other members ask with RETX_REQ.
+            self.try_decode_run(first);
+        }
     }
 
     /// Sends RETX_END for a finished product, or holds it while the product is the first one

@@ -81,9 +81,11 @@ mod assembly;
 mod indexes;
 mod parity;
 mod requests;
+mod runs;
 
 use parity::{GroupRepairs, ParityRtt};
 pub use parity::{PARITY_DEFER_MAX, PARITY_RETRY_MIN};
+use runs::{RecentProducts, RunRepair};
 
 /// The receive timer: how long a product may go without multicast progress before its tail
 /// and EOP are requested.
@@ -479,6 +481,11 @@ pub struct Receiver {
     /// Parity requests held while [`Receiver::backlog`]: product key, group, whether a retry,
     /// and since when.
     deferred_parity: Vec<(i64, u16, bool, Instant)>,
+    /// Runs of small products coded together (docs/parity.md "Runs") being repaired here, by
+    /// their first product's key.
+    runs: BTreeMap<i64, RunRepair>,
+    /// Small products delivered lately, kept for their runs' decodes.
+    recent: RecentProducts,
 }
 
 /// [`Receiver::set_fingerprint_source`]'s function.
@@ -566,6 +573,8 @@ impl Receiver {
             parity_rtt: ParityRtt::default(),
             backlog: false,
             deferred_parity: Vec::new(),
+            runs: BTreeMap::new(),
+            recent: RecentProducts::default(),
         })
     }
 }
@@ -692,6 +701,11 @@ pub struct InFlight {
     pub eop_seen: bool,
     /// It is the first product and the sender has not confirmed its index yet.
     pub tentative: bool,
+    /// How long since its first message came.
+    pub age: Duration,
+    /// Where its repair by parity stands (its run's, its groups'; empty without parity), and
+    /// its timers: for the diagnostics of a product that takes long.
+    pub repair: String,
 }
 
 /// A block kept before its product's BOP arrived.

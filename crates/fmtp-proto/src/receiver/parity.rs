@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::index::ProductIndex;
-use crate::parity::ParityConfig;
+use crate::parity::{ParityConfig, RUN_MARK, RUN_OPEN_MAX};
 use crate::time::Instant;
 use crate::wire::{Body, Message};
 
@@ -69,7 +69,7 @@ impl Receiver {
     }
 
     /// The ranges of `[start, end)` neither received nor still to come by multicast (asked for).
-    fn lost_ranges(product: &Incoming, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(super) fn lost_ranges(product: &Incoming, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         product.received.gaps_iter(start, end).flat_map(|(from, to)| product.requested.within(from, to))
     }
 
@@ -91,9 +91,19 @@ impl Receiver {
     pub(super) fn send_parity_request(&mut self, key: i64, group: u16, retry: bool) {
         let Some(parity) = self.parity_in_use() else { return };
         let now = self.now;
-        let wait = self.parity_rtt.retry_after(parity.retry);
+        let mut wait = self.parity_rtt.retry_after(parity.retry);
+        if let Some(first) = self.run_of(key) {
+            // The run's parity stands for the product's own.
+            self.send_run_request(first, retry);
+            return;
+        }
         let Some(product) = self.products.get_mut(&key) else { return };
         let Some(size) = product.bop.as_ref().map(|bop| u64::from(bop.size)) else { return };
+        // A small product's parity comes once its run is closed, up to RUN_OPEN_MAX later.
+        let in_run = parity.in_runs(size);
+        if in_run {
+            wait += RUN_OPEN_MAX;
+        }
         let (start, end, _) = parity.group_range(u32::from(group), size);
         let lost = Self::lost_blocks(product, start, end, parity.block_len as u64);
         let index = product.index;
@@ -124,22 +134,45 @@ impl Receiver {
         repair.asked_for = lost;
         repair.rounds = repair.rounds.saturating_add(1);
         // Only a first request times the answer: a shard after a second one may answer either.
-        repair.asked_at = (repair.rounds == 1).then_some(now);
+        // (Not a small product's: its answer waits for its run to close.)
+        repair.asked_at = (repair.rounds == 1 && !in_run).then_some(now);
         let retry_at = now + wait;
         repair.retry_at = Some(retry_at);
         // need ≤ lost ≤ 32768 and from ≤ shards ≤ 256.
         self.transmits
             .push_back(Message { index, body: Body::ParityReq { group, need: need as u16, from: from as u16 } });
         self.counters.parity_requests += 1;
-        if product.parity_timer.is_none_or(|at| at > retry_at) {
-            if let Some(at) = product.parity_timer.take() {
-                self.remove_timer((at, key, TimerKind::Parity));
-            }
-            if let Some(product) = self.products.get_mut(&key) {
-                product.parity_timer = Some(retry_at);
-            }
-            self.add_timer((retry_at, key, TimerKind::Parity));
+        self.parity_timer_by(key, retry_at);
+    }
+
+    /// What product `key`'s repair by parity stands at ([`super::InFlight::repair`]).
+    pub(super) fn describe_repair(&self, key: i64, product: &Incoming) -> String {
+        let mut parts: Vec<String> = [self.describe_run(key), product.parity.describe(self.now)]
+            .into_iter()
+            .filter(|part| !part.is_empty())
+            .collect();
+        if let Some(group) = product.parity_waiting {
+            parts.push(format!("group {group} waits for its multicast to pass"));
         }
+        if let Some(at) = product.parity_timer {
+            parts.push(format!("parity timer in {} ms", at.saturating_duration_since(self.now).as_millis()));
+        }
+        if let Some(at) = product.receive_timer {
+            parts.push(format!("receive timer in {} ms", at.saturating_duration_since(self.now).as_millis()));
+        }
+        parts.join("; ")
+    }
+
+    /// Makes product `key`'s parity timer due at `at` at the latest.
+    pub(super) fn parity_timer_by(&mut self, key: i64, at: Instant) {
+        let Some(product) = self.products.get_mut(&key) else { return };
+        if product.parity_timer.is_some_and(|due| due <= at) {
+            return;
+        }
+        if let Some(due) = product.parity_timer.replace(at) {
+            self.remove_timer((due, key, TimerKind::Parity));
+        }
+        self.add_timer((at, key, TimerKind::Parity));
     }
 
     pub(super) fn parity_timer_fired(&mut self, key: i64) {
@@ -152,16 +185,22 @@ impl Receiver {
             .filter(|(_, repair)| !repair.fallback && repair.retry_at.is_some_and(|at| at <= now))
             .map(|(group, _)| *group)
             .collect();
+        let run = self.run_of(key);
         for group in due {
             self.ask_parity(key, group, true);
         }
-        // The next retry of the groups still waiting.
+        if let Some(first) = run.filter(|first| self.run_retry_at(*first).is_some_and(|at| at <= now)) {
+            self.send_run_request(first, true);
+        }
+        // The next retry of the groups (and of the run) still waiting.
+        let run_retry = run.and_then(|first| self.run_retry_at(first));
         let Some(product) = self.products.get_mut(&key) else { return };
         let next = product
             .parity
             .values()
             .filter(|repair| !repair.fallback)
             .filter_map(|repair| repair.retry_at)
+            .chain(run_retry)
             .filter(|at| *at > now)
             .min();
         if let Some(at) = next {
@@ -180,6 +219,10 @@ impl Receiver {
         };
         if !parity.codes_as(coding.0, coding.1) || data.len() != parity.block_len || u32::from(shard) >= parity.shards {
             self.counters.parity_mismatched += 1;
+            return;
+        }
+        if group >= RUN_MARK {
+            self.on_run_parity(index, group - RUN_MARK, shard, data);
             return;
         }
         let Some(key) =
@@ -210,6 +253,10 @@ impl Receiver {
     /// Tries to decode the groups `[start, end)` touches (a block arrived there).
     pub(super) fn decode_passed_groups(&mut self, key: i64, start: u64, end: u64) {
         let Some(parity) = self.parity_in_use() else { return };
+        if let Some(first) = self.run_of(key) {
+            self.try_decode_run(first);
+            return;
+        }
         let Some(product) = self.products.get(&key) else { return };
         if product.parity.is_empty() || end <= start {
             return;
@@ -337,10 +384,10 @@ impl Receiver {
     }
 }
 
-/// Whether parity can repair a product of `size` bytes: at most 2¹⁶ block groups (group
-/// numbers are 16 bits on the wire).
+/// Whether parity can repair a product of `size` bytes: at most 2¹⁵ block groups (group
+/// numbers are 16 bits on the wire, and those from [`RUN_MARK`] up name runs).
 pub(super) fn codes_product(parity: &ParityConfig, size: u64) -> bool {
-    parity.groups(size) <= 1 << 16
+    parity.groups(size) <= u64::from(RUN_MARK)
 }
 
 /// A group of a product's blocks being repaired by parity.
@@ -396,7 +443,7 @@ impl ParityRtt {
         });
     }
 
-    fn retry_after(&self, configured: Duration) -> Duration {
+    pub(super) fn retry_after(&self, configured: Duration) -> Duration {
         match self.smoothed {
             None => configured,
             Some((srtt, rttvar)) => (srtt * 2 + rttvar * 4).clamp(PARITY_RETRY_MIN.min(configured), configured),
@@ -414,7 +461,7 @@ impl GroupRepairs {
         self.0.binary_search_by_key(&group, |(group, _)| *group)
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
@@ -426,7 +473,7 @@ impl GroupRepairs {
         self.find(*group).ok().map(|at| &mut self.0[at].1)
     }
 
-    fn get_or_default(&mut self, group: u16) -> &mut GroupRepair {
+    pub(super) fn get_or_default(&mut self, group: u16) -> &mut GroupRepair {
         let at = self.find(group).unwrap_or_else(|at| {
             self.0.insert(at, (group, GroupRepair::default()));
             at
@@ -434,7 +481,7 @@ impl GroupRepairs {
         &mut self.0[at].1
     }
 
-    fn remove(&mut self, group: &u16) -> Option<GroupRepair> {
+    pub(super) fn remove(&mut self, group: &u16) -> Option<GroupRepair> {
         self.find(*group).ok().map(|at| self.0.remove(at).1)
     }
 
@@ -446,6 +493,22 @@ impl GroupRepairs {
 
     fn iter(&self) -> impl Iterator<Item = (&u16, &GroupRepair)> {
         self.0.iter().map(|(group, repair)| (group, repair))
+    }
+
+    /// What each group's repair stands at, for [`super::InFlight::repair`].
+    pub(super) fn describe(&self, now: Instant) -> String {
+        self.iter()
+            .map(|(group, repair)| {
+                format!(
+                    "group {group}: {} shards for {} lost, round {}{}",
+                    repair.shards.len(),
+                    repair.asked_for,
+                    repair.rounds,
+                    describe_wait(repair.fallback, repair.retry_at, now)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     fn values(&self) -> impl Iterator<Item = &GroupRepair> {
@@ -461,27 +524,27 @@ impl GroupRepairs {
 /// bytes are discarded, their bytes by index (a discarding receiver, most of a large
 /// simulation's, then allocates nothing per group).
 #[derive(Debug, Default)]
-struct HeldShards {
+pub(super) struct HeldShards {
     held: [u64; 4],
     /// Sorted by index.
     bytes: Vec<(u8, Vec<u8>)>,
 }
 
 impl HeldShards {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.held.iter().map(|word| word.count_ones() as usize).sum()
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.held == [0; 4]
     }
 
-    fn contains(&self, shard: u8) -> bool {
+    pub(super) fn contains(&self, shard: u8) -> bool {
         self.held[usize::from(shard / 64)] >> (shard % 64) & 1 == 1
     }
 
     /// The highest index held.
-    fn last(&self) -> Option<u8> {
+    pub(super) fn last(&self) -> Option<u8> {
         // ≤ 255.
         (0..4)
             .rev()
@@ -490,7 +553,7 @@ impl HeldShards {
     }
 
     /// Holds shard `shard`, with `bytes` unless they are discarded.
-    fn insert(&mut self, shard: u8, bytes: Option<&[u8]>) {
+    pub(super) fn insert(&mut self, shard: u8, bytes: Option<&[u8]>) {
         self.held[usize::from(shard / 64)] |= 1 << (shard % 64);
         if let Some(bytes) = bytes {
             let at = self.bytes.partition_point(|(held, _)| *held < shard);
@@ -503,8 +566,18 @@ impl HeldShards {
     }
 
     /// The shards held with their bytes, by index.
-    fn with_bytes(&self) -> impl Iterator<Item = (u32, &[u8])> {
+    pub(super) fn with_bytes(&self) -> impl Iterator<Item = (u32, &[u8])> {
         self.bytes.iter().map(|(shard, bytes)| (u32::from(*shard), bytes.as_slice()))
+    }
+}
+
+/// ", by RETX_REQ", ", again in 120 ms", ", due" or ", no retry" (for the repair descriptions).
+pub(super) fn describe_wait(fallback: bool, retry_at: Option<Instant>, now: Instant) -> String {
+    match (fallback, retry_at) {
+        (true, _) => ", by RETX_REQ".into(),
+        (false, Some(at)) if at > now => format!(", again in {} ms", at.saturating_duration_since(now).as_millis()),
+        (false, Some(_)) => ", due".into(),
+        (false, None) => ", no retry".into(),
     }
 }
 

@@ -85,6 +85,7 @@ impl Sender {
                 failed: false,
                 interest: InterestSet::default(),
                 parity: BTreeMap::new(),
+                run: None,
             },
         );
         self.multicast_queue.push_back(key);
@@ -190,7 +191,7 @@ impl Sender {
             Body::ParityReq { group, need, from } => {
                 self.counters.parity_requests += 1;
                 match (key, self.config.parity) {
-                    (Some(key), Some(parity)) => self.queue_parity(id, key, group, need, from, &parity),
+                    (Some(key), Some(parity)) => self.parity_request(id, key, group, need, from, &parity),
                     (None, _) => self.queue_reject(id, message.index),
                     (Some(_), None) => self.counters.unexpected += 1,
                 }
@@ -277,7 +278,7 @@ impl Sender {
             }
         });
         let probe = self.tail_probe.map(|(at, _)| at);
-        [deadline, multicast, repair, probe].into_iter().flatten().min()
+        [deadline, multicast, repair, probe, self.run_close_at()].into_iter().flatten().min()
     }
 
     /// The counters.
@@ -341,5 +342,6 @@ impl Sender {
             && self.receivers.values().all(|r| r.work.is_empty())
             && self.tail_probe.is_none()
             && self.repeated_eop.is_none()
+            && self.open_run.is_none()
     }
 }

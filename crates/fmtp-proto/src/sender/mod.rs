@@ -55,9 +55,11 @@ mod multicast;
 mod parity;
 mod products;
 mod repairs;
+mod runs;
 
 use interest::InterestSet;
 use parity::ParityGroup;
+use runs::Run;
 
 /// A receiver (one retransmission TCP connection), numbered by the driver. Ids must not be
 /// reused while the old connection is still known to the sender.
@@ -220,6 +222,9 @@ pub struct SenderConfig {
     /// ldm7 extension: answer PARITY_REQ with parity shards multicast ([`crate::parity`];
     /// its `block_len` must be this configuration's). `None`: off, as the reference.
     pub parity: Option<ParityConfig>,
+    /// With `parity`: code consecutive small products together, in runs (docs/parity.md
+    /// "Runs"; receivers need no setting for it). `false` codes each product alone.
+    pub parity_runs: bool,
 }
 
 impl Default for SenderConfig {
@@ -237,6 +242,7 @@ impl Default for SenderConfig {
             block_len: BLOCK_LEN,
             tail_probe: Some(TAIL_PROBE_DEFAULT),
             parity: None,
+            parity_runs: true,
         }
     }
 }
@@ -466,6 +472,8 @@ pub struct SenderCounters {
     pub parity_bytes: u64,
     /// Groups whose parity was computed.
     pub parity_groups_coded: u64,
+    /// Runs of small products whose parity was computed (docs/parity.md "Runs").
+    pub parity_runs_coded: u64,
 }
 
 /// The FMTP sender. See the crate documentation for the polling order.
@@ -508,6 +516,11 @@ pub struct Sender {
     parity_queue: VecDeque<(u64, u16, u8)>,
     /// Codes the groups repaired by parity (its working space kept from one to the next).
     parity_encoder: ParityEncoder,
+    /// Runs of small products coded together, by their first product's key, while one of
+    /// their products is retained (`runs`).
+    runs: BTreeMap<u64, Run>,
+    /// The run small products join now.
+    open_run: Option<u64>,
 }
 
 impl Sender {
@@ -563,6 +576,8 @@ impl Sender {
             repeated_eop: None,
             parity_queue: VecDeque::new(),
             parity_encoder: ParityEncoder::default(),
+            runs: BTreeMap::new(),
+            open_run: None,
         })
     }
 }
@@ -606,6 +621,8 @@ struct SentProduct {
     interest: InterestSet,
     /// Parity of the groups asked for ([`SenderConfig::parity`]).
     parity: BTreeMap<u16, ParityGroup>,
+    /// The run it was coded in, by its first product's key (`runs`).
+    run: Option<u64>,
 }
 
 impl SentProduct {

@@ -36,6 +36,9 @@ impl Sender {
             }
         }
         let key = *self.multicast_queue.front()?;
+        if self.stage == Stage::Bop {
+            self.join_run(key);
+        }
         let start = buf.len();
         let product = self.products.get_mut(&key)?;
         let message_type = match self.stage {

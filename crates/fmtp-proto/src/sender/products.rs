@@ -38,6 +38,7 @@ impl Sender {
             }
             self.release(key, ReleaseReason::DeadlinePassed);
         }
+        self.close_due_run();
         if let Some((at, key)) = self.tail_probe {
             if at <= self.now {
                 self.tail_probe = None;
@@ -161,6 +162,7 @@ impl Sender {
         }
         self.deadlines.insert((deadline, key));
         self.retained_count += 1;
+        self.run_product_sent(key);
         self.release_if_done(key);
         let pending = self.products.get(&key).is_some_and(|p| p.interest.any_pending());
         self.tail_probe = match self.config.tail_probe {
@@ -190,13 +192,16 @@ impl Sender {
 
     pub(super) fn release_if_done(&mut self, key: u64) {
         let done = self.products.get(&key).is_some_and(|p| p.deadline.is_some() && !p.interest.any_pending());
-        if done {
+        if done && !self.held_for_run(key) {
             self.release(key, ReleaseReason::AllDone);
         }
     }
 
     pub(super) fn release(&mut self, key: u64, reason: ReleaseReason) {
         let Some(product) = self.products.remove(&key) else { return };
+        if let Some(first) = product.run {
+            self.run_product_released(first, key, reason);
+        }
         if let Some(deadline) = product.deadline {
             self.deadlines.remove(&(deadline, key));
             self.retained_count -= 1;

@@ -75,6 +75,9 @@ pub struct Net {
     pub sender: Sender,
     pub nodes: Vec<Node>,
     pub multicast_delay: Duration,
+    /// The delay of PARITY datagrams, when not `multicast_delay` (a driver receives them on a
+    /// socket of their own: they may pass the data multicast, or fall behind it).
+    pub parity_delay: Option<Duration>,
     pub drop: DropFilter,
     /// Deliver every multicast datagram twice.
     pub duplicate: bool,
@@ -97,6 +100,7 @@ impl Net {
             sender: Sender::new(sender, now).expect("sender config"),
             nodes: Vec::new(),
             multicast_delay: Duration::from_millis(1),
+            parity_delay: None,
             drop: Box::new(|_, _| false),
             duplicate: false,
             sent: HashMap::new(),
@@ -240,14 +244,15 @@ impl Net {
             match transmit.destination {
                 Destination::Multicast => {
                     assert!(message.message_type().is_multicast());
+                    let delay = match message.message_type() {
+                        MessageType::Parity => self.parity_delay.unwrap_or(self.multicast_delay),
+                        _ => self.multicast_delay,
+                    };
                     for to in 0..self.nodes.len() {
                         if !(self.drop)(to, &message) {
                             let copies = if self.duplicate { 2 } else { 1 };
                             for _ in 0..copies {
-                                self.schedule(
-                                    now + self.multicast_delay,
-                                    Delivering::Datagram { to, bytes: buf.clone() },
-                                );
+                                self.schedule(now + delay, Delivering::Datagram { to, bytes: buf.clone() });
                             }
                         }
                     }

@@ -136,14 +136,26 @@ impl Simulation {
         datagram: &[u8],
     ) -> Result<(), Violation> {
         let seq = self.groups[group].seq;
-        let current = self.groups[group].bop.as_ref().filter(|bop| bop.index == index).map(|bop| bop.size);
+        // A run's shard (docs/parity.md "Runs") repairs products `index` to `newest`.
+        let run_count = of_group.checked_sub(ldm7_fmtp_proto::parity::RUN_MARK);
+        let newest = ProductIndex(index.0.wrapping_add(u32::from(run_count.unwrap_or(1)).saturating_sub(1)));
+        let current = self.groups[group]
+            .bop
+            .as_ref()
+            .filter(|bop| {
+                bop.index.serial_difference(index).is_some_and(|d| d >= 0)
+                    && newest.serial_difference(bop.index).is_some_and(|d| d >= 0)
+            })
+            .map(|bop| (bop.index, bop.size));
         let parity = self.groups[group].parity;
         // What a member taking the product whole would say: the block group is incomplete there
-        // while the run has not passed it (once it has, the shard is for the others).
-        let current_wants = current.zip(parity).is_some_and(|(size, parity)| {
+        // while the run has not passed it (once it has, the shard is for the others). A run's
+        // shard is wanted where a product of the run lost blocks, and such a member lost none.
+        let current_wants = current.zip(parity).is_some_and(|((current, size), parity)| {
             let size = u64::from(size);
-            u64::from(of_group) < parity.groups(size)
-                && parity.group_range(u32::from(of_group), size).1 > u64::from(self.groups[group].run.end_of(index))
+            run_count.is_none()
+                && u64::from(of_group) < parity.groups(size)
+                && parity.group_range(u32::from(of_group), size).1 > u64::from(self.groups[group].run.end_of(current))
         });
         for member in 0..self.groups[group].members.len() {
             let receiver = self.groups[group].members[member];
@@ -152,11 +164,13 @@ impl Simulation {
                 continue;
             }
             let wants = match lane.ride {
-                Ride::Whole(_) if current.is_some() => current_wants,
+                // (A run's shard is the receiver's to judge: such a member may hold an older
+                // product of the run that lost blocks.)
+                Ride::Whole(_) if current.is_some() && run_count.is_none() => current_wants,
                 // Nothing older than what it held at its last visit can be in flight there
                 // (products are created newer than the newest).
                 _ => {
-                    lane.oldest.is_some_and(|oldest| index.serial_difference(oldest).is_some_and(|d| d >= 0))
+                    lane.oldest.is_some_and(|oldest| newest.serial_difference(oldest).is_some_and(|d| d >= 0))
                         && self.nodes[receiver].receiver.wants_parity(index, of_group)
                 }
             };

@@ -512,13 +512,10 @@ fn taking_products_whole_changes_nothing_a_receiver_reports() {
                 if n % 10 == 9 { spec.join_at(late) } else { spec }
             })
             .collect();
-        let report = |whole: bool| {
-            let mut config = SimConfig::new(seed, specs.clone());
-            config.content = ContentMode::Pattern;
-            config.whole_products = whole;
-            let config = if parity { config.with_parity(64, 16) } else { config };
-            run(config, Workload::generated(seed, 400, 100, 300_000, 10 * MS))
-        };
+        // Each product coded alone: with runs (below), a request's time decides which run's
+        // parity answers it, and a member taking products whole asks for a BOP it lost at
+        // another time than one handed every datagram.
+        let report = |whole: bool| run(whole_products_config(seed, &specs, whole, parity, false), whole_workload(seed));
         let (whole, visited) = (report(true), report(false));
         assert_eq!(visited.whole_products, 0);
         assert!(
@@ -543,6 +540,35 @@ fn taking_products_whole_changes_nothing_a_receiver_reports() {
             assert!((mean_a - mean_b).abs() <= 0.01 * mean_b, "{what}: mean latency {mean_a} vs {mean_b}");
         }
     }
+}
+
+fn whole_products_config(seed: u64, specs: &[ReceiverSpec], whole: bool, parity: bool, runs: bool) -> SimConfig {
+    let mut config = SimConfig::new(seed, specs.to_vec());
+    config.content = ContentMode::Pattern;
+    config.whole_products = whole;
+    let mut config = if parity { config.with_parity(64, 16) } else { config };
+    config.sender.parity_runs = runs;
+    config
+}
+
+fn whole_workload(seed: u64) -> Workload {
+    Workload::generated(seed, 400, 100, 300_000, 10 * MS)
+}
+
+/// With parity runs (the default), taking products whole changes when some requests go out,
+/// not what arrives: every product at every receiver either way, and about as many repairs.
+#[test]
+fn taking_products_whole_with_parity_runs_delivers_the_same() {
+    let seed = seed_from_env(29);
+    let specs: Vec<ReceiverSpec> = (0..60).map(|_| rtt30().loss(LossModel::Bernoulli(0.01))).collect();
+    let report = |whole: bool| run(whole_products_config(seed, &specs, whole, true, true), whole_workload(seed));
+    let (whole, visited) = (report(true), report(false));
+    assert!(whole.whole_products * 10 > whole.delivered() * 3, "{whole}");
+    assert_eq!((whole.missed(), visited.missed()), (0, 0), "{whole}\n{visited}");
+    assert_eq!(whole.delivered(), visited.delivered());
+    let (a, b) = (whole.sender.parity_datagrams as f64, visited.sender.parity_datagrams as f64);
+    assert!(a > 0.0 && (a - b).abs() <= 0.05 * b, "parity datagrams {a} taking products whole, {b} visited");
+    assert!(whole.sender.parity_runs_coded > 0, "{whole}");
 }
 
 /// A member taking a product whole is handed its BOP and its share of the run only when
