@@ -117,6 +117,9 @@ pub struct DatagramReader {
     batches: mpsc::UnboundedReceiver<io::Result<Batch>>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// The sockets the thread reads (duplicates): whether the kernel holds datagrams the thread
+    /// has not read yet ([`DatagramReader::is_idle`]).
+    unread: Vec<StdUdpSocket>,
 }
 
 /// A socket the reader reads, with its batching state.
@@ -130,12 +133,13 @@ impl DatagramReader {
     /// Starts the thread on non-blocking sockets (the group's, and any other the receiver joins).
     pub(crate) fn spawn(sockets: Vec<ReaderSocket>, options: ReaderOptions) -> io::Result<Self> {
         let shared = Arc::new(Shared::default());
+        let unread = sockets.iter().map(|socket| socket.socket.try_clone()).collect::<io::Result<Vec<_>>>()?;
         let (tx, batches) = mpsc::unbounded_channel();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("fmtp-reader".into())
             .spawn(move || read_loop(&sockets, &tx, &thread_shared, options))?;
-        Ok(Self { batches, shared, thread: Some(thread) })
+        Ok(Self { batches, shared, thread: Some(thread), unread })
     }
 
     /// The next batch read (`None` once the thread ended; an error ends it).
@@ -150,6 +154,14 @@ impl DatagramReader {
     /// Whether nothing read waits to be taken (the receiver has caught up with the multicast).
     pub fn is_idle(&self) -> bool {
         self.shared.queued_bytes.load(Ordering::SeqCst) == 0
+    }
+
+    /// Whether nothing received waits at all: [`DatagramReader::is_idle`], and nothing in the
+    /// sockets' buffers that the thread has not read yet (on a busy host the thread too waits
+    /// to be scheduled). A system call per socket: for the decisions that need it (a timer's),
+    /// not for every batch.
+    pub fn is_caught_up(&self) -> bool {
+        self.is_idle() && self.unread.iter().all(|socket| !has_unread(socket))
     }
 
     /// What it counted so far.
@@ -289,6 +301,16 @@ fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
     if ready < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
+/// Whether a socket's receive buffer holds a datagram (`FIONREAD`: the length of the next one; a
+/// socket that cannot say counts as empty).
+#[allow(unsafe_code)]
+fn has_unread(socket: &StdUdpSocket) -> bool {
+    let mut next: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int to the pointer, which is valid and exclusively borrowed.
+    let result = unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &mut next) };
+    result == 0 && next > 0
+}
+
 /// The kernel's count of datagrams dropped at a socket (0 where it cannot be read).
 #[allow(unsafe_code)]
 pub fn kernel_drops(socket: &StdUdpSocket) -> u64 {
@@ -338,6 +360,20 @@ mod tests {
         assert!(reader.is_idle());
         assert_eq!(reader.counters().datagrams, 50);
         assert_eq!(reader.counters().host_drops, 0);
+    }
+
+    /// Datagrams in a socket's buffer that no one has read yet are seen (the receiver is then
+    /// behind the multicast even with nothing read waiting).
+    #[test]
+    fn unread_datagrams_in_the_socket_are_seen() {
+        let socket = StdUdpSocket::bind("127.0.0.1:0").expect("bind");
+        assert!(!has_unread(&socket));
+        let sender = StdUdpSocket::bind("127.0.0.1:0").expect("bind");
+        sender.send_to(&[7; 100], socket.local_addr().expect("addr")).expect("send");
+        assert!(has_unread(&socket));
+        let mut buffer = [0u8; 200];
+        assert_eq!(socket.recv(&mut buffer).expect("recv"), 100);
+        assert!(!has_unread(&socket));
     }
 
     /// A receiver that takes nothing: the reader's queue reaches its bound, the thread stops

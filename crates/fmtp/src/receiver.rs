@@ -807,6 +807,10 @@ impl ReceiverTask {
                     }
                 }
                 () = async { tokio::time::sleep_until(sleep_until.expect("guarded")).await }, if sleep_until.is_some() => {
+                    // Datagrams still in the sockets (the reader thread too waits to be
+                    // scheduled on a busy host) may hold the shards a parity retry would ask
+                    // for again: the retry waits for them as for those read.
+                    self.receiver.set_backlog(Clock::now(), !reader.is_caught_up());
                     self.receiver.handle_timeout(Clock::now());
                 }
                 () = queue.drained.notified(), if held_back => {}

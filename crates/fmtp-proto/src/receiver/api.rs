@@ -290,8 +290,8 @@ impl Receiver {
         self.advance(now);
     }
 
-    /// The driver says whether datagrams it read wait to be handed over (`true`: this receiver
-    /// is behind the multicast). Parity requests wait meanwhile, at most
+    /// The driver says whether datagrams it received wait to be handed over (read, or still in
+    /// its sockets; `true`: this receiver is behind the multicast). Parity requests wait meanwhile, at most
     /// [`PARITY_DEFER_MAX`]: the shards the sender multicast for other receivers' requests
     /// are likely among the waiting datagrams, and a request made before they are handled
     /// asks for them again. On a host whose receivers lag by tens of milliseconds (four on two
