@@ -393,9 +393,11 @@ fn edex_entries_announce_their_files_in_the_shared_ring() {
     lab.insert("EXP", "first", b"1\n");
     lab.insert("EXP", "second", b"2\n");
     wait_until(Duration::from_secs(10), "both filed", || std::fs::metadata(lab.path("out/edex/second.txt")).ok());
-    // The ring is written after the file: wait for its second slot.
+    // The ring is written after the file: wait for its second slot, and for the semaphore that
+    // names it (set after the slot is written: read in between, the slot was there and the
+    // semaphore still 0).
     wait_until(Duration::from_secs(10), "the ring's second slot", || {
-        ldm7_act::edex::read_slot(1).ok().filter(|slot| slot.0 == "edex/second.txt")
+        ldm7_act::edex::read_slot(1).ok().filter(|slot| slot.0 == "edex/second.txt" && slot.2 == 1)
     });
     let slots = [ldm7_act::edex::read_slot(0), ldm7_act::edex::read_slot(1)];
     stop(act);
