@@ -342,10 +342,13 @@ fn ldm7_in_an_ipv6_only_lab_delivers_every_product_through_loss_and_a_restart() 
     let total = published.len() as u64;
     assert_eq!(total, 1000);
     for server in &subscribers {
-        // Every product (a statistics product may come first, so counts do not tell).
+        // Every product (a statistics product may come first, so counts do not tell), and the
+        // line of each (written just after the product goes in: read at once, the last one's
+        // line was still to come).
         let exact = ldm7_testbed::wait_for(WAIT, &format!("{} holds every product", server.name()), || {
             let records = server.records()?;
-            Ok(ldm7_testbed::Comparison::of(&published, &records).is_exact().then_some(()))
+            let lines = ldm7_testbed::LogCounts::of(&server.log()).delivered();
+            Ok((ldm7_testbed::Comparison::of(&published, &records).is_exact() && lines >= records.len()).then_some(()))
         });
         let records = server.records().expect("records");
         let comparison = ldm7_testbed::Comparison::of(&published, &records);
