@@ -101,9 +101,9 @@ impl Receiver {
         let Some(first) = self.run_of(key) else { return String::new() };
         let Some(run) = self.runs.get(&first) else { return String::new() };
         format!(
-            "run of {} products from {} before: {} shards for {} lost, round {}{}",
+            "product {} of a run of {}: {} shards for {} lost, round {}{}",
+            key - first + 1,
             run.count,
-            key - first,
             run.shards.len(),
             run.asked_for,
             run.rounds,
