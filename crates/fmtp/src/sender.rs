@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use ldm7_fmtp_proto::pacing::{Pacing, Peak};
 use ldm7_fmtp_proto::wire::{self, Body, Message, MessageType, Split};
 use ldm7_fmtp_proto::{
     ConfigError, Destination, EnqueueError, Instant, OutgoingProduct, ProductIndex, ReceiverId, Sender, SenderBound,
@@ -467,6 +468,7 @@ impl FmtpSender {
             pacing.bucket_bytes = pacing.bucket_bytes.max(timer_burst_bytes(pacing.rate_bits_per_s));
         }
         if let Some(pacing) = &mut proto.multicast_pacing {
+            catch_up_late_wakes(pacing);
             // The MAC the driver appends is on the wire too (tc counts it). At level 2 the most a
             // mode costs: a signature on each datagram (digest lists cost about 35 bytes a
             // datagram, and the mode may switch).
@@ -601,16 +603,36 @@ fn timer_burst_bytes(rate_bits_per_s: u64) -> u64 {
     u64::try_from(catch_up).unwrap_or(u64::MAX).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
 }
 
-/// How late the sender task may wake without losing pacing tokens ([`timer_burst_bytes`]).
-///
-/// Deliberately short. A deeper bucket holds the rate on a busy host (four receivers and the
-/// sender on two vCPUs at 500 Mbit/s: 0.84 of iperf3 with 2 ms, 0.90 with 6 ms, 0.95 with
-/// 20 ms; docs/benchmarks.md, issue #37), but where receivers share the sender's cores the
-/// tokens a late sender loses are the slack that lets them keep up: in `ldm7 demo` (three
+/// The largest burst: how late the sender task may wake without losing pacing tokens
+/// ([`timer_burst_bytes`]). Deliberately short: where receivers share the sender's cores, a
+/// burst of tokens saved up is what a receiver cannot absorb. In `ldm7 demo` (three
 /// subscribers and the publisher at 1 Gbit/s on two vCPUs) a subscriber fell behind NGRID's
-/// bursts and took products from the backstop in 1 of 2 runs with 20 ms and 2 of 5 with 6 ms,
-/// none of 6 with 2 ms.
+/// bursts and took products from the backstop in 1 of 2 runs with a 20 ms bucket and 2 of 5
+/// with 6 ms, none of 6 with 2 ms. What a late wake costs is repaid at the peak rate instead
+/// ([`catch_up_late_wakes`]).
 const PACING_CATCH_UP: Duration = Duration::from_millis(2);
+
+/// How much sending time a multicast sender that woke late may still make up.
+const PACING_OWED: Duration = Duration::from_millis(20);
+
+/// How much faster than the rate it makes it up, in percent.
+const PACING_PEAK_PERCENT_OVER: u64 = 25;
+
+/// Multicast pacing that repays late wakes: up to [`PACING_OWED`] of traffic a busy sender did
+/// not send on time is sent later, at most [`PACING_PEAK_PERCENT_OVER`] percent above the rate
+/// and in bursts of at most [`PACING_CATCH_UP`] (a peak-rate bucket). Time with nothing to send
+/// is not owed (`Pacing::peak`). On two vCPUs shared with four receivers at 500 Mbit/s the
+/// sender lost about a fifth of its rate to wakes 2–10 ms late (docs/benchmarks.md, issue #37).
+/// A pacing the caller gave a peak rate is left as it is.
+fn catch_up_late_wakes(pacing: &mut Pacing) {
+    if pacing.peak.is_some() {
+        return;
+    }
+    let owed = u128::from(pacing.rate_bits_per_s) * PACING_OWED.as_millis() / 8 / 1000;
+    pacing.bucket_bytes = pacing.bucket_bytes.max(u64::try_from(owed).unwrap_or(u64::MAX));
+    pacing.peak =
+        Some(Peak { percent_over: PACING_PEAK_PERCENT_OVER, bucket_bytes: timer_burst_bytes(pacing.rate_bits_per_s) });
+}
 
 /// Counters shared by the tasks (atomics; [`Shared::snapshot`] reads them).
 #[derive(Debug, Default)]

@@ -249,7 +249,12 @@ impl Sender {
                 return Some(self.transmit_repair(id, buf));
             }
         }
-        let cost = self.next_multicast_len()?;
+        let Some(cost) = self.next_multicast_len() else {
+            if let Some(bucket) = &mut self.multicast_bucket {
+                bucket.idle(self.now);
+            }
+            return None;
+        };
         if self.multicast_bucket.as_ref().is_none_or(|bucket| bucket.allows(cost)) {
             return self.transmit_multicast(buf);
         }
