@@ -164,23 +164,64 @@ impl ParityConfig {
     /// The lost blocks of a group from the others and at least as many shards (by shard index)
     /// as blocks are lost. `group` is the group's bytes as held (what lies in a lost block is
     /// not read) and `lost(position)` says which blocks are lost. The lost blocks by position,
-    /// each cut to its length in the group.
+    /// each cut to its length in the group. [`ParityDecoder`] does the same for one group after
+    /// another.
     pub fn decode<'s>(
         &self,
         group: &[u8],
         lost: impl Fn(u32) -> bool,
         shards: impl IntoIterator<Item = (u32, &'s [u8])>,
     ) -> Result<Vec<(u32, Vec<u8>)>, CodingError> {
-        let mut decoder = reed_solomon_simd::ReedSolomonDecoder::new(
-            group.len().div_ceil(self.block_len),
-            self.shards as usize,
-            self.block_len,
-        )?;
-        let mut scratch = vec![0u8; self.block_len];
-        for (position, block) in group.chunks(self.block_len).enumerate() {
+        ParityDecoder::default().decode(self, group, lost, shards)
+    }
+}
+
+/// Builds the Reed–Solomon tables (several megabytes, built once per process on first use, tens
+/// of milliseconds with their pages faulted in): call it before the multicast starts, so that
+/// the first group decoded or coded does not hold up the datagrams behind it.
+pub fn prepare_tables() {
+    // Building an engine builds the tables.
+    drop(reed_solomon_simd::engine::DefaultEngine::new());
+}
+
+/// Decodes group after group ([`ParityConfig::decode`]), keeping the Reed–Solomon working space
+/// between them: a receiver decodes a group for nearly every group at 1% loss, and making the
+/// working space afresh each time (megabytes, zeroed, from fresh pages) was a visible share of
+/// its CPU.
+#[derive(Default)]
+pub struct ParityDecoder {
+    decoder: Option<reed_solomon_simd::ReedSolomonDecoder>,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for ParityDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParityDecoder").field("ready", &self.decoder.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl ParityDecoder {
+    /// The lost blocks of a group, as [`ParityConfig::decode`].
+    pub fn decode<'s>(
+        &mut self,
+        config: &ParityConfig,
+        group: &[u8],
+        lost: impl Fn(u32) -> bool,
+        shards: impl IntoIterator<Item = (u32, &'s [u8])>,
+    ) -> Result<Vec<(u32, Vec<u8>)>, CodingError> {
+        let (originals, recoveries) = (group.len().div_ceil(config.block_len), config.shards as usize);
+        let decoder = match &mut self.decoder {
+            Some(decoder) => {
+                decoder.reset(originals, recoveries, config.block_len)?;
+                decoder
+            }
+            slot => slot.insert(reed_solomon_simd::ReedSolomonDecoder::new(originals, recoveries, config.block_len)?),
+        };
+        self.scratch.resize(config.block_len, 0);
+        for (position, block) in group.chunks(config.block_len).enumerate() {
             // Positions < group_blocks ≤ 32768.
             if !lost(position as u32) {
-                decoder.add_original_shard(position, padded(block, &mut scratch))?;
+                decoder.add_original_shard(position, padded(block, &mut self.scratch))?;
             }
         }
         for (index, shard) in shards {
@@ -190,7 +231,7 @@ impl ParityConfig {
         Ok(result
             .restored_original_iter()
             .map(|(position, block)| {
-                let len = self.block_len.min(group.len() - position * self.block_len);
+                let len = config.block_len.min(group.len() - position * config.block_len);
                 // Positions < group_blocks ≤ 32768.
                 (position as u32, block[..len].to_vec())
             })
@@ -405,6 +446,38 @@ mod tests {
             assert_eq!(encoder.encode(&config, &group).unwrap(), fresh);
             encoder.group_buffer(group.len()).copy_from_slice(&group);
             assert_eq!(encoder.encode_filled(&config).unwrap(), fresh);
+        }
+    }
+
+    #[test]
+    fn a_decoder_kept_from_group_to_group_restores_each_as_a_fresh_one() {
+        let config = config();
+        let mut decoder = ParityDecoder::default();
+        // Groups of 64, 3 and 40 blocks (the last two cut short), with a failed decode between.
+        for (len, lost) in [(64 * 16, [0, 63]), (2 * 16 + 5, [1, 2]), (39 * 16 + 1, [7, 39])] {
+            let group: Vec<u8> = (0..len).map(|i: u32| (i * 7 % 253) as u8).collect();
+            let shards = config.encode(&group).unwrap();
+            let is_lost = |position| lost.contains(&position);
+            let mut held = group.clone();
+            for position in lost {
+                let from = position as usize * 16;
+                held[from..(from + 16).min(len as usize)].fill(0xee);
+            }
+            let pick = || [(5, shards[5].as_slice()), (0, shards[0].as_slice())];
+            let mut restored = decoder.decode(&config, &held, is_lost, pick()).unwrap();
+            restored.sort();
+            let mut fresh = config.decode(&held, is_lost, pick()).unwrap();
+            fresh.sort();
+            assert_eq!(restored, fresh);
+            let expected: Vec<(u32, Vec<u8>)> = lost
+                .iter()
+                .map(|&position| {
+                    let from = position as usize * 16;
+                    (position, group[from..(from + 16).min(len as usize)].to_vec())
+                })
+                .collect();
+            assert_eq!(restored, expected);
+            assert!(decoder.decode(&config, &held, is_lost, [(1, shards[1].as_slice())]).is_err(), "too few shards");
         }
     }
 

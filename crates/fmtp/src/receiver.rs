@@ -626,6 +626,10 @@ impl ReceiverTask {
             let attempts = retry_shared.connect_attempts.load(Ordering::Relaxed);
             connection_state.send_replace(ConnectionState::Retrying { attempts, last_error: error.to_string() });
         };
+        if self.options.proto.parity.is_some() {
+            // Before it joins: a table built at the first decode holds up the datagrams behind it.
+            let _ = tokio::task::spawn_blocking(ldm7_fmtp_proto::parity::prepare_tables).await;
+        }
         let connecting = connect_with_backoff(addr, self.options.local_addr, backoff, on_attempt, on_retry);
         let stream = tokio::select! {
             stream = connecting => stream?,

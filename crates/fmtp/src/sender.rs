@@ -439,6 +439,10 @@ impl FmtpSender {
                 format!("FMTP sender bounds too small: {bounds:?} (queues ≥ 1, byte bounds ≥ {DATAGRAM_LEN_MAX})"),
             ));
         }
+        if options.proto.parity.is_some() {
+            // Before the multicast: a table built at the first group coded holds up the stream.
+            let _ = tokio::task::spawn_blocking(ldm7_fmtp_proto::parity::prepare_tables).await;
+        }
         if let Some(every) = options.mac_rotation.filter(|every| *every < MAC_ROTATION_MIN) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -70,7 +70,7 @@ use std::time::Duration;
 
 use crate::ConfigError;
 use crate::index::ProductIndex;
-use crate::parity::ParityConfig;
+use crate::parity::{ParityConfig, ParityDecoder};
 use crate::ranges::RangeSet;
 use crate::sink::{ProductSink, SinkSlot};
 use crate::time::{Instant, WallClock, WallTime};
@@ -486,6 +486,8 @@ pub struct Receiver {
     runs: BTreeMap<i64, RunRepair>,
     /// Small products delivered lately, kept for their runs' decodes.
     recent: RecentProducts,
+    /// The Reed–Solomon working space, kept from one decode to the next.
+    parity_decoder: ParityDecoder,
 }
 
 /// [`Receiver::set_fingerprint_source`]'s function.
@@ -575,6 +577,7 @@ impl Receiver {
             deferred_parity: Vec::new(),
             runs: BTreeMap::new(),
             recent: RecentProducts::default(),
+            parity_decoder: ParityDecoder::default(),
         })
     }
 }

@@ -339,25 +339,26 @@ impl Receiver {
             missing.iter().any(|&(from, to)| from < at + block_len && at < to)
         };
         let shards = repair.shards.with_bytes().take(missing_blocks as usize);
-        let recovered: Vec<(u64, u64, u64, Vec<u8>)> = match parity.decode(group_bytes, lost, shards) {
-            Ok(restored) => restored
-                .into_iter()
-                .map(|(position, bytes)| {
-                    let from = start + u64::from(position) * block_len;
-                    // from < size ≤ u32::MAX.
-                    (from, from + bytes.len() as u64, block_fingerprint(from as u32, &bytes), bytes)
-                })
-                .collect(),
-            Err(_) => {
-                self.counters.parity_decode_failures += 1;
-                if let Some(repair) = product.parity.get_mut(&group) {
-                    repair.shards.clear();
-                    repair.rounds = parity.rounds_max;
+        let recovered: Vec<(u64, u64, u64, Vec<u8>)> =
+            match self.parity_decoder.decode(&parity, group_bytes, lost, shards) {
+                Ok(restored) => restored
+                    .into_iter()
+                    .map(|(position, bytes)| {
+                        let from = start + u64::from(position) * block_len;
+                        // from < size ≤ u32::MAX.
+                        (from, from + bytes.len() as u64, block_fingerprint(from as u32, &bytes), bytes)
+                    })
+                    .collect(),
+                Err(_) => {
+                    self.counters.parity_decode_failures += 1;
+                    if let Some(repair) = product.parity.get_mut(&group) {
+                        repair.shards.clear();
+                        repair.rounds = parity.rounds_max;
+                    }
+                    self.ask_parity(key, group, true);
+                    return;
                 }
-                self.ask_parity(key, group, true);
-                return;
-            }
-        };
+            };
         let mut count = 0;
         for (from, to, fingerprint, bytes) in recovered {
             // Within the product (< 4 GiB).

@@ -449,7 +449,8 @@ impl Receiver {
         lost_positions.dedup();
         let Some(run) = self.runs.get(&first) else { return };
         let shards = run.shards.with_bytes().take(missing);
-        let restored = match parity.decode(&bytes, |position| lost_positions.binary_search(&position).is_ok(), shards) {
+        let lost = |position| lost_positions.binary_search(&position).is_ok();
+        let restored = match self.parity_decoder.decode(parity, &bytes, lost, shards) {
             Ok(restored) => restored,
             Err(_) => {
                 self.counters.parity_decode_failures += 1;
