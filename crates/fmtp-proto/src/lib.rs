@@ -136,8 +136,8 @@ pub use pacing::Pacing;
 pub use parity::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig, ParityEncoder};
 pub use receiver::{
     Assembly, BlockRun, DeliveredProduct, InFlight, IndexTrust, MissReason, PARITY_DEFER_MAX, PARITY_RETRY_MIN,
-    PROBED_SENDER_SLACK, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters, ReceiverEvent,
-    block_fingerprint, sampled_block_fingerprint,
+    PROBED_SENDER_SLACK, RETX_EOP_DEFER_MAX, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
+    ReceiverEvent, block_fingerprint, sampled_block_fingerprint,
 };
 pub use sender::{
     Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal,

@@ -158,7 +158,8 @@ impl DatagramReader {
 
     /// Whether nothing received waits at all: [`DatagramReader::is_idle`], and nothing in the
     /// sockets' buffers that the thread has not read yet (on a busy host the thread too waits
-    /// to be scheduled). A system call per socket: for the decisions that need it (a timer's),
+    /// to be scheduled). A system call per socket: for the decisions that need it (a timer's, a
+    /// RETX_EOP's),
     /// not for every batch.
     pub fn is_caught_up(&self) -> bool {
         self.is_idle() && self.unread.iter().all(|socket| !has_unread(socket))

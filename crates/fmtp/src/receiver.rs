@@ -805,7 +805,13 @@ impl ReceiverTask {
                 }
                 read_count = read_more(read, stream_buffer, READ_CHUNK_BYTES) => {
                     match read_count {
-                        Ok(_) => self.handle_stream(stream_buffer)?,
+                        Ok(_) => {
+                            // Whether datagrams received before these frames still wait (read,
+                            // or still in the sockets): a RETX_EOP then waits for them
+                            // (RETX_EOP_DEFER_MAX).
+                            self.receiver.set_backlog(Clock::now(), !reader.is_caught_up());
+                            self.handle_stream(stream_buffer)?;
+                        }
                         Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(Stopped::SenderClosed),
                         Err(error) => return Err(error),
                     }

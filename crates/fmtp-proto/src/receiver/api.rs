@@ -12,7 +12,7 @@ use crate::wire::{self, BLOCK_LEN, Body, Message};
 
 use super::{
     Anchor, Assembly, BlockRun, EarlyBlock, FingerprintSource, InFlight, Incoming, MissReason, PARITY_DEFER_MAX,
-    Receiver, ReceiverCounters, ReceiverEvent,
+    RETX_EOP_DEFER_MAX, Receiver, ReceiverCounters, ReceiverEvent,
 };
 
 #[cfg(doc)]
@@ -246,10 +246,15 @@ impl Receiver {
             return;
         }
         if matches!(message.body, Body::RetxEop) {
-            // The sender's word (its repair connection, not the multicast): a product newer than
-            // any seen here was multicast and is over — lost whole, with no later product to
-            // reveal the gap (the sender's tail probe, or its release).
-            self.announced(message.index);
+            if self.backlog {
+                // Datagrams received before it wait to be handed over: they may hold the rest of
+                // the product and of the products before it, which are taken first
+                // ([`RETX_EOP_DEFER_MAX`]).
+                self.deferred_eops.push((message.index, self.now));
+            } else {
+                self.retx_eop(message.index);
+            }
+            return;
         }
         let Some(key) = self.known_key(message.index) else {
             // Finished, abandoned or never requested: nothing to do (e.g. the EOP_REQ the
@@ -260,12 +265,24 @@ impl Receiver {
         match message.body {
             Body::RetxData { offset, data } => self.on_data(key, offset, data, true),
             Body::RetxBop(bop) => self.on_bop(key, &bop, true),
-            Body::RetxEop => self.on_eop(key),
             Body::RetxRej => {
                 self.counters.rejects += 1;
                 self.abandon(key, MissReason::Rejected);
             }
             _ => unreachable!("checked above"),
+        }
+    }
+
+    /// A RETX_EOP taken (now, or once the driver caught up with the multicast).
+    fn retx_eop(&mut self, index: ProductIndex) {
+        // The sender's word (its repair connection, not the multicast): a product newer than
+        // any seen here was multicast and is over — lost whole, with no later product to
+        // reveal the gap (the sender's tail probe, or its release).
+        self.announced(index);
+        match self.known_key(index) {
+            Some(key) => self.on_eop(key),
+            // Finished, abandoned or never requested: nothing to do.
+            None => self.counters.duplicates += 1,
         }
     }
 
@@ -296,11 +313,23 @@ impl Receiver {
     /// are likely among the waiting datagrams, and a request made before they are handled
     /// asks for them again. On a host whose receivers lag by tens of milliseconds (four on two
     /// vCPUs at 500 Mbit/s), such requests made the sender multicast half as many shards
-    /// again as any receiver needed (issue #37). A driver that never calls this (the
-    /// simulator) asks at once.
+    /// again as any receiver needed (issue #37). A RETX_EOP waits too, at most
+    /// [`RETX_EOP_DEFER_MAX`]: the rest of its product may be among the waiting datagrams. A
+    /// driver that never calls this (the simulator) asks at once.
     pub fn set_backlog(&mut self, now: Instant, backlog: bool) {
         self.advance(now);
         self.backlog = backlog;
+        if !self.deferred_eops.is_empty() {
+            let now = self.now;
+            let deferred = std::mem::take(&mut self.deferred_eops);
+            for (index, since) in deferred {
+                if backlog && now.saturating_duration_since(since) < RETX_EOP_DEFER_MAX {
+                    self.deferred_eops.push((index, since));
+                } else {
+                    self.retx_eop(index);
+                }
+            }
+        }
         if self.deferred_parity.is_empty() {
             return;
         }
@@ -359,6 +388,7 @@ impl Receiver {
     /// released (nothing can confirm it any more; what arrived is reported as it stands).
     pub fn disconnected(&mut self, now: Instant) {
         self.advance(now);
+        self.deferred_eops.clear();
         self.anchor = Anchor::Confirmed;
         self.confirming = None;
         let keys: Vec<i64> = self.products.keys().copied().collect();

@@ -1141,6 +1141,48 @@ mod receiver_alone {
         assert_eq!(receiver.poll_timeout(), None);
     }
 
+    /// A receiver behind the multicast (its driver holds datagrams read before the sender's
+    /// tail probe) takes them before the RETX_EOP: nothing it was about to handle is asked for.
+    #[test]
+    fn retx_eop_waits_while_the_driver_holds_datagrams() {
+        let mut receiver = Receiver::new(support::trusting()).unwrap();
+        receiver.handle_datagram(T, &datagram(4, Body::Bop(bop(3000, b"m"))));
+        receiver.handle_datagram(T, &datagram(4, Body::MemData { offset: 0, data: &[1; 1448] }));
+        receiver.set_backlog(T, true);
+        // The probe overtook product 4's tail and product 5, still waiting in the driver.
+        receiver.handle_stream(T, &Message { index: ProductIndex(5), body: Body::RetxEop });
+        receiver.handle_stream(T, &Message { index: ProductIndex(4), body: Body::RetxEop });
+        let (requests, _) = drain(&mut receiver);
+        assert!(requests.is_empty(), "{requests:?}");
+        receiver.handle_datagram(T, &datagram(4, Body::MemData { offset: 1448, data: &[1; 1448] }));
+        receiver.handle_datagram(T, &datagram(4, Body::MemData { offset: 2896, data: &[1; 104] }));
+        receiver.handle_datagram(T, &datagram(5, Body::Bop(bop(10, b"m"))));
+        receiver.handle_datagram(T, &datagram(5, Body::MemData { offset: 0, data: &[2; 10] }));
+        receiver.set_backlog(T, false);
+        let (requests, events) = drain(&mut receiver);
+        assert!(requests.iter().all(|m| m.body == Body::RetxEnd), "{requests:?}");
+        assert_eq!(events.iter().filter(|e| matches!(e, ReceiverEvent::Delivered(_))).count(), 2, "{events:?}");
+        assert_eq!(receiver.counters().multicast_after_asked, 0);
+        assert_eq!(receiver.counters().announced, 0);
+    }
+
+    /// A receiver that stays behind still takes the RETX_EOP, after RETX_EOP_DEFER_MAX.
+    #[test]
+    fn a_deferred_retx_eop_is_taken_after_its_bound() {
+        // A receive timer that does not fire meanwhile (it would ask for the tail itself).
+        let receive_timer = ldm7_fmtp_proto::ReceiveTimer { slack: Duration::from_secs(60), ..Default::default() };
+        let mut receiver = Receiver::new(ReceiverConfig { receive_timer, ..support::trusting() }).unwrap();
+        receiver.handle_datagram(T, &datagram(4, Body::Bop(bop(3000, b"m"))));
+        receiver.handle_datagram(T, &datagram(4, Body::MemData { offset: 0, data: &[1; 1448] }));
+        receiver.set_backlog(T, true);
+        receiver.handle_stream(T, &Message { index: ProductIndex(4), body: Body::RetxEop });
+        receiver.set_backlog(T + Duration::from_millis(10), true);
+        assert!(drain(&mut receiver).0.is_empty());
+        receiver.set_backlog(T + ldm7_fmtp_proto::RETX_EOP_DEFER_MAX, true);
+        let (requests, _) = drain(&mut receiver);
+        assert_eq!(requests, vec![Message { index: ProductIndex(4), body: Body::RetxReq { offset: 1448, len: 1552 } }]);
+    }
+
     #[test]
     fn byte_bound_evicts_only_products_that_hold_memory() {
         let config = ReceiverConfig { in_flight_bytes_max: 5_000, product_size_max: 5_000, ..support::trusting() };
