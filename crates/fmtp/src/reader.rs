@@ -181,6 +181,11 @@ impl DatagramReader {
 pub(crate) struct ReaderCounterHandle(Arc<Shared>);
 
 impl ReaderCounterHandle {
+    /// Bytes read and not yet taken from the queue.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.0.queued_bytes.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn counters(&self) -> ReaderCounters {
         self.0.counters()
     }

@@ -432,6 +432,13 @@ impl FmtpReceiver {
         self.shared.snapshot()
     }
 
+    /// Bytes of multicast the reader thread read and the receiver has not handled yet: more
+    /// than 0 while the receiver is behind the multicast (a loaded host), when what its
+    /// counters say lags what came.
+    pub fn unhandled_bytes(&self) -> usize {
+        self.shared.reader.as_ref().map_or(0, ReaderCounterHandle::queued_bytes)
+    }
+
     /// Stops the receiver (if it still runs) and returns its totals, or why it ended.
     pub async fn finish(mut self) -> Result<ReceiverReport, ReceiveError> {
         self.notices.close();

@@ -951,12 +951,16 @@ fn fmtp_report(notice: &ReceiverNotice) -> FmtpReport {
 }
 
 /// An FMTP receiver's traffic for the quiet-feed check: messages received (multicast and
-/// repair) and products in its hands.
+/// repair) and products in its hands, or datagrams read and not yet handled (one more "in its
+/// hands"). A receiver behind the multicast on a loaded host is not quiet: in `ldm7 lab idd`
+/// (seed 2) relays whose receivers lagged took the pause of their counters for a quiet feed,
+/// and their tail checks fetched by backlog what their readers already held.
 fn fmtp_traffic(receiver: Option<&FmtpReceiver>) -> Traffic {
     receiver.map(|receiver| {
         let counters = receiver.counters();
         let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
-        (counters.datagrams + counters.stream_messages, in_flight)
+        let unhandled = u64::from(receiver.unhandled_bytes() > 0);
+        (counters.datagrams + counters.stream_messages, in_flight + unhandled)
     })
 }
 
