@@ -603,8 +603,12 @@ impl Drop for FmtpSender {
 /// millisecond): [`PACING_CATCH_UP`] of traffic, and at least one full GSO batch. Tokens
 /// beyond the depth are lost, and a sender that wakes later than that sends below its rate.
 fn timer_burst_bytes(rate_bits_per_s: u64) -> u64 {
-    let catch_up = u128::from(rate_bits_per_s) * PACING_CATCH_UP.as_millis() / 8 / 1000;
-    u64::try_from(catch_up).unwrap_or(u64::MAX).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
+    traffic_bytes(rate_bits_per_s, PACING_CATCH_UP).max((GSO_SEGMENTS_MAX * DATAGRAM_LEN_MAX) as u64)
+}
+
+/// Bytes sent in `span` at `rate_bits_per_s`.
+fn traffic_bytes(rate_bits_per_s: u64, span: Duration) -> u64 {
+    u64::try_from(u128::from(rate_bits_per_s) * span.as_millis() / 8 / 1000).unwrap_or(u64::MAX)
 }
 
 /// The largest burst: how late the sender task may wake without losing pacing tokens
@@ -632,8 +636,7 @@ fn catch_up_late_wakes(pacing: &mut Pacing) {
     if pacing.peak.is_some() {
         return;
     }
-    let owed = u128::from(pacing.rate_bits_per_s) * PACING_OWED.as_millis() / 8 / 1000;
-    pacing.bucket_bytes = pacing.bucket_bytes.max(u64::try_from(owed).unwrap_or(u64::MAX));
+    pacing.bucket_bytes = pacing.bucket_bytes.max(traffic_bytes(pacing.rate_bits_per_s, PACING_OWED));
     pacing.peak =
         Some(Peak { percent_over: PACING_PEAK_PERCENT_OVER, bucket_bytes: timer_burst_bytes(pacing.rate_bits_per_s) });
 }
