@@ -94,7 +94,7 @@ pub struct SendArgs {
     pub mac_signing: MacSigning,
     /// Repair by parity (an ldm7 extension, docs/parity.md): answer receivers' parity requests
     /// with parity shards multicast once for all of them, to the group's next port. `auto`:
-    /// what an LDM-7 publisher with default settings chooses (1024/32); GROUP/SHARDS: GROUP data
+    /// what an LDM-7 publisher with default settings chooses (992/32); GROUP/SHARDS: GROUP data
     /// blocks per group and up to SHARDS shards each; `off`: unicast repairs only. Receivers
     /// need the same value.
     #[arg(long, value_name = "auto|off|GROUP/SHARDS", default_value = "auto")]

@@ -33,7 +33,7 @@
 //!                                 # its repair connection (ldm7 subscribers only; off by default)
 //! parity = "auto"                 # repair by parity multicast for ldm7 subscribers, who offer it
 //!                                 # when they subscribe: "auto" chooses GROUP/SHARDS from
-//!                                 # subscribers_max and parity_loss (docs/parity.md), "1024/32"
+//!                                 # subscribers_max and parity_loss (docs/parity.md), "992/32"
 //!                                 # names them, "off" refuses (unicast repairs only)
 //! parity_loss = 0.01              # the loss "auto" plans for (each subscriber's, independent)
 //!
@@ -1142,9 +1142,9 @@ drop = 0.02
         assert_eq!(settings.multicast(feed("IDS")).parity_config(), None);
         // Parity is on unless refused: "auto" plans for subscribers_max at parity_loss.
         let auto = settings.multicast(feed("EXP")).parity_config().expect("parity for EXP");
-        assert_eq!((auto.group_blocks, auto.shards), (1024, 32));
+        assert_eq!((auto.group_blocks, auto.shards), (992, 32));
         let planned = settings.multicast(feed("HDS")).parity_config().expect("parity for HDS");
-        assert_eq!((planned.group_blocks, planned.shards), (1024, 128));
+        assert_eq!((planned.group_blocks, planned.shards), (896, 128));
         assert_eq!(settings.receive(feed("NGRID")).parity, ParityChoice::Auto);
         assert_eq!(settings.multicast(feed("IDS")).rate, Rate::from_megabits_per_s(40));
         assert_eq!(
@@ -1211,7 +1211,7 @@ enabled = false
             ("[multicast]\nmac_signing = \"each\"\n", "multicast.mac_signing"),
             ("[multicast.feeds.EXP]\nidentity = \"/nonexistent/publisher.key\"\n", "multicast.feeds.EXP.identity"),
             ("[receive]\npin = \"/nonexistent/publisher.key.pub\"\n", "receive.pin"),
-            ("[multicast]\nparity = \"100/32\"\n", "multicast.parity"),
+            ("[multicast]\nparity = \"40/32\"\n", "multicast.parity"),
             ("[multicast]\nparity_loss = 0.7\n", "multicast.parity_loss"),
             ("[receive]\nreceive_gap = \"0s\"\n", "receive.receive_gap"),
             (

@@ -16,8 +16,10 @@
 //! with zeros to `block_len` for coding.
 //!
 //! Wire (flags not used by FMTP v3):
-//! * PARITY (0x1000, multicast): `seqnum` = group (bits 31–16) | log₂ group_blocks (15–12) |
-//!   log₂ shards (11–8) | shard index (7–0); the payload is the shard, `block_len` bytes.
+//! * PARITY (0x1000, multicast): `seqnum` = group (bits 31–16) | ⌈log₂ group_blocks⌉ (15–12)
+//!   | log₂ shards (11–8) | shard index (7–0); the payload is the shard, `block_len` bytes.
+//!   (Until 2026-11-30 a group was a power of two and the field its exact log₂; the default
+//!   groups are now `1024 − shards` blocks, which the field names as 10.)
 //! * PARITY_REQ (0x2000, receiver → sender, TCP): `seqnum` = group (bits 31–16) | shards
 //!   still needed (15–0); `payloadlen` = the lowest shard index the receiver may still use
 //!   (every index from it up is one it does not hold); nothing follows the header (as
@@ -31,9 +33,11 @@ use crate::wire::BLOCK_LEN;
 /// Parity repair settings, the same at the sender and its receivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParityConfig {
-    /// Data blocks per group: a power of two from 64 to 32768. Larger groups need fewer parity
-    /// shards per data block (the largest loss count among many receivers grows slower than
-    /// the group), smaller ones repair sooner and cost less to decode.
+    /// Data blocks per group: from 64 to 32768. Larger groups need fewer parity shards per data
+    /// block (the largest loss count among many receivers grows slower than the group), smaller
+    /// ones repair sooner and cost less to decode. Decoding works on the group and its shards
+    /// rounded up to a power of two: a group of a power of two less the shards (the default,
+    /// `1024 − shards`) decodes fastest for its size.
     pub group_blocks: u32,
     /// Parity shards a group can have: a power of two from 1 to 256. A receiver that lost
     /// more blocks of a group asks for them with RETX_REQ.
@@ -76,10 +80,11 @@ pub const PLANNED_LOSS_DEFAULT: f64 = 0.01;
 impl ParityConfig {
     /// The coding a publisher chooses for a feed of `subscribers`, each losing `loss` of the
     /// datagrams independently (docs/parity.md "Defaults"; the rule is
-    /// [`ldm7_plan::repair::parity_for`]): groups of 1024 blocks, and as shards the smallest
-    /// power of two from 8 to 256 that covers the largest loss count of any subscriber in a
-    /// group with probability 0.999. A group that loses more at a subscriber is repaired by
-    /// RETX_REQ, as without parity.
+    /// [`ldm7_plan::repair::parity_for`]): as shards the smallest power of two from 8 to 256
+    /// that covers the largest loss count of any subscriber in 1024 blocks with probability
+    /// 0.999, and groups of 1024 blocks less the shards (992/32 at 1%), which decode as fast
+    /// as any group of up to 1024 blocks. A group that loses more at a subscriber is repaired
+    /// by RETX_REQ, as without parity.
     pub fn for_feed(subscribers: u32, loss: f64) -> Self {
         match ldm7_plan::repair::parity_for(subscribers, loss) {
             ldm7_plan::Repair::Parity { group_blocks, shards } => Self { group_blocks, shards, ..Self::default() },
@@ -89,11 +94,8 @@ impl ParityConfig {
 
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !self.group_blocks.is_power_of_two() || !(64..=32_768).contains(&self.group_blocks) {
-            return Err(ConfigError(format!(
-                "parity group of {} blocks: must be a power of two from 64 to 32768",
-                self.group_blocks
-            )));
+        if !(64..=32_768).contains(&self.group_blocks) {
+            return Err(ConfigError(format!("parity group of {} blocks: must be from 64 to 32768", self.group_blocks)));
         }
         if !self.shards.is_power_of_two() || self.shards > 256 {
             return Err(ConfigError(format!(
@@ -147,11 +149,17 @@ impl ParityConfig {
         offset / (u64::from(self.group_blocks) * self.block_len as u64)
     }
 
-    /// Whether a PARITY datagram's coding (log₂ of its group size and shard count) is this
+    /// The PARITY datagram's fields naming this coding: ⌈log₂⌉ of the group size (its size
+    /// class: 992 and 1024 blocks are both 10), log₂ of the shard count.
+    pub fn coding_fields(&self) -> (u8, u8) {
+        // ≤ 15 and ≤ 8 (validated: at most 32768 blocks and 256 shards).
+        (self.group_blocks.next_power_of_two().trailing_zeros() as u8, self.shards.trailing_zeros() as u8)
+    }
+
+    /// Whether a PARITY datagram's coding fields ([`ParityConfig::coding_fields`]) are this
     /// configuration's.
     pub fn codes_as(&self, group_blocks_log2: u8, shards_log2: u8) -> bool {
-        self.group_blocks.trailing_zeros() == u32::from(group_blocks_log2)
-            && self.shards.trailing_zeros() == u32::from(shards_log2)
+        self.coding_fields() == (group_blocks_log2, shards_log2)
     }
 
     /// Every parity shard of a group from its bytes (`group_range`'s; the last block may be
@@ -392,17 +400,19 @@ mod tests {
 
     #[test]
     fn the_publisher_rule_covers_the_most_unlucky_subscriber() {
-        // At 1%: 1024 blocks, the largest of 570 counts is ≤ 32 with probability 0.999.
+        // At 1%: in 1024 blocks, the largest of 570 counts is ≤ 32 with probability 0.999; the
+        // group is 1024 less the shards, so that group and shards decode as 1024.
         let chosen = |n, p| {
             let config = ParityConfig::for_feed(n, p);
             config.validate().unwrap();
+            assert!((config.group_blocks + config.shards).is_power_of_two(), "{config:?}");
             (config.group_blocks, config.shards)
         };
-        assert_eq!(chosen(570, 0.01), (1024, 32));
-        assert_eq!(chosen(8, 0.01), (1024, 32));
-        assert_eq!(chosen(1, 0.0), (1024, 8));
-        assert_eq!(chosen(570, 0.05), (1024, 128));
-        assert_eq!(chosen(100_000, 0.5), (1024, 256));
+        assert_eq!(chosen(570, 0.01), (992, 32));
+        assert_eq!(chosen(8, 0.01), (992, 32));
+        assert_eq!(chosen(1, 0.0), (1016, 8));
+        assert_eq!(chosen(570, 0.05), (896, 128));
+        assert_eq!(chosen(100_000, 0.5), (768, 256));
         // More subscribers or more loss never choose fewer shards.
         let mut last = 0;
         for n in [1, 2, 8, 32, 128, 570, 5000] {
@@ -482,6 +492,29 @@ mod tests {
     }
 
     #[test]
+    fn a_group_of_a_power_of_two_less_the_shards_codes_and_restores() {
+        // The default's shape (1024 − 32), small: 120 blocks and 8 shards decode as 128.
+        let config = ParityConfig { group_blocks: 120, shards: 8, block_len: 16, ..ParityConfig::default() };
+        config.validate().unwrap();
+        let group: Vec<u8> = (0..120 * 16 - 5).map(|at| (at * 31 % 251) as u8).collect();
+        let shards = config.encode(&group).unwrap();
+        assert_eq!(shards.len(), 8);
+        let lost = [0, 7, 50, 51, 90, 100, 118, 119];
+        let mut held = group.clone();
+        for &position in &lost {
+            let from = position as usize * 16;
+            held[from..(from + 16).min(group.len())].fill(0);
+        }
+        let picked: Vec<(u32, &[u8])> = (0..8).rev().map(|index| (index, shards[index as usize].as_slice())).collect();
+        let mut restored = config.decode(&held, |position| lost.contains(&position), picked).unwrap();
+        restored.sort();
+        for (position, bytes) in restored {
+            let from = position as usize * 16;
+            assert_eq!(bytes, group[from..(from + 16).min(group.len())], "block {position}");
+        }
+    }
+
+    #[test]
     fn too_few_shards_is_an_error() {
         let config = config();
         let group = [[1u8; 16], [2; 16], [3; 16]].concat();
@@ -508,13 +541,21 @@ mod tests {
         assert_eq!(&datagram[4..8], &((3u32 << 16) | (8 << 12) | (5 << 8) | 17).to_be_bytes(), "the seqnum's layout");
         assert!(config.codes_as(8, 5));
         assert_eq!("128/16".parse::<ParityConfig>().unwrap(), ParityConfig { group_blocks: 128, shards: 16, ..config });
-        for bad in ["128", "128/", "x/16", "100/16", "128/3", "128/16/2"] {
+        // A group need not be a power of two (the default is 1024 less the shards); its field
+        // is its size class, ⌈log₂⌉.
+        let fitted = "992/32".parse::<ParityConfig>().unwrap();
+        assert_eq!(fitted, ParityConfig { group_blocks: 992, shards: 32, ..config });
+        assert_eq!(fitted.coding_fields(), (10, 5));
+        assert!(fitted.codes_as(10, 5) && !fitted.codes_as(9, 5));
+        assert_eq!(fitted.group_range(1, 5000 * 1448), (992 * 1448, 1984 * 1448, 992));
+        assert_eq!(fitted.group_of(992 * 1448), 1);
+        for bad in ["128", "128/", "x/16", "40/16", "128/3", "128/16/2"] {
             assert!(bad.parse::<ParityConfig>().is_err(), "{bad}");
         }
         assert!(!config.codes_as(7, 5));
         for bad in [
-            ParityConfig { group_blocks: 100, ..config },
-            ParityConfig { group_blocks: 32, ..config },
+            ParityConfig { group_blocks: 63, ..config },
+            ParityConfig { group_blocks: 32_769, ..config },
             ParityConfig { shards: 512, ..config },
             ParityConfig { block_len: 1447, ..config },
             ParityConfig { rounds_max: 0, ..config },

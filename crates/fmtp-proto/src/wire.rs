@@ -441,11 +441,11 @@ pub enum Body<'a> {
     /// ldm7 extension: the receiver holds the key of the epoch in the message's index.
     KeyAck,
     /// ldm7 extension: parity shard `shard` of data block group `group`, coded with groups of
-    /// 2^`group_blocks_log2` blocks and 2^`shards_log2` shards (`crate::parity`).
+    /// up to 2^`group_blocks_log2` blocks and 2^`shards_log2` shards (`crate::parity`).
     Parity {
         /// The group.
         group: u16,
-        /// log₂ of the group size the sender codes with.
+        /// ⌈log₂⌉ of the group size the sender codes with.
         group_blocks_log2: u8,
         /// log₂ of the shard count the sender codes with.
         shards_log2: u8,

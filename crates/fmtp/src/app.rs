@@ -40,7 +40,9 @@ use tokio::sync::oneshot;
 
 use self::inputs::OpenFiles;
 pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
-use crate::receiver::{ConnectionState, FmtpReceiver, ReceiveError, ReceiverNotice, ReceiverOptions, ReceiverReport};
+use crate::receiver::{
+    ConnectionState, FmtpReceiver, ReceiveError, ReceivedBytes, ReceiverNotice, ReceiverOptions, ReceiverReport,
+};
 use crate::sender::{FmtpSender, ProductSender, SenderDriverCounters, SenderNotice, SenderOptions};
 use crate::stream::ConnectError;
 use crate::udp::{MulticastConfig, RECEIVE_GAP_DEFAULT, buffer_bytes_for_rate, parity_group_of, receive_buffer_bytes};
@@ -525,6 +527,7 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
     let mut connection = receiver.connection();
     let (mut connected, mut said_waiting) = (false, false);
     let mut summary = RecvSummary::default();
+    let mut verifier = Verifier::start(options.out.clone())?;
     while options.count.is_none_or(|count| summary.delivered + summary.missed < count) {
         let notice = if connected {
             match tokio::time::timeout(options.idle_timeout, receiver.next_notice()).await {
@@ -564,15 +567,8 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
             ReceiverNotice::Delivered { delivery, product } => {
                 summary.delivered += 1;
                 summary.retransmitted_blocks += u64::from(delivery.retransmitted_blocks);
-                let digest = product
-                    .md5()
-                    .map_err(|source| AppError::Output { path: options.out.clone().unwrap_or_default(), source })?;
-                if delivery.metadata.len() == 16 && delivery.metadata != digest {
-                    summary.corrupt += 1;
-                }
-                if let Some(out) = &options.out {
-                    let path = out.join(Signature(digest).to_string());
-                    product.persist(&path).map_err(|source| AppError::Output { path, source })?;
+                if !verifier.check(delivery.metadata, product).await {
+                    verifier.finish().await?; // Its error.
                 }
             }
             ReceiverNotice::Event(ldm7_fmtp_proto::ReceiverEvent::Missed { index, reason }) => {
@@ -586,6 +582,7 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
             ReceiverNotice::Event(_) => {}
         }
     }
+    summary.corrupt = verifier.finish().await?;
     summary.report = receiver.finish().await.map_err(|error| match error {
         ReceiveError::Connect(ConnectError { addr, attempts, waited, last }) => {
             AppError::NoSender { addr, attempts, waited, last }
@@ -593,6 +590,83 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
         error => AppError::Receive(error),
     })?;
     Ok(summary)
+}
+
+/// How much nicer than the reception the check of delivered products runs (`nice` +10: a CFS
+/// weight about a tenth of the receiving threads'). See [`Verifier`].
+const VERIFY_NICE: libc::c_int = 10;
+
+/// Delivered products waiting for their check: a bound on the memory they hold (products in
+/// memory are whole) that slows the receiving loop, as the check in line did, when the check
+/// falls behind for good.
+const VERIFY_QUEUE_MAX: usize = 4;
+
+/// Checks each delivered product's MD5 (and stores it with `--out`) on a thread of its own, at a
+/// lower CPU priority than the reception ([`VERIFY_NICE`]). The check is this tool's, not
+/// FMTP's (an LDM subscriber takes the signature from the BOP, as LDM does): on a host whose
+/// cores are busy, hashing 10 MB products as they complete took the cores from the receiving
+/// threads (and, on a shared lab host, the sender) exactly when a product ended; at a lower
+/// priority it runs in the gaps, and each product is still checked before the summary.
+struct Verifier {
+    queue: Option<tokio::sync::mpsc::Sender<(Vec<u8>, ReceivedBytes)>>,
+    thread: Option<std::thread::JoinHandle<Result<u64, AppError>>>,
+}
+
+impl Verifier {
+    fn start(out: Option<PathBuf>) -> Result<Self, AppError> {
+        let (queue, mut work) = tokio::sync::mpsc::channel::<(Vec<u8>, ReceivedBytes)>(VERIFY_QUEUE_MAX);
+        let thread = std::thread::Builder::new()
+            .name("fmtp-verify".into())
+            .spawn(move || {
+                lower_this_thread_priority(VERIFY_NICE);
+                let mut corrupt = 0;
+                while let Some((metadata, product)) = work.blocking_recv() {
+                    let digest = product
+                        .md5()
+                        .map_err(|source| AppError::Output { path: out.clone().unwrap_or_default(), source })?;
+                    if metadata.len() == 16 && metadata != digest {
+                        corrupt += 1;
+                    }
+                    if let Some(out) = &out {
+                        let path = out.join(Signature(digest).to_string());
+                        product.persist(&path).map_err(|source| AppError::Output { path, source })?;
+                    }
+                }
+                Ok(corrupt)
+            })
+            .map_err(|error| AppError::Input(format!("cannot start the thread checking products: {error}")))?;
+        Ok(Self { queue: Some(queue), thread: Some(thread) })
+    }
+
+    /// Queues a product for its check; `false` when the thread stopped (on an error that
+    /// [`Verifier::finish`] returns).
+    async fn check(&mut self, metadata: Vec<u8>, product: ReceivedBytes) -> bool {
+        match &self.queue {
+            Some(queue) => queue.send((metadata, product)).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Waits for the queued checks: the corrupt products, or the first error.
+    async fn finish(&mut self) -> Result<u64, AppError> {
+        self.queue = None;
+        let Some(thread) = self.thread.take() else { return Ok(0) };
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| Err(AppError::Input("the thread checking products failed".into())))
+    }
+}
+
+/// Raises the calling thread's nice value by `increment` (any process may; on failure the
+/// priority stays as it was, which is only slower). On Linux `nice` is the calling thread's.
+#[allow(unsafe_code)]
+fn lower_this_thread_priority(increment: libc::c_int) {
+    // SAFETY: a system call on the calling thread's scheduling priority; no memory involved.
+    unsafe {
+        libc::nice(increment);
+    }
 }
 
 /// Reads the inputs one after the other and hands them to the sender: the first is prepared

@@ -809,6 +809,7 @@ impl ReceiverTask {
                 received = reader.next() => {
                     let batch = read_batch(received)?;
                     self.take_batch(&batch, reader.is_idle());
+                    reader.recycle(batch);
                 }
                 read_count = read_more(read, stream_buffer, READ_CHUNK_BYTES) => {
                     match read_count {
@@ -870,7 +871,10 @@ impl ReceiverTask {
         loop {
             let quiet = (tokio::time::Instant::now() + DRAIN_QUIET).min(until);
             match tokio::time::timeout_at(quiet, reader.next()).await {
-                Ok(Some(Ok(batch))) => self.take_batch(&batch, reader.is_idle()),
+                Ok(Some(Ok(batch))) => {
+                    self.take_batch(&batch, reader.is_idle());
+                    reader.recycle(batch);
+                }
                 Ok(_) | Err(_) => break,
             }
         }

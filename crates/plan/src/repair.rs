@@ -51,22 +51,25 @@ pub fn expected_largest_loss(n: u32, p: f64, draws: u32) -> f64 {
     upper_tails(n, p).iter().map(|tail| -(draws * (-tail).ln_1p()).exp_m1()).sum()
 }
 
-/// The data blocks per group a publisher chooses for parity (docs/parity.md "Defaults").
-pub const PARITY_GROUP_BLOCKS: u32 = 1024;
+/// The data blocks plus shards of a group a publisher chooses for parity (docs/parity.md
+/// "Defaults"): a group of `1024 − shards` blocks. Reed–Solomon decoding works on the group and
+/// its shards rounded up to a power of two, so that 1024 data blocks and 32 shards decode as
+/// 2048 (2.5 ms per group measured) where 992 and 32 decode as 1024 (1.6 ms).
+pub const PARITY_GROUP_SPAN: u32 = 1024;
 /// The fewest parity shards a publisher chooses per group.
 pub const PARITY_SHARDS_MIN: u32 = 8;
 /// How sure the chosen shard count is to cover the most unlucky subscriber's losses in a group.
 pub const PARITY_SHARDS_CONFIDENCE: f64 = 0.999;
 
 /// The parity coding a publisher chooses for `subscribers`, each losing `loss` of the datagrams
-/// independently: groups of [`PARITY_GROUP_BLOCKS`] blocks; as shards, the smallest power of
-/// two from [`PARITY_SHARDS_MIN`] to 256 that covers the largest loss count of any subscriber
-/// in a group with probability [`PARITY_SHARDS_CONFIDENCE`].
+/// independently: as shards, the smallest power of two from [`PARITY_SHARDS_MIN`] to 256 that
+/// covers the largest loss count of any subscriber in a group of [`PARITY_GROUP_SPAN`] blocks
+/// with probability [`PARITY_SHARDS_CONFIDENCE`]; groups of [`PARITY_GROUP_SPAN`] less the
+/// shards (which lose no more).
 pub fn parity_for(subscribers: u32, loss: f64) -> Repair {
-    let group_blocks = PARITY_GROUP_BLOCKS;
-    let needed = largest_loss_quantile(group_blocks, loss, subscribers.max(1), PARITY_SHARDS_CONFIDENCE);
+    let needed = largest_loss_quantile(PARITY_GROUP_SPAN, loss, subscribers.max(1), PARITY_SHARDS_CONFIDENCE);
     let shards = needed.max(PARITY_SHARDS_MIN).checked_next_power_of_two().unwrap_or(256).min(256);
-    Repair::Parity { group_blocks, shards }
+    Repair::Parity { group_blocks: PARITY_GROUP_SPAN - shards, shards }
 }
 
 /// How a feed's losses are repaired, for planning.

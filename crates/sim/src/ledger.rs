@@ -97,14 +97,22 @@ pub enum Violation {
     NotQuiescent(String),
 }
 
-/// The coding a PARITY datagram says it was made with (log₂ of its group size and shard count).
-fn coding_of(group_blocks_log2: u8, shards_log2: u8, block_len: usize) -> Result<ParityConfig, String> {
-    let parity = ParityConfig {
-        group_blocks: 1u32.checked_shl(u32::from(group_blocks_log2)).ok_or("group size out of range")?,
-        shards: 1u32.checked_shl(u32::from(shards_log2)).ok_or("shard count out of range")?,
-        block_len,
-        ..ParityConfig::default()
-    };
+/// The feed's coding, when a PARITY datagram names it (its size class and shard count), for
+/// shards of `block_len` bytes.
+fn coding_of(
+    feed: Option<&ParityConfig>,
+    group_blocks_log2: u8,
+    shards_log2: u8,
+    block_len: usize,
+) -> Result<ParityConfig, String> {
+    let feed = feed.ok_or("parity from a sender configured without it")?;
+    if !feed.codes_as(group_blocks_log2, shards_log2) {
+        return Err(format!(
+            "coded as 2^{group_blocks_log2} blocks and 2^{shards_log2} shards, not as the feed's {}/{}",
+            feed.group_blocks, feed.shards
+        ));
+    }
+    let parity = ParityConfig { block_len, ..*feed };
     parity.validate().map_err(|error| error.to_string())?;
     Ok(parity)
 }
@@ -113,13 +121,14 @@ fn coding_of(group_blocks_log2: u8, shards_log2: u8, block_len: usize) -> Result
 /// datagram says it was coded.
 fn parity_of(
     encoder: &mut ParityEncoder,
+    feed: Option<&ParityConfig>,
     record: &ProductRecord,
     group: u16,
     group_blocks_log2: u8,
     shards_log2: u8,
     block_len: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let parity = coding_of(group_blocks_log2, shards_log2, block_len)?;
+    let parity = coding_of(feed, group_blocks_log2, shards_log2, block_len)?;
     if u64::from(group) >= parity.groups(u64::from(record.size)) {
         return Err("no such group".into());
     }
@@ -139,12 +148,13 @@ fn parity_of(
 /// product's last block padded; docs/parity.md "Runs"), as the datagram says it was coded.
 fn run_parity_of(
     encoder: &mut ParityEncoder,
+    feed: Option<&ParityConfig>,
     records: &[ProductRecord],
     group_blocks_log2: u8,
     shards_log2: u8,
     block_len: usize,
 ) -> Result<Vec<Vec<u8>>, String> {
-    let parity = coding_of(group_blocks_log2, shards_log2, block_len)?;
+    let parity = coding_of(feed, group_blocks_log2, shards_log2, block_len)?;
     if records.len() < 2 || records.iter().any(|record| !parity.in_runs(u64::from(record.size))) {
         return Err("no such run".into());
     }
@@ -290,6 +300,8 @@ pub(crate) struct Ledger {
     parity_checked: Option<(ParityGroupKey, Vec<Vec<u8>>)>,
     /// Codes the groups checked (its working space kept from one to the next).
     parity_encoder: ParityEncoder,
+    /// The sender's coding (PARITY datagrams name only its size class and shard count).
+    parity: Option<ParityConfig>,
 }
 
 /// A product's group of blocks as a parity datagram codes it: index, group, log₂ of the group
@@ -297,7 +309,12 @@ pub(crate) struct Ledger {
 type ParityGroupKey = (ProductIndex, u16, u8, u8);
 
 impl Ledger {
-    pub(crate) fn new(first_index: ProductIndex, receivers: usize, check_md5: bool) -> Self {
+    pub(crate) fn new(
+        first_index: ProductIndex,
+        receivers: usize,
+        check_md5: bool,
+        parity: Option<ParityConfig>,
+    ) -> Self {
         Self {
             first_index,
             products: Vec::new(),
@@ -306,6 +323,7 @@ impl Ledger {
             check_md5,
             parity_checked: None,
             parity_encoder: ParityEncoder::default(),
+            parity,
         }
     }
 
@@ -406,9 +424,24 @@ impl Ledger {
                     let shards = if group >= RUN_MARK {
                         let count = usize::from(group - RUN_MARK);
                         let records = self.products.get(position..position + count).unwrap_or_default();
-                        run_parity_of(&mut self.parity_encoder, records, group_blocks_log2, shards_log2, data.len())
+                        run_parity_of(
+                            &mut self.parity_encoder,
+                            self.parity.as_ref(),
+                            records,
+                            group_blocks_log2,
+                            shards_log2,
+                            data.len(),
+                        )
                     } else {
-                        parity_of(&mut self.parity_encoder, record, group, group_blocks_log2, shards_log2, data.len())
+                        parity_of(
+                            &mut self.parity_encoder,
+                            self.parity.as_ref(),
+                            record,
+                            group,
+                            group_blocks_log2,
+                            shards_log2,
+                            data.len(),
+                        )
                     }
                     .map_err(|what| Violation::Sender(format!("parity of {index} group {group}: {what}")))?;
                     self.parity_checked = Some((key, shards));

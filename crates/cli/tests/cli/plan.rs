@@ -114,8 +114,8 @@ fn the_repair_budget_and_the_receive_buffer_are_planned() {
     std::fs::write(&trace, lines).expect("write");
     let base = ["plan", "--trace", path(&trace), "--interval", "1h", "--wait", "1s", "--rate-step", "1000000"];
     let parity = ok(&[&base[..], &["--subscribers", "570", "--loss", "0.01"]].concat());
-    assert!(parity.contains("570 subscribers at 1% loss, parity 1024/32: 2.08% of the data"), "{parity}");
-    assert!(parity.contains("HTB repair share (lab retx_share) 0.020"), "{parity}");
+    assert!(parity.contains("570 subscribers at 1% loss, parity 992/32: 2.10% of the data"), "{parity}");
+    assert!(parity.contains("HTB repair share (lab retx_share) 0.021"), "{parity}");
     let unicast = ok(&[&base[..], &["--subscribers", "570", "--parity", "off"]].concat());
     assert!(unicast.contains("unicast retransmissions: 570.00% of the data"), "{unicast}");
     let buffer = ok(&[&base[..], &["--receive-gap", "2s", "--rate-max", "400M", "--rate-min", "400M"]].concat());

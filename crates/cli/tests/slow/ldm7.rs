@@ -161,7 +161,7 @@ fn three_subscribers_one_lossy_get_every_product_by_fmtp() {
 }
 
 /// Parity repair (an ldm7 extension, docs/parity.md) in `ldm7 serve`, negotiated: with the
-/// defaults a subscriber offers it and the publisher answers with its coding (1024/32 for the
+/// defaults a subscriber offers it and the publisher answers with its coding (992/32 for the
 /// default `subscribers_max` and `parity_loss`); `parity = "off"` on either end makes that
 /// subscription plain FMTP. Lossy subscribers get every product by FMTP either way; the lost
 /// blocks of those granted parity come back as shards multicast (the publisher's metrics), not
@@ -189,7 +189,7 @@ fn parity_is_negotiated_between_ldm7_peers_and_off_refuses_it() {
     publisher.start();
     let mut subscribers = vec![lossy("sub0", &publisher, ""), lossy("sub1", &publisher, "parity = \"off\"\n")];
     all_by_fmtp(&publisher, &mut subscribers, &trace, 300, 13);
-    said(&subscribers[0], "parity repair 1024/32 on port");
+    said(&subscribers[0], "parity repair 992/32 on port");
     said(&subscribers[1], "unicast repairs (no parity)");
     for node in &subscribers {
         assert!(retransmitted_blocks(node) > 0, "the lossy subscriber's repaired blocks: {}", tail(&node.log()));

@@ -106,14 +106,8 @@ pub(super) fn multicast_shard(
 
 /// The PARITY body of shard `shard` of `shards`, coded with `parity`, for group field `group`.
 pub(super) fn parity_body<'a>(parity: &ParityConfig, group: u16, shard: u8, shards: &'a [Vec<u8>]) -> Body<'a> {
-    Body::Parity {
-        group,
-        // log₂ of values ≤ 32768 and ≤ 256.
-        group_blocks_log2: parity.group_blocks.trailing_zeros() as u8,
-        shards_log2: parity.shards.trailing_zeros() as u8,
-        shard,
-        data: &shards[usize::from(shard)],
-    }
+    let (group_blocks_log2, shards_log2) = parity.coding_fields();
+    Body::Parity { group, group_blocks_log2, shards_log2, shard, data: &shards[usize::from(shard)] }
 }
 
 /// The shards to queue (marked queued) for a receiver that needs `need` more of index `from` or

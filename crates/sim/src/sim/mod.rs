@@ -240,7 +240,12 @@ impl Simulation {
             queue,
             queued_products_max: config.sender.queued_products_max,
             retained_products_max: config.sender.retained_products_max,
-            ledger: Ledger::new(config.sender.first_index, nodes.len(), config.content == ContentMode::Memory),
+            ledger: Ledger::new(
+                config.sender.first_index,
+                nodes.len(),
+                config.content == ContentMode::Memory,
+                config.sender.parity,
+            ),
             sender,
             sender_wake: None,
             nodes,
