@@ -137,7 +137,7 @@ pub use parity::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice
 pub use receiver::{
     Assembly, BlockRun, DeliveredProduct, InFlight, IndexTrust, MissReason, PARITY_DEFER_MAX, PARITY_RETRY_MIN,
     PROBED_SENDER_SLACK, RETX_EOP_DEFER_MAX, ReceiveTimer, Receiver, ReceiverBound, ReceiverConfig, ReceiverCounters,
-    ReceiverEvent, block_fingerprint, sampled_block_fingerprint,
+    ReceiverEvent, SPARE_BUFFER_BYTES_MAX, SPARE_BUFFERS_MAX, block_fingerprint, sampled_block_fingerprint,
 };
 pub use sender::{
     Completion, CompletionOutcome, DataUnavailable, DeadlinePolicy, Destination, EnqueueError, EnqueueRefusal,

@@ -34,8 +34,8 @@ pub use ldm7_fmtp_proto::lists::MacSigning;
 pub use ldm7_fmtp_proto::mac::MacLevel;
 pub use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig};
 pub use receiver::{
-    ConnectionState, FmtpReceiver, ReceiveError, ReceivedBytes, ReceiverBounds, ReceiverDriverCounters, ReceiverNotice,
-    ReceiverOptions, ReceiverReport,
+    BufferReturn, ConnectionState, FmtpReceiver, ReceiveError, ReceivedBytes, ReceiverBounds, ReceiverDriverCounters,
+    ReceiverNotice, ReceiverOptions, ReceiverReport,
 };
 pub use sender::{
     Authorizer, Departure, FinishHandle, Finishing, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender,

@@ -22,8 +22,8 @@ use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ldm7_fmtp_proto::wire::{self, Body, Message, Split};
@@ -439,6 +439,12 @@ impl FmtpReceiver {
         self.shared.reader.as_ref().map_or(0, ReaderCounterHandle::queued_bytes)
     }
 
+    /// Where the application hands back the bytes of the products it is done with, so that
+    /// later products are assembled in the same memory (see `Receiver::give_back_buffer`).
+    pub fn buffer_return(&self) -> BufferReturn {
+        BufferReturn(self.shared.clone())
+    }
+
     /// Stops the receiver (if it still runs) and returns its totals, or why it ended.
     pub async fn finish(mut self) -> Result<ReceiverReport, ReceiveError> {
         self.notices.close();
@@ -453,6 +459,24 @@ impl FmtpReceiver {
     }
 }
 
+/// Hands delivered products' buffers back to their receiver ([`FmtpReceiver::buffer_return`]);
+/// usable from any thread, and after the receiver ended (then they are freed).
+#[derive(Clone, Debug)]
+pub struct BufferReturn(Arc<Shared>);
+
+impl BufferReturn {
+    /// Gives back a product's bytes: a buffer in memory is kept for reuse (at most
+    /// [`ldm7_fmtp_proto::SPARE_BUFFERS_MAX`] wait for the receiver; others are freed).
+    pub fn give(&self, product: ReceivedBytes) {
+        if let ReceivedBytes::Memory(buffer) = product {
+            let mut returned = self.0.returned_buffers.lock().unwrap_or_else(PoisonError::into_inner);
+            if returned.len() < ldm7_fmtp_proto::SPARE_BUFFERS_MAX {
+                returned.push(buffer);
+            }
+        }
+    }
+}
+
 impl Drop for FmtpReceiver {
     fn drop(&mut self) {
         self.task.abort();
@@ -461,6 +485,8 @@ impl Drop for FmtpReceiver {
 
 #[derive(Debug, Default)]
 struct Shared {
+    /// Product buffers handed back ([`BufferReturn`]), for the task to reuse.
+    returned_buffers: Mutex<Vec<Vec<u8>>>,
     connect_attempts: AtomicU64,
     notices: BoundHits,
     request_queue: BoundHits,
@@ -841,6 +867,12 @@ impl ReceiverTask {
     /// Hands a read's datagrams to the protocol, through the loss filter and the MAC check.
     fn take_batch(&mut self, batch: &Batch, reader_idle: bool) {
         let now = Clock::now();
+        // Product buffers the application is done with, for the products this read may begin.
+        let returned =
+            std::mem::take(&mut *self.shared.returned_buffers.lock().unwrap_or_else(PoisonError::into_inner));
+        for buffer in returned {
+            self.receiver.give_back_buffer(buffer);
+        }
         // The datagrams of a read are checked together (at level 2, as Ed25519 batches: about
         // half the work of checking each alone).
         let mut kept: Vec<&[u8]> = Vec::with_capacity(batch.len());

@@ -12,7 +12,7 @@ use crate::wire::{self, BLOCK_LEN, Body, Message};
 
 use super::{
     Anchor, Assembly, BlockRun, EarlyBlock, FingerprintSource, InFlight, Incoming, MissReason, PARITY_DEFER_MAX,
-    RETX_EOP_DEFER_MAX, Receiver, ReceiverCounters, ReceiverEvent,
+    RETX_EOP_DEFER_MAX, Receiver, ReceiverCounters, ReceiverEvent, SPARE_BUFFER_BYTES_MAX, SPARE_BUFFERS_MAX,
 };
 
 #[cfg(doc)]
@@ -431,6 +431,23 @@ impl Receiver {
     /// The counters.
     pub fn counters(&self) -> &ReceiverCounters {
         &self.counters
+    }
+
+    /// Takes back the buffer of a product delivered in memory once the application is done
+    /// with it, for a later product (at most [`SPARE_BUFFERS_MAX`] buffers and
+    /// [`SPARE_BUFFER_BYTES_MAX`] bytes are kept; the rest are freed). A buffer allocated
+    /// afresh for every product cost the receiving host the zeroing of new pages by the kernel,
+    /// about a tenth of a receiver's time at 500 Mbit/s of 10 MB products.
+    pub fn give_back_buffer(&mut self, mut buffer: Vec<u8>) {
+        let kept: usize = self.spare_buffers.iter().map(Vec::capacity).sum();
+        if self.config.assembly != Assembly::Memory
+            || self.spare_buffers.len() >= SPARE_BUFFERS_MAX
+            || kept + buffer.capacity() > SPARE_BUFFER_BYTES_MAX
+        {
+            return;
+        }
+        buffer.clear();
+        self.spare_buffers.push(buffer);
     }
 
     /// Products being received.

@@ -68,7 +68,7 @@ impl Receiver {
         // The early blocks move into the product's buffer (or, with a sink, are written once
         // it is open).
         let mut data = match self.config.assembly {
-            Assembly::Memory => vec![0; bop.product_size as usize],
+            Assembly::Memory => take_buffer(&mut self.spare_buffers, bop.product_size as usize),
             Assembly::Discard | Assembly::Sink => Vec::new(),
         };
         let mut for_sink = Vec::new();
@@ -397,5 +397,24 @@ impl Receiver {
     pub(super) fn bound_hit(&mut self, bound: ReceiverBound, index: Option<ProductIndex>) {
         self.counters.bound_hits += 1;
         self.events.push_back(ReceiverEvent::BoundHit { bound, index });
+    }
+}
+
+/// A zeroed buffer of `len` bytes: the smallest spare that holds it and is not more than twice
+/// as large (a small product does not carry a large buffer away), or a new one.
+fn take_buffer(spares: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+    let fitting = spares
+        .iter()
+        .enumerate()
+        .filter(|(_, buffer)| buffer.capacity() >= len && buffer.capacity() / 2 <= len)
+        .min_by_key(|(_, buffer)| buffer.capacity())
+        .map(|(at, _)| at);
+    match fitting {
+        Some(at) => {
+            let mut buffer = spares.swap_remove(at);
+            buffer.resize(len, 0);
+            buffer
+        }
+        None => vec![0; len],
     }
 }

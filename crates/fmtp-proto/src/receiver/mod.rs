@@ -505,7 +505,15 @@ pub struct Receiver {
     parity_decoder: ParityDecoder,
     /// RETX_EOPs held while [`Receiver::backlog`], with since when ([`RETX_EOP_DEFER_MAX`]).
     deferred_eops: Vec<(ProductIndex, Instant)>,
+    /// Product buffers handed back by the application ([`Receiver::give_back_buffer`]), for
+    /// the next products assembled in memory.
+    spare_buffers: Vec<Vec<u8>>,
 }
+
+/// Product buffers kept for reuse ([`Receiver::give_back_buffer`]), at most.
+pub const SPARE_BUFFERS_MAX: usize = 4;
+/// Bytes of product buffers kept for reuse, at most (a buffer that would exceed it is freed).
+pub const SPARE_BUFFER_BYTES_MAX: usize = 64 << 20;
 
 /// [`Receiver::set_fingerprint_source`]'s function.
 struct FingerprintSource(Box<dyn FnMut(ProductIndex, u32, u32) -> u64 + Send>);
@@ -596,6 +604,7 @@ impl Receiver {
             recent: RecentProducts::default(),
             parity_decoder: ParityDecoder::default(),
             deferred_eops: Vec::new(),
+            spare_buffers: Vec::new(),
         })
     }
 }
