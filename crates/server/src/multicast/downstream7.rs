@@ -296,7 +296,7 @@ impl Session<'_> {
             let decision_due = self.core.poll_timeout().map(Clock::to_std).map(tokio::time::Instant::from_std);
             tokio::select! {
                 () = tokio::time::sleep_until(decision_due.unwrap_or(far)), if decision_due.is_some() => {
-                    self.core.handle_timeout(Clock::now(), fmtp_traffic(receiver.as_ref()));
+                    self.core.handle_timeout(Clock::now(), fmtp_traffic(receiver.as_ref(), inserter.fmtp_waiting));
                 }
                 written = write.write(&out), if !out.is_empty() => {
                     let count = written?;
@@ -312,7 +312,7 @@ impl Session<'_> {
                     match notice {
                         Some(notice) => {
                             let report = fmtp_report(&notice);
-                            self.core.fmtp(Clock::now(), report, fmtp_traffic(receiver.as_ref()));
+                            self.core.fmtp(Clock::now(), report, fmtp_traffic(receiver.as_ref(), inserter.fmtp_waiting));
                             self.on_notice(&mut inserter, notice).await?;
                         }
                         None => {
@@ -329,7 +329,10 @@ impl Session<'_> {
                 }
                 done = inserter.done.recv() => {
                     match done {
-                        Some(done) => self.on_done(done),
+                        Some(done) => {
+                            inserter.took(&done);
+                            self.on_done(done);
+                        }
                         None => break Err(SessionEnd::InserterEnded),
                     }
                 }
@@ -857,6 +860,8 @@ struct Inserter {
     jobs: Option<tokio::sync::mpsc::Sender<Job>>,
     done: tokio::sync::mpsc::UnboundedReceiver<Done>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Products FMTP delivered that are submitted and not inserted yet ([`fmtp_traffic`]).
+    fmtp_waiting: u64,
 }
 
 impl Inserter {
@@ -898,12 +903,22 @@ impl Inserter {
                 }
             })
             .map_err(SessionEnd::Inserter)?;
-        Ok(Self { jobs: Some(jobs), done, thread: Some(thread) })
+        Ok(Self { jobs: Some(jobs), done, thread: Some(thread), fmtp_waiting: 0 })
     }
 
     async fn submit(&mut self, job: Job) -> Result<(), SessionEnd> {
         let Some(jobs) = &self.jobs else { return Err(SessionEnd::InserterEnded) };
-        jobs.send(job).await.map_err(|_| SessionEnd::InserterEnded)
+        let fmtp = matches!(job.payload, Payload::Fmtp { .. });
+        jobs.send(job).await.map_err(|_| SessionEnd::InserterEnded)?;
+        self.fmtp_waiting += u64::from(fmtp);
+        Ok(())
+    }
+
+    /// A job is done: one FMTP product fewer waiting, if it was one.
+    fn took(&mut self, done: &Done) {
+        if done.job.mode == DeliveryMode::Received {
+            self.fmtp_waiting = self.fmtp_waiting.saturating_sub(1);
+        }
     }
 
     /// Lets the inserter finish what it has; returns the results not read yet.
@@ -951,16 +966,19 @@ fn fmtp_report(notice: &ReceiverNotice) -> FmtpReport {
 }
 
 /// An FMTP receiver's traffic for the quiet-feed check: messages received (multicast and
-/// repair) and products in its hands, or datagrams read and not yet handled (one more "in its
-/// hands"). A receiver behind the multicast on a loaded host is not quiet: in `ldm7 lab idd`
-/// (seed 2) relays whose receivers lagged took the pause of their counters for a quiet feed,
-/// and their tail checks fetched by backlog what their readers already held.
-fn fmtp_traffic(receiver: Option<&FmtpReceiver>) -> Traffic {
+/// repair) and products in its hands — being received, or delivered and waiting for the
+/// inserter (`inserting`) — or datagrams read and not yet handled (one more "in its hands").
+/// A receiver behind the multicast on a loaded host is not quiet: in `ldm7 lab idd` (seed 2)
+/// relays whose receivers lagged took the pause of their counters for a quiet feed, and their
+/// tail checks fetched by backlog what their readers already held; and with the receiver caught
+/// up but the inserter behind (2026-11-30), each product inserted moved the check's newest
+/// product and a check followed each backlog at once, fetching what the inserter held.
+fn fmtp_traffic(receiver: Option<&FmtpReceiver>, inserting: u64) -> Traffic {
     receiver.map(|receiver| {
         let counters = receiver.counters();
         let in_flight = counters.started.saturating_sub(counters.delivered + counters.missed);
         let unhandled = u64::from(receiver.unhandled_bytes() > 0);
-        (counters.datagrams + counters.stream_messages, in_flight + unhandled)
+        (counters.datagrams + counters.stream_messages, in_flight + unhandled + inserting)
     })
 }
 
