@@ -42,7 +42,7 @@ use self::inputs::OpenFiles;
 pub use self::inputs::{OPEN_FILES_MAX, READ_CHUNK_BYTES};
 use crate::receiver::{
     BufferReturn, ConnectionState, FmtpReceiver, ReceiveError, ReceivedBytes, ReceiverNotice, ReceiverOptions,
-    ReceiverReport,
+    ReceiverReport, md5_side_by_side,
 };
 use crate::sender::{FmtpSender, ProductSender, SenderDriverCounters, SenderNotice, SenderOptions};
 use crate::stream::ConnectError;
@@ -680,13 +680,7 @@ fn md5_of_products(products: &[(Vec<u8>, ReceivedBytes)]) -> io::Result<Vec<[u8;
             _ => None,
         })
         .collect();
-    let mut memory_digests = vec![[0u8; 16]; in_memory.len()];
-    match in_memory.as_slice() {
-        [] => {}
-        [only] => memory_digests[0] = <md5::Md5 as md5::Digest>::digest(only).into(),
-        many => md5_many::Md5Many::new().hash_many(many, &mut memory_digests),
-    }
-    let mut memory_digests = memory_digests.into_iter();
+    let mut memory_digests = md5_side_by_side(&in_memory).into_iter();
     products
         .iter()
         .map(|(_, product)| match product {

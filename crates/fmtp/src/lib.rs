@@ -35,7 +35,7 @@ pub use ldm7_fmtp_proto::mac::MacLevel;
 pub use ldm7_fmtp_proto::{PLANNED_LOSS_DEFAULT, PLANNED_SUBSCRIBERS_DEFAULT, ParityChoice, ParityConfig};
 pub use receiver::{
     BufferReturn, ConnectionState, FmtpReceiver, ReceiveError, ReceivedBytes, ReceiverBounds, ReceiverDriverCounters,
-    ReceiverNotice, ReceiverOptions, ReceiverReport,
+    ReceiverNotice, ReceiverOptions, ReceiverReport, md5_side_by_side,
 };
 pub use sender::{
     Authorizer, Departure, FinishHandle, Finishing, FmtpSender, KEY_SWITCH_DEADLINE, MAC_ROTATION_MIN, ProductSender,

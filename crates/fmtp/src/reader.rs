@@ -30,9 +30,9 @@ use crate::udp::datagrams;
 /// Largest FMTP datagram (12-byte header + 1448 bytes).
 const DATAGRAM_LEN_MAX: usize = 1460;
 /// Receive buffers per `recvmmsg`.
+const RECV_BATCH: usize = 32;
 /// Emptied batches kept for reuse ([`DatagramReader::recycle`]).
 const SPARE_BATCHES_MAX: usize = 8;
-const RECV_BATCH: usize = 32;
 /// How long the thread sleeps in `poll` before it looks at its stop flag.
 const POLL_TIMEOUT_MS: i32 = 100;
 /// How often the kernel's drop counts are read.

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use ldm7_fmtp::udp::{MulticastConfig, receive_buffer_bytes};
-use ldm7_fmtp::{FmtpReceiver, ReceivedBytes, ReceiverNotice, ReceiverOptions};
+use ldm7_fmtp::{FmtpReceiver, ReceivedBytes, ReceiverNotice, ReceiverOptions, md5_side_by_side};
 use ldm7_fmtp_proto::{ParityChoice, ParityConfig, ReceiveTimer, ReceiverConfig, ReceiverEvent, WallTime};
 use ldm7_io::Clock;
 use ldm7_io::log_target::PRODUCT;
@@ -871,7 +871,6 @@ impl Inserter {
         let thread = std::thread::Builder::new()
             .name(format!("insert {name}"))
             .spawn(move || {
-                let hasher = md5_many::Md5Many::new();
                 let mut jobs = Vec::with_capacity(HASHED_TOGETHER_MAX);
                 while let Some(job) = incoming.blocking_recv() {
                     // What waits besides is checked with it: the MD5s of products in memory
@@ -883,7 +882,7 @@ impl Inserter {
                             Err(_) => break,
                         }
                     }
-                    let digests = hash_in_memory_products(hasher, &jobs);
+                    let digests = hash_in_memory_products(&jobs);
                     for (job, digest) in jobs.drain(..).zip(digests) {
                         let head = JobHead {
                             mode: job.mode,
@@ -908,7 +907,7 @@ impl Inserter {
 
     async fn submit(&mut self, job: Job) -> Result<(), SessionEnd> {
         let Some(jobs) = &self.jobs else { return Err(SessionEnd::InserterEnded) };
-        let fmtp = matches!(job.payload, Payload::Fmtp { .. });
+        let fmtp = job.mode == DeliveryMode::Received;
         jobs.send(job).await.map_err(|_| SessionEnd::InserterEnded)?;
         self.fmtp_waiting += u64::from(fmtp);
         Ok(())
@@ -1025,7 +1024,7 @@ async fn next_notice(receiver: &mut Option<FmtpReceiver>) -> Option<ReceiverNoti
 /// for the others and for those that do not decode: [`insert_fmtp`] reports why), hashed side
 /// by side. One at a time, MD5 took a third of a demo subscriber's CPU; several products
 /// hash in the time of one.
-fn hash_in_memory_products(hasher: md5_many::Md5Many, jobs: &[Job]) -> Vec<Option<Signature>> {
+fn hash_in_memory_products(jobs: &[Job]) -> Vec<Option<Signature>> {
     let data: Vec<Option<&[u8]>> = jobs
         .iter()
         .map(|job| match &job.payload {
@@ -1037,13 +1036,7 @@ fn hash_in_memory_products(hasher: md5_many::Md5Many, jobs: &[Job]) -> Vec<Optio
         })
         .collect();
     let inputs: Vec<&[u8]> = data.iter().flatten().copied().collect();
-    let mut digests = vec![[0u8; 16]; inputs.len()];
-    if inputs.len() > 1 {
-        hasher.hash_many(&inputs, &mut digests);
-    } else if let Some(only) = inputs.first() {
-        digests[0] = Signature::md5_of(only).0;
-    }
-    let mut digests = digests.into_iter();
+    let mut digests = md5_side_by_side(&inputs).into_iter();
     data.iter().map(|data| data.and_then(|_| digests.next()).map(Signature)).collect()
 }
 
@@ -1217,7 +1210,7 @@ mod tests {
             ..memory_product("D", b"d").0
         };
         let jobs = vec![a, discarded, b, c];
-        let digests = hash_in_memory_products(md5_many::Md5Many::new(), &jobs);
+        let digests = hash_in_memory_products(&jobs);
         assert_eq!(digests[0], Some(a_info.signature));
         assert_eq!(digests[1], None, "nothing in memory");
         assert_eq!(digests[2], Some(b_info.signature));
@@ -1236,7 +1229,7 @@ mod tests {
         assert!(matches!(outcomes[3], Err(Unusable::Product(product::ProductError::Signature { .. }))));
         // One alone is hashed too.
         let (alone, alone_info) = memory_product("E", b"alone");
-        assert_eq!(hash_in_memory_products(md5_many::Md5Many::new(), &[alone]), [Some(alone_info.signature)]);
+        assert_eq!(hash_in_memory_products(&[alone]), [Some(alone_info.signature)]);
     }
 
     #[test]
