@@ -44,6 +44,19 @@ use crate::logging::LogArgs;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process (`PR_SET_THP_DISABLE`; children inherit
+/// it, which changes nothing for a program that does not ask for huge pages where the system
+/// setting is `madvise`). mimalloc asks for them on its arenas, so each first touch of a 2 MiB
+/// region had the kernel zero all of it, and its purges of freed parts split them again: with
+/// four FMTP receivers and their sender on two cores, page zeroing took a fifth of the CPU and
+/// the receivers' system time halved without it (docs/benchmarks.md, "FMTP goodput: huge
+/// pages off, hashing in batches").
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // A kernel without the call (before 3.15) keeps huge pages as they were: slower, no more.
+    let _ = nix::sys::prctl::set_thp_disable(true);
+}
+
 /// Reliable distribution of near-real-time data products (LDM-compatible).
 #[derive(Parser, Debug)]
 #[command(name = "ldm7", version, about, propagate_version = true)]
@@ -115,6 +128,7 @@ struct Legacy<T: Args> {
 }
 
 fn main() {
+    no_transparent_huge_pages();
     let argv: Vec<OsString> = std::env::args_os().collect();
     let name = argv
         .first()

@@ -597,10 +597,32 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
 /// weight about a tenth of the receiving threads'). See [`Verifier`].
 const VERIFY_NICE: libc::c_int = 10;
 
-/// Delivered products waiting for their check: a bound on the memory they hold (products in
-/// memory are whole) that slows the receiving loop, as the check in line did, when the check
-/// falls behind for good.
-const VERIFY_QUEUE_MAX: usize = 4;
+/// Bytes of delivered products in memory waiting for their check, at most (a product larger
+/// than this waits alone): a bound on the memory they hold (products in memory are whole) that
+/// slows the receiving loop, as the check in line did, when the check falls behind for good.
+/// Room for a batch ([`VERIFY_BATCH_BYTES`]) being hashed and the next one gathering.
+const VERIFY_QUEUE_BYTES_MAX: usize = 96 << 20;
+
+/// Delivered products waiting for their check, at most (whatever their bytes: a spooled one
+/// holds a file open).
+const VERIFY_QUEUE_MAX: usize = 2 * VERIFY_BATCH_PRODUCTS;
+
+/// The check hashes the products waiting together, side by side in SIMD lanes, once this many
+/// of their bytes wait, ...
+const VERIFY_BATCH_BYTES: usize = 32 << 20;
+
+/// ... or this many products (AVX-512's lanes), ...
+const VERIFY_BATCH_PRODUCTS: usize = 16;
+
+/// ... or once the first of them waited this long (and when the reception ends).
+const VERIFY_BATCH_WAIT: Duration = Duration::from_millis(500);
+
+/// A delivered product waiting for its check, with its share of [`VERIFY_QUEUE_BYTES_MAX`].
+struct Unchecked {
+    metadata: Vec<u8>,
+    product: ReceivedBytes,
+    _bytes: tokio::sync::OwnedSemaphorePermit,
+}
 
 /// Checks each delivered product's MD5 (and stores it with `--out`) on a thread of its own, at a
 /// lower CPU priority than the reception ([`VERIFY_NICE`]). The check is this tool's, not
@@ -608,54 +630,74 @@ const VERIFY_QUEUE_MAX: usize = 4;
 /// cores are busy, hashing 10 MB products as they complete took the cores from the receiving
 /// threads (and, on a shared lab host, the sender) exactly when a product ended; at a lower
 /// priority it runs in the gaps, and each product is still checked before the summary.
+///
+/// Products are hashed in batches ([`VERIFY_BATCH_BYTES`], [`VERIFY_BATCH_PRODUCTS`],
+/// [`VERIFY_BATCH_WAIT`]): side by side, four 10 MB products take about the time of one hashed
+/// alone (AVX-512), and with four receivers on two cores the check one product at a time was a
+/// fifth of the machine (docs/benchmarks.md, "FMTP goodput: huge pages off, hashing in
+/// batches").
 struct Verifier {
-    queue: Option<tokio::sync::mpsc::Sender<(Vec<u8>, ReceivedBytes)>>,
+    queue: Option<tokio::sync::mpsc::Sender<Unchecked>>,
+    bytes: Arc<tokio::sync::Semaphore>,
     thread: Option<std::thread::JoinHandle<Result<u64, AppError>>>,
 }
 
 impl Verifier {
     fn start(out: Option<PathBuf>, buffers: BufferReturn) -> Result<Self, AppError> {
-        let (queue, mut work) = tokio::sync::mpsc::channel::<(Vec<u8>, ReceivedBytes)>(VERIFY_QUEUE_MAX);
+        let (queue, mut work) = tokio::sync::mpsc::channel::<Unchecked>(VERIFY_QUEUE_MAX);
+        let cannot_start =
+            |error: io::Error| AppError::Input(format!("cannot start the thread checking products: {error}"));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(cannot_start)?;
         let thread = std::thread::Builder::new()
             .name("fmtp-verify".into())
             .spawn(move || {
                 lower_this_thread_priority(VERIFY_NICE);
-                let mut corrupt = 0;
-                let mut products = Vec::with_capacity(VERIFY_QUEUE_MAX + 1);
-                while let Some(first) = work.blocking_recv() {
-                    // Whatever else waits is hashed with it, side by side.
-                    products.push(first);
-                    while let Ok(more) = work.try_recv() {
-                        products.push(more);
-                    }
-                    let digests = md5_of_products(&products)
-                        .map_err(|source| AppError::Output { path: out.clone().unwrap_or_default(), source })?;
-                    for ((metadata, product), digest) in products.drain(..).zip(digests) {
-                        if metadata.len() == 16 && metadata != digest {
-                            corrupt += 1;
-                        }
-                        match &out {
-                            Some(out) => {
-                                let path = out.join(Signature(digest).to_string());
-                                product.persist(&path).map_err(|source| AppError::Output { path, source })?;
+                runtime.block_on(async move {
+                    let mut corrupt = 0;
+                    let mut batch = Vec::with_capacity(VERIFY_BATCH_PRODUCTS);
+                    while let Some(first) = work.recv().await {
+                        let until = tokio::time::Instant::now() + VERIFY_BATCH_WAIT;
+                        let mut bytes = first.product.len();
+                        batch.push(first);
+                        let mut ended = false;
+                        while bytes < VERIFY_BATCH_BYTES as u64 && batch.len() < VERIFY_BATCH_PRODUCTS {
+                            match tokio::time::timeout_at(until, work.recv()).await {
+                                Ok(Some(more)) => {
+                                    bytes += more.product.len();
+                                    batch.push(more);
+                                }
+                                Ok(None) => {
+                                    ended = true;
+                                    break;
+                                }
+                                Err(_) => break,
                             }
-                            None => buffers.give(product),
+                        }
+                        corrupt += check_batch(&mut batch, out.as_deref(), &buffers)?;
+                        if ended {
+                            break;
                         }
                     }
-                }
-                Ok(corrupt)
+                    Ok(corrupt)
+                })
             })
-            .map_err(|error| AppError::Input(format!("cannot start the thread checking products: {error}")))?;
-        Ok(Self { queue: Some(queue), thread: Some(thread) })
+            .map_err(cannot_start)?;
+        let bytes = Arc::new(tokio::sync::Semaphore::new(VERIFY_QUEUE_BYTES_MAX >> 10));
+        Ok(Self { queue: Some(queue), bytes, thread: Some(thread) })
     }
 
-    /// Queues a product for its check; `false` when the thread stopped (on an error that
-    /// [`Verifier::finish`] returns).
+    /// Queues a product for its check, once its bytes fit in [`VERIFY_QUEUE_BYTES_MAX`];
+    /// `false` when the thread stopped (on an error that [`Verifier::finish`] returns).
     async fn check(&mut self, metadata: Vec<u8>, product: ReceivedBytes) -> bool {
-        match &self.queue {
-            Some(queue) => queue.send((metadata, product)).await.is_ok(),
-            None => false,
-        }
+        let Some(queue) = &self.queue else { return false };
+        let in_memory = match &product {
+            ReceivedBytes::Memory(bytes) => bytes.len(),
+            _ => 0,
+        };
+        // At most the whole bound (a larger product waits alone); in KiB, ≤ u32::MAX.
+        let kib = (in_memory >> 10).min(VERIFY_QUEUE_BYTES_MAX >> 10) as u32;
+        let Ok(permit) = self.bytes.clone().acquire_many_owned(kib).await else { return false };
+        queue.send(Unchecked { metadata, product, _bytes: permit }).await.is_ok()
     }
 
     /// Waits for the queued checks: the corrupt products, or the first error.
@@ -670,12 +712,37 @@ impl Verifier {
     }
 }
 
+/// Checks (and stores, with `out`) a batch of products, emptying it: the corrupt ones. A buffer
+/// not stored goes back to the receiver for a later product.
+fn check_batch(
+    batch: &mut Vec<Unchecked>,
+    out: Option<&std::path::Path>,
+    buffers: &BufferReturn,
+) -> Result<u64, AppError> {
+    let output_error = |source| AppError::Output { path: out.map(PathBuf::from).unwrap_or_default(), source };
+    let digests = md5_of_products(batch).map_err(output_error)?;
+    let mut corrupt = 0;
+    for (Unchecked { metadata, product, .. }, digest) in batch.drain(..).zip(digests) {
+        if metadata.len() == 16 && metadata != digest {
+            corrupt += 1;
+        }
+        match out {
+            Some(out) => {
+                let path = out.join(Signature(digest).to_string());
+                product.persist(&path).map_err(|source| AppError::Output { path, source })?;
+            }
+            None => buffers.give(product),
+        }
+    }
+    Ok(corrupt)
+}
+
 /// The MD5 of each product: those in memory hashed side by side in SIMD lanes (several in the
 /// time of one), a spooled one read back from its file.
-fn md5_of_products(products: &[(Vec<u8>, ReceivedBytes)]) -> io::Result<Vec<[u8; 16]>> {
+fn md5_of_products(products: &[Unchecked]) -> io::Result<Vec<[u8; 16]>> {
     let in_memory: Vec<&[u8]> = products
         .iter()
-        .filter_map(|(_, product)| match product {
+        .filter_map(|Unchecked { product, .. }| match product {
             ReceivedBytes::Memory(bytes) => Some(bytes.as_slice()),
             _ => None,
         })
@@ -683,7 +750,7 @@ fn md5_of_products(products: &[(Vec<u8>, ReceivedBytes)]) -> io::Result<Vec<[u8;
     let mut memory_digests = md5_side_by_side(&in_memory).into_iter();
     products
         .iter()
-        .map(|(_, product)| match product {
+        .map(|Unchecked { product, .. }| match product {
             ReceivedBytes::Memory(_) => Ok(memory_digests.next().unwrap_or_default()),
             other => other.md5(),
         })
@@ -700,22 +767,50 @@ fn lower_this_thread_priority(increment: libc::c_int) {
     }
 }
 
-/// Reads the inputs one after the other and hands them to the sender: the first is prepared
-/// at once, handed over after the go (which gives the start time, for replay pacing). Returns
-/// the bytes handed over.
+/// How much nicer than the multicast the reading and hashing of inputs runs (`nice` +10, as
+/// [`VERIFY_NICE`]). See [`feed`].
+const INPUTS_NICE: libc::c_int = 10;
+
+/// Reads the inputs in order and hands them to the sender: regular files a few at a time
+/// ([`inputs::next_batch`], hashed side by side), anything else one by one; the first batch is
+/// prepared at once, handed over after the go (which gives the start time, for replay pacing).
+/// Returns the bytes handed over.
+///
+/// The inputs are read and hashed on a thread of their own at a lower CPU priority
+/// ([`INPUTS_NICE`]): it reads ahead (up to [`inputs::HASH_BATCH_FILES`] products wait for the
+/// sender), and on cores shared with receivers a batch hashed at the multicast's priority took
+/// its time from the pacing (the wire fell to three quarters of the rate while it ran).
 async fn feed(
     plan: inputs::Plan,
     products: ProductSender,
     files: Arc<OpenFiles>,
     mut go: oneshot::Receiver<Instant>,
 ) -> Result<u64, AppError> {
+    let (ready, mut prepared) = tokio::sync::mpsc::channel(inputs::HASH_BATCH_FILES);
+    std::thread::Builder::new()
+        .name("fmtp-inputs".into())
+        .spawn(move || {
+            lower_this_thread_priority(INPUTS_NICE);
+            let mut pending = plan.inputs.into_iter().enumerate().map(|(key, input)| (key as u64, input)).peekable();
+            loop {
+                let batch = inputs::next_batch(&mut pending);
+                if batch.is_empty() {
+                    return;
+                }
+                for product in inputs::prepare_batch(&batch, &files) {
+                    let failed = product.is_err();
+                    // A closed channel: the feed stopped (the sender did, or send() gave up).
+                    if ready.blocking_send(product).is_err() || failed {
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|error| AppError::Input(format!("cannot start the thread reading the inputs: {error}")))?;
     let mut started = None;
     let mut bytes = 0;
-    for (key, input) in plan.inputs.into_iter().enumerate() {
-        let files = files.clone();
-        let prepared = tokio::task::spawn_blocking(move || inputs::prepare(&input, key as u64, &files))
-            .await
-            .map_err(|_| AppError::SenderStopped)??;
+    while let Some(product) = prepared.recv().await {
+        let product = product?;
         let started = match started {
             Some(at) => at,
             None => match (&mut go).await {
@@ -723,13 +818,13 @@ async fn feed(
                 Err(_) => return Ok(bytes), // send() gave up.
             },
         };
-        if let Some(due) = prepared.due {
+        if let Some(due) = product.due {
             tokio::time::sleep_until(tokio::time::Instant::from_std(Clock::to_std(started + due))).await;
         }
-        if products.send(prepared.product).await.is_err() {
+        if products.send(product.product).await.is_err() {
             return Ok(bytes); // The sender stopped: send() says so.
         }
-        bytes += prepared.len;
+        bytes += product.len;
     }
     Ok(bytes)
 }
