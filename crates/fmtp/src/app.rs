@@ -786,6 +786,7 @@ async fn feed(
     files: Arc<OpenFiles>,
     mut go: oneshot::Receiver<Instant>,
 ) -> Result<u64, AppError> {
+    let planned = plan.inputs.len();
     let (ready, mut prepared) = tokio::sync::mpsc::channel(inputs::HASH_BATCH_FILES);
     std::thread::Builder::new()
         .name("fmtp-inputs".into())
@@ -808,9 +809,10 @@ async fn feed(
         })
         .map_err(|error| AppError::Input(format!("cannot start the thread reading the inputs: {error}")))?;
     let mut started = None;
-    let mut bytes = 0;
+    let (mut bytes, mut handed) = (0, 0);
     while let Some(product) = prepared.recv().await {
         let product = product?;
+        handed += 1;
         let started = match started {
             Some(at) => at,
             None => match (&mut go).await {
@@ -825,6 +827,10 @@ async fn feed(
             return Ok(bytes); // The sender stopped: send() says so.
         }
         bytes += product.len;
+    }
+    if handed < planned {
+        // The thread ended without an error to give: it panicked.
+        return Err(AppError::Input(format!("the thread reading the inputs stopped after {handed} of {planned}")));
     }
     Ok(bytes)
 }

@@ -212,9 +212,7 @@ pub(super) fn prepare_batch(batch: &[(u64, PlannedInput)], files: &Arc<OpenFiles
         .map(|(((key, input), path), hashed)| {
             let (file, digest, len) =
                 hashed.map_err(|error| AppError::Input(format!("cannot read {}: {error}", path.display())))?;
-            let modified = file.metadata().and_then(|metadata| metadata.modified()).ok();
-            files.insert(*key, file);
-            let data = FileData { key: *key, path: path.clone(), len, modified, files: files.clone() };
+            let data = file_data(path, *key, file, len, files);
             Ok(Prepared { product: OutgoingProduct::new(data, digest.to_vec()), len, due: input.due })
         })
         .collect()
@@ -419,9 +417,15 @@ impl OpenFiles {
 fn hash_file(path: &Arc<Path>, key: u64, files: &Arc<OpenFiles>) -> io::Result<(FileData, [u8; 16])> {
     let mut file = File::open(path)?;
     let (digest, len) = md5_of_reader(&mut file, |_| {})?;
+    Ok((file_data(path, key, file, len, files), digest))
+}
+
+/// The bytes of a file just hashed (`len` of them): its open file goes into `files`, with the
+/// modification time that a reopening checks.
+fn file_data(path: &Arc<Path>, key: u64, file: File, len: u64, files: &Arc<OpenFiles>) -> FileData {
     let modified = file.metadata().and_then(|metadata| metadata.modified()).ok();
     files.insert(key, file);
-    Ok((FileData { key, path: path.clone(), len, modified, files: files.clone() }, digest))
+    FileData { key, path: path.clone(), len, modified, files: files.clone() }
 }
 
 /// A regular file's bytes, read back by offset through [`OpenFiles`]; its file closes when the
