@@ -228,12 +228,12 @@ impl Outputs {
                     let verb = if key.kind == ActionKind::StdioFile { "StdioFiled" } else { "Filed" };
                     tracing::info!("{verb} in \"{}\": {}", key.args.last().map_or("", String::as_str), info);
                 }
-                if options.edex && key.kind == ActionKind::File {
-                    if let (Some(edex), Some(path)) = (self.edex.as_mut(), key.args.last()) {
-                        if let Err(error) = edex.announce(path, &info.ident) {
-                            tracing::warn!("act: cannot notify EDEX of {path}: {error}");
-                        }
-                    }
+                if options.edex
+                    && key.kind == ActionKind::File
+                    && let (Some(edex), Some(path)) = (self.edex.as_mut(), key.args.last())
+                    && let Err(error) = edex.announce(path, &info.ident)
+                {
+                    tracing::warn!("act: cannot notify EDEX of {path}: {error}");
                 }
                 if options.close {
                     self.close(key);
@@ -512,10 +512,10 @@ fn write_file(file: &mut File, options: &Options, info: &ProdInfo, body: &[u8]) 
     let began = if options.overwrite { None } else { file.metadata().ok().map(|meta| meta.len()) };
     let written = write_product(file, options, info, body, |file, end| file.set_len(end))
         .and_then(|()| if options.flush { file.sync_all() } else { Ok(()) });
-    if written.is_err() {
-        if let Some(began) = began {
-            let _ = file.set_len(began);
-        }
+    if written.is_err()
+        && let Some(began) = began
+    {
+        let _ = file.set_len(began);
     }
     written
 }

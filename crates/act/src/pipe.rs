@@ -278,11 +278,13 @@ fn write_loop(command: &str, mut child: Child, shared: &Shared) {
                 shared.changed.wait_timeout(backlog, EXIT_CHECK).unwrap_or_else(std::sync::PoisonError::into_inner).0;
             // A decoder that ended while nothing was waiting for it is noticed now, not when
             // the next product is written into a pipe nobody reads.
-            if backlog.messages.is_empty() && !backlog.closing && backlog.dead.is_none() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    backlog.dead = Some(format!("it ended ({status})"));
-                    shared.changed.notify_all();
-                }
+            if backlog.messages.is_empty()
+                && !backlog.closing
+                && backlog.dead.is_none()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                backlog.dead = Some(format!("it ended ({status})"));
+                shared.changed.notify_all();
             }
         }
         if backlog.dead.is_some() || backlog.messages.is_empty() {

@@ -158,13 +158,13 @@ fn start(queue: &Queue, options: &RunOptions) -> Result<Timestamp, RunError> {
     let snapshot = queue.snapshot()?;
     match snapshot.product_at_or_after(saved.insertion)? {
         Some(product) if product.insertion == saved.insertion => {
-            if let Some(signature) = saved.signature {
-                if signature != product.info.signature {
-                    tracing::warn!(
-                        "act: the product at the saved position is not the one processed last \
+            if let Some(signature) = saved.signature
+                && signature != product.info.signature
+            {
+                tracing::warn!(
+                    "act: the product at the saved position is not the one processed last \
                          (another queue?); resuming by time"
-                    );
-                }
+                );
             }
         }
         _ => tracing::info!("act: the last product processed is no longer in the queue; resuming by time"),

@@ -413,12 +413,12 @@ fn translate_ldmd_conf(text: &str) -> (String, Vec<String>) {
             .map(|program| {
                 Path::new(program.trim_end_matches('"')).file_name().map(|name| name.to_string_lossy().into_owned())
             });
-        if let Some(Some(program)) = program {
-            if let Some(why) = unsupported_program(&program) {
-                out.push_str(&format!("# ldm7 import: {why}\n# {line}\n"));
-                notes.push(format!("ldmd.conf line {}: {}: {why} (commented out)", index + 1, line.trim()));
-                continue;
-            }
+        if let Some(Some(program)) = program
+            && let Some(why) = unsupported_program(&program)
+        {
+            out.push_str(&format!("# ldm7 import: {why}\n# {line}\n"));
+            notes.push(format!("ldmd.conf line {}: {}: {why} (commented out)", index + 1, line.trim()));
+            continue;
         }
         out.push_str(line);
         out.push('\n');

@@ -72,10 +72,10 @@ pub fn run(args: &CatArgs, with_signature: bool) -> CmdResult {
         None => {
             for product in snapshot.products_from(from).map_err(runtime)? {
                 let product = product.map_err(runtime)?;
-                if selects(product.info.feedtype, &product.info.ident) {
-                    if let Err(error) = emit(&product.info, product.data) {
-                        return if broken_pipe(&error) { Ok(()) } else { Err(runtime(error)) };
-                    }
+                if selects(product.info.feedtype, &product.info.ident)
+                    && let Err(error) = emit(&product.info, product.data)
+                {
+                    return if broken_pipe(&error) { Ok(()) } else { Err(runtime(error)) };
                 }
             }
         }
@@ -97,10 +97,10 @@ pub fn run(args: &CatArgs, with_signature: bool) -> CmdResult {
             }
         }
     }
-    if let Err(error) = out.flush() {
-        if !broken_pipe(&error) {
-            return Err(runtime(error));
-        }
+    if let Err(error) = out.flush()
+        && !broken_pipe(&error)
+    {
+        return Err(runtime(error));
     }
     if args.sanity {
         let report = queue.check().map_err(runtime)?;

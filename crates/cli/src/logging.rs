@@ -402,10 +402,11 @@ impl LogFile {
         if self.reopen.swap(false, Ordering::Relaxed) {
             self.reopen_file();
         }
-        if let Some(rotation) = self.rotation {
-            if self.written_bytes > 0 && self.written_bytes + line.len() as u64 > rotation.size_max_bytes {
-                self.rotate(rotation.keep);
-            }
+        if let Some(rotation) = self.rotation
+            && self.written_bytes > 0
+            && self.written_bytes + line.len() as u64 > rotation.size_max_bytes
+        {
+            self.rotate(rotation.keep);
         }
         if self.file.write_all(line).is_ok() {
             self.written_bytes += line.len() as u64;

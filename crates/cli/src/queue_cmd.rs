@@ -85,15 +85,15 @@ fn create(args: &CreateArgs) -> CmdResult {
     }
     // The queue goes in an existing directory, as pqcreate's: a mistyped path must not grow a
     // tree of directories.
-    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        if !parent.is_dir() {
-            return Err(bad_input(format!(
-                "cannot create {}: the directory {} does not exist; create it first (mkdir -p {})",
-                path.display(),
-                parent.display(),
-                parent.display()
-            )));
-        }
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty())
+        && !parent.is_dir()
+    {
+        return Err(bad_input(format!(
+            "cannot create {}: the directory {} does not exist; create it first (mkdir -p {})",
+            path.display(),
+            parent.display(),
+            parent.display()
+        )));
     }
     let queue = Queue::create(&path, Capacity { bytes, slots }, args.force).map_err(|error| match error {
         CreateError::Exists(_)

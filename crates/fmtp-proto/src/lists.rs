@@ -108,7 +108,9 @@ fn is_list(message: &[u8]) -> bool {
 /// number of digests.
 fn listed_digests(message: &[u8]) -> Option<impl Iterator<Item = &DatagramDigest>> {
     let payload = &message[HEADER_LEN..];
-    (payload.len() % DIGEST_LEN == 0)
+    payload
+        .len()
+        .is_multiple_of(DIGEST_LEN)
         .then(|| payload.chunks_exact(DIGEST_LEN).filter_map(|digest| <&DatagramDigest>::try_from(digest).ok()))
 }
 

@@ -938,15 +938,15 @@ impl SenderTask {
             let fed = self.feed_held();
             self.transmit().await;
             while let Some(event) = self.sender.poll_event() {
-                if let SenderEvent::BoundHit { bound, receiver } = &event {
-                    if let Some(count) = self.bound_log.event(*bound, Clock::now()) {
-                        tracing::warn!(
-                            ?bound,
-                            receiver = receiver.map(|id| id.0),
-                            count,
-                            "FMTP sender: protocol bound hit (logged at most once a minute)"
-                        );
-                    }
+                if let SenderEvent::BoundHit { bound, receiver } = &event
+                    && let Some(count) = self.bound_log.event(*bound, Clock::now())
+                {
+                    tracing::warn!(
+                        ?bound,
+                        receiver = receiver.map(|id| id.0),
+                        count,
+                        "FMTP sender: protocol bound hit (logged at most once a minute)"
+                    );
                 }
                 self.notify(SenderNotice::Event(event));
             }
@@ -974,10 +974,10 @@ impl SenderTask {
                 }
                 // The switch then waits for its acknowledgement too: datagrams signed with the
                 // pending key before it took it would fail their check.
-                if let Some(pending) = self.rotation.as_mut().and_then(|rotation| rotation.pending.as_mut()) {
-                    if send_key_update(&mut link, pending.epoch, &pending.key, self.identity.as_deref()) {
-                        pending.waiting.insert(id);
-                    }
+                if let Some(pending) = self.rotation.as_mut().and_then(|rotation| rotation.pending.as_mut())
+                    && send_key_update(&mut link, pending.epoch, &pending.key, self.identity.as_deref())
+                {
+                    pending.waiting.insert(id);
                 }
                 // Known now: its exchange no longer holds a switch back.
                 drop(exchange);
@@ -1236,7 +1236,7 @@ impl SenderTask {
     async fn push_multicast(&mut self, datagram: &[u8], to: Option<SocketAddr>) {
         let len = datagram.len();
         if self.segments > 0
-            && (len > self.segment_len || self.batch.len() % self.segment_len != 0 || to != self.batch_to)
+            && (len > self.segment_len || !self.batch.len().is_multiple_of(self.segment_len) || to != self.batch_to)
         {
             self.flush_multicast().await;
         }
@@ -1484,11 +1484,10 @@ async fn read_frames(
         }
         tokio::select! {
             _ = rtt_timer.tick() => {
-                if let Some(rtt) = tcp_rtt(read.as_ref()) {
-                    if inputs.send(Input::Rtt(id, rtt)).await.is_err() {
+                if let Some(rtt) = tcp_rtt(read.as_ref())
+                    && inputs.send(Input::Rtt(id, rtt)).await.is_err() {
                         return Ok(());
                     }
-                }
             }
             permit = credit.acquire(), if needs_credit => match permit {
                 Ok(permit) => {

@@ -223,10 +223,10 @@ pub fn fmtp_keys(data: &[u8]) {
             let _ = keys.offer.open(rest, Some(&keys.pin));
         }
         2 => {
-            if let Some((&level, material)) = rest.split_first() {
-                if let Ok(verifier) = Verifier::from_material(LEVELS[usize::from(level % 3)], material) {
-                    let _ = verifier.verify(material);
-                }
+            if let Some((&level, material)) = rest.split_first()
+                && let Ok(verifier) = Verifier::from_material(LEVELS[usize::from(level % 3)], material)
+            {
+                let _ = verifier.verify(material);
             }
         }
         _ => {

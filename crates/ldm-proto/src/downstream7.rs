@@ -295,16 +295,16 @@ impl Downstream7 {
         if self.session.backlog_start.expired(now) {
             self.ask_backlog(None, BacklogReason::UpToNewest);
         }
-        if self.session.tail.due().is_some_and(|due| now >= due) {
-            if let Some(after) = self.session.tail.ask(now, traffic) {
-                let spec = BacklogSpec {
-                    after,
-                    after_is_set: true,
-                    before: Signature([0; 16]),
-                    time_offset_secs: u32::try_from(TAIL_OFFSET.as_secs()).unwrap_or(u32::MAX),
-                };
-                self.push_backlog(spec, BacklogReason::Tail);
-            }
+        if self.session.tail.due().is_some_and(|due| now >= due)
+            && let Some(after) = self.session.tail.ask(now, traffic)
+        {
+            let spec = BacklogSpec {
+                after,
+                after_is_set: true,
+                before: Signature([0; 16]),
+                time_offset_secs: u32::try_from(TAIL_OFFSET.as_secs()).unwrap_or(u32::MAX),
+            };
+            self.push_backlog(spec, BacklogReason::Tail);
         }
     }
 

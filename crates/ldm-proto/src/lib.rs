@@ -112,11 +112,13 @@ pub fn signature_spec(signature: &Signature) -> WireSpec {
 pub fn compile_class(wire: &WireClass) -> Result<(ProdClass, Option<Signature>), PatternError> {
     let mut specs = wire.specs.as_slice();
     let mut signature = None;
-    if let Some(last) = specs.last() {
-        if last.feedtype == FeedType::NONE && last.pattern.len() > 4 && last.pattern[..4].eq_ignore_ascii_case("SIG=") {
-            signature = last.pattern[4..].parse::<Signature>().ok();
-            specs = &specs[..specs.len() - 1];
-        }
+    if let Some(last) = specs.last()
+        && last.feedtype == FeedType::NONE
+        && last.pattern.len() > 4
+        && last.pattern[..4].eq_ignore_ascii_case("SIG=")
+    {
+        signature = last.pattern[4..].parse::<Signature>().ok();
+        specs = &specs[..specs.len() - 1];
     }
     let specs = specs.iter().map(|spec| ProdSpec::new(spec.feedtype, &spec.pattern)).collect::<Result<Vec<_>, _>>()?;
     Ok((ProdClass { from: wire.from, to: wire.to, specs }, signature))

@@ -343,11 +343,11 @@ impl Aggregator {
     /// minute still open, counted in [`Aggregator::late`]).
     pub fn record(&mut self, event: &DeliveryEvent) {
         let mut minute = Minute::of(event.completed);
-        if let Some(first_open) = self.closed_before {
-            if minute < first_open {
-                minute = first_open;
-                self.late += 1;
-            }
+        if let Some(first_open) = self.closed_before
+            && minute < first_open
+        {
+            minute = first_open;
+            self.late += 1;
         }
         self.open.entry((minute, event.link.clone())).or_default().add(event);
     }

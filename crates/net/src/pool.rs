@@ -102,11 +102,11 @@ impl Pool {
             }
         }
         while let Some(host) = self.released.pop_front() {
-            if let Some(address) = self.address_of(host) {
-                if !self.held.contains(&address) {
-                    self.held.insert(address);
-                    return Ok(address);
-                }
+            if let Some(address) = self.address_of(host)
+                && !self.held.contains(&address)
+            {
+                self.held.insert(address);
+                return Ok(address);
             }
         }
         Err(PoolError::Exhausted { subnet: self.subnet, capacity: self.capacity() })
@@ -127,10 +127,10 @@ impl Pool {
         if !self.held.remove(&address) {
             return;
         }
-        if let Some(host) = self.host_number(address) {
-            if host < self.next_fresh {
-                self.released.push_back(host);
-            }
+        if let Some(host) = self.host_number(address)
+            && host < self.next_fresh
+        {
+            self.released.push_back(host);
         }
     }
 

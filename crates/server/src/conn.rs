@@ -122,13 +122,13 @@ fn serve_inner(
             return Ok(());
         }
         // Feeding: products while ready; else read the socket until the next timeout.
-        if let (Some(from), Some(feed)) = (serving.follower_from, &serving.feed) {
-            if session.ready() {
-                let next =
-                    feed_products(shared, session, &mut stream, &mut serving.out, from, feed, registration.as_ref())?;
-                serving.follower_from = Some(next);
-                continue;
-            }
+        if let (Some(from), Some(feed)) = (serving.follower_from, &serving.feed)
+            && session.ready()
+        {
+            let next =
+                feed_products(shared, session, &mut stream, &mut serving.out, from, feed, registration.as_ref())?;
+            serving.follower_from = Some(next);
+            continue;
         }
         let timeout = inbound.poll_timeout();
         let Some(space) = inbound.input_space() else { continue };

@@ -208,10 +208,8 @@ fn session(
             Err(error) => break Err(RequestError::Read(error)),
         }
     };
-    if unsaved {
-        if let Some(signature) = resume_after {
-            save_state(state_path, signature);
-        }
+    if unsaved && let Some(signature) = resume_after {
+        save_state(state_path, signature);
     }
     result
 }

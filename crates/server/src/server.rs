@@ -779,12 +779,13 @@ fn exec_programs(
 
 fn exec_command(program: &str) -> Command {
     use std::os::unix::process::CommandExt;
-    if OWN_PROGRAMS.contains(&program) && !on_path(program) {
-        if let Ok(exe) = std::env::current_exe() {
-            let mut command = Command::new(exe);
-            command.arg0(program);
-            return command;
-        }
+    if OWN_PROGRAMS.contains(&program)
+        && !on_path(program)
+        && let Ok(exe) = std::env::current_exe()
+    {
+        let mut command = Command::new(exe);
+        command.arg0(program);
+        return command;
     }
     Command::new(program)
 }

@@ -468,7 +468,7 @@ impl Ledger {
         match message.body {
             Body::RetxData { offset, data } => {
                 let record = record()?;
-                let aligned = offset as usize % BLOCK_LEN == 0 && offset < record.size;
+                let aligned = (offset as usize).is_multiple_of(BLOCK_LEN) && offset < record.size;
                 let expected_len = record.size.saturating_sub(offset).min(BLOCK_LEN as u32) as usize;
                 if !aligned || data.len() != expected_len || !record.content.matches(offset, data) {
                     return Err(Violation::Sender(format!("RETX_DATA {offset} of {index} has the wrong bytes")));

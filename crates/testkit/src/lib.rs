@@ -38,10 +38,10 @@ pub fn skip(reason: &str) {
 
 fn skip_as(name: &str, reason: &str) {
     eprintln!("skipping {name}: {reason}");
-    if let Some(file) = std::env::var_os(SKIPS_ENV).filter(|file| !file.is_empty()) {
-        if let Err(error) = record_skip(Path::new(&file), name, reason) {
-            eprintln!("cannot record the skip in {} ({SKIPS_ENV}): {error}", Path::new(&file).display());
-        }
+    if let Some(file) = std::env::var_os(SKIPS_ENV).filter(|file| !file.is_empty())
+        && let Err(error) = record_skip(Path::new(&file), name, reason)
+    {
+        eprintln!("cannot record the skip in {} ({SKIPS_ENV}): {error}", Path::new(&file).display());
     }
 }
 

@@ -68,11 +68,11 @@ impl Rate {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.bits_per_s;
-        if b >= 1_000_000_000 && b % 1_000_000 == 0 {
+        if b >= 1_000_000_000 && b.is_multiple_of(1_000_000) {
             write!(f, "{} Gbit/s", b as f64 / 1e9)
-        } else if b >= 1_000_000 && b % 1000 == 0 {
+        } else if b >= 1_000_000 && b.is_multiple_of(1000) {
             write!(f, "{} Mbit/s", b as f64 / 1e6)
-        } else if b >= 1000 && b % 1000 == 0 {
+        } else if b >= 1000 && b.is_multiple_of(1000) {
             write!(f, "{} kbit/s", b / 1000)
         } else {
             write!(f, "{b} bit/s")
@@ -127,9 +127,9 @@ impl ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.bytes;
-        if b >= 1_000_000 && b % 1000 == 0 {
+        if b >= 1_000_000 && b.is_multiple_of(1000) {
             write!(f, "{} MB", b as f64 / 1e6)
-        } else if b >= 1000 && b % 1000 == 0 {
+        } else if b >= 1000 && b.is_multiple_of(1000) {
             write!(f, "{} kB", b / 1000)
         } else {
             write!(f, "{b} B")
@@ -212,7 +212,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, QuantityError> {
 pub fn format_duration(duration: Duration) -> String {
     if duration.subsec_nanos() == 0 {
         format!("{}s", duration.as_secs())
-    } else if duration < Duration::from_secs(1) && duration.as_nanos() % 1_000_000 == 0 {
+    } else if duration < Duration::from_secs(1) && duration.as_nanos().is_multiple_of(1_000_000) {
         format!("{}ms", duration.as_millis())
     } else {
         format!("{}s", duration.as_secs_f64())

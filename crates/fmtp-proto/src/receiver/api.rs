@@ -394,10 +394,10 @@ impl Receiver {
         let keys: Vec<i64> = self.products.keys().copied().collect();
         for key in keys {
             let Some(product) = self.remove(key) else { continue };
-            if product.sink_open {
-                if let Some(sink) = &mut self.sink {
-                    sink.0.close(product.index, false);
-                }
+            if product.sink_open
+                && let Some(sink) = &mut self.sink
+            {
+                sink.0.close(product.index, false);
             }
             self.counters.missed += 1;
             self.events.push_back(ReceiverEvent::Missed { index: product.index, reason: MissReason::Disconnected });

@@ -302,10 +302,10 @@ impl Receiver {
                 self.keep_recent(key, size, bytes);
             }
         }
-        if product.sink_open {
-            if let Some(sink) = &mut self.sink {
-                sink.0.close(product.index, true);
-            }
+        if product.sink_open
+            && let Some(sink) = &mut self.sink
+        {
+            sink.0.close(product.index, true);
         }
         let bop = product.bop.expect("checked above");
         let latency_ns = self.wall_clock.wall_at(self.now).signed_nanos_since(bop.start_time);
@@ -331,10 +331,10 @@ impl Receiver {
     /// Gives up a product: Missed event, and RETX_END unless the sender rejected it.
     pub(super) fn abandon(&mut self, key: i64, reason: MissReason) {
         let Some(product) = self.remove(key) else { return };
-        if product.sink_open {
-            if let Some(sink) = &mut self.sink {
-                sink.0.close(product.index, false);
-            }
+        if product.sink_open
+            && let Some(sink) = &mut self.sink
+        {
+            sink.0.close(product.index, false);
         }
         if reason != MissReason::Rejected {
             self.end(key, product.index);
@@ -350,11 +350,11 @@ impl Receiver {
     /// Sends RETX_END for a finished product, or holds it while the product is the first one
     /// and the sender has not confirmed it (see [`Anchor::Tentative`]).
     fn end(&mut self, key: i64, index: ProductIndex) {
-        if let Anchor::Tentative { key: anchor, end_held, .. } = &mut self.anchor {
-            if *anchor == key {
-                *end_held = true;
-                return;
-            }
+        if let Anchor::Tentative { key: anchor, end_held, .. } = &mut self.anchor
+            && *anchor == key
+        {
+            *end_held = true;
+            return;
         }
         self.request(Message { index, body: Body::RetxEnd });
         self.counters.retx_ends += 1;

@@ -80,11 +80,11 @@ impl Receiver {
     pub(super) fn announced(&mut self, index: ProductIndex) {
         let Some((newest, newest_key)) = self.newest else { return };
         let Some(difference) = index.serial_difference(newest).filter(|difference| *difference > 0) else { return };
-        if let IndexTrust::Confirmed { window } = self.config.index_trust {
-            if u64::from(difference.unsigned_abs()) > u64::from(window) {
-                self.counters.index_unbelieved += 1;
-                return;
-            }
+        if let IndexTrust::Confirmed { window } = self.config.index_trust
+            && u64::from(difference.unsigned_abs()) > u64::from(window)
+        {
+            self.counters.index_unbelieved += 1;
+            return;
         }
         let key = newest_key + i64::from(difference);
         self.counters.announced += 1;
@@ -281,18 +281,18 @@ impl Receiver {
             ReceiverEvent::Started { index } => Some(*index),
             _ => None,
         });
-        if let (true, Some(first), Some((newest, newest_key))) = (starting, started, self.newest) {
-            if let Some(earliest) = self.earliest_repeated_before(first, window) {
-                let first_key = newest_key + i64::from(first.serial_difference(newest).unwrap_or(0));
-                let earliest_key = first_key + i64::from(earliest.serial_difference(first).unwrap_or(0));
-                self.start_earlier(earliest, earliest_key, first, false);
-            }
+        if let (true, Some(first), Some((newest, newest_key))) = (starting, started, self.newest)
+            && let Some(earliest) = self.earliest_repeated_before(first, window)
+        {
+            let first_key = newest_key + i64::from(first.serial_difference(newest).unwrap_or(0));
+            let earliest_key = first_key + i64::from(earliest.serial_difference(first).unwrap_or(0));
+            self.start_earlier(earliest, earliest_key, first, false);
         }
         // The messages that came meanwhile went on from it: take the newest of them.
-        if let (Some(frontier), Some((newest, newest_key))) = (frontier, self.newest) {
-            if let Some(difference) = frontier.serial_difference(newest).filter(|d| *d > 0) {
-                self.advance_newest(frontier, newest_key + i64::from(difference), difference, false);
-            }
+        if let (Some(frontier), Some((newest, newest_key))) = (frontier, self.newest)
+            && let Some(difference) = frontier.serial_difference(newest).filter(|d| *d > 0)
+        {
+            self.advance_newest(frontier, newest_key + i64::from(difference), difference, false);
         }
         true
     }
@@ -301,10 +301,10 @@ impl Receiver {
     /// products between are requested, and [`ReceiverEvent::Started`] names `index`.
     fn start_earlier(&mut self, index: ProductIndex, key: i64, first: ProductIndex, bop_known: bool) {
         for event in &mut self.events {
-            if let ReceiverEvent::Started { index: started } = event {
-                if *started == first {
-                    *started = index;
-                }
+            if let ReceiverEvent::Started { index: started } = event
+                && *started == first
+            {
+                *started = index;
             }
         }
         let skipped = first.serial_difference(index).unwrap_or(0).max(0) as u32;
@@ -329,10 +329,10 @@ impl Receiver {
         let keys: Vec<i64> = self.products.keys().copied().collect();
         for key in keys {
             if let Some(product) = self.remove(key) {
-                if product.sink_open {
-                    if let Some(sink) = &mut self.sink {
-                        sink.0.close(product.index, false);
-                    }
+                if product.sink_open
+                    && let Some(sink) = &mut self.sink
+                {
+                    sink.0.close(product.index, false);
                 }
                 self.counters.started -= 1;
             }
@@ -372,10 +372,10 @@ impl Receiver {
         }
         self.refuted(index);
         if let Some(product) = self.remove(key) {
-            if product.sink_open {
-                if let Some(sink) = &mut self.sink {
-                    sink.0.close(product.index, false);
-                }
+            if product.sink_open
+                && let Some(sink) = &mut self.sink
+            {
+                sink.0.close(product.index, false);
             }
             self.counters.started -= 1;
         }

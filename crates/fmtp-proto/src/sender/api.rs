@@ -200,10 +200,10 @@ impl Sender {
                 self.counters.retx_ends += 1;
                 if let Some(key) = key {
                     self.complete(id, key);
-                    if let Some(receiver) = self.receivers.get_mut(&id) {
-                        if receiver.purge(key) {
-                            sync_ready(&mut self.ready, id, receiver);
-                        }
+                    if let Some(receiver) = self.receivers.get_mut(&id)
+                        && receiver.purge(key)
+                    {
+                        sync_ready(&mut self.ready, id, receiver);
                     }
                     self.release_if_done(key);
                 }

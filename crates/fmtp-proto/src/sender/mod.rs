@@ -547,10 +547,10 @@ impl Sender {
                 )));
             }
         }
-        if let DeadlinePolicy::Proportional { f_snd, .. } = config.deadline {
-            if !(f_snd.is_finite() && f_snd >= 0.0) {
-                return Err(ConfigError(format!("deadline factor f_snd = {f_snd} must be a finite number ≥ 0")));
-            }
+        if let DeadlinePolicy::Proportional { f_snd, .. } = config.deadline
+            && !(f_snd.is_finite() && f_snd >= 0.0)
+        {
+            return Err(ConfigError(format!("deadline factor f_snd = {f_snd} must be a finite number ≥ 0")));
         }
         Ok(Self {
             multicast_bucket: config.multicast_pacing.as_ref().map(|p| TokenBucket::new(p, now)),
@@ -696,17 +696,17 @@ impl ReceiverState {
     /// Queues work, merging a data range that continues or overlaps the last queued range of
     /// the same product (the reference receiver asks block by block).
     fn push(&mut self, work: Work) {
-        if let (Some(last), WorkKind::Data { next: start, end }) = (self.work.back_mut(), work.kind) {
-            if let (true, WorkKind::Data { next: last_next, end: last_end }) = (last.key == work.key, &mut last.kind) {
-                if start >= *last_next && start <= *last_end {
-                    last.lost &= work.lost;
-                    if end > *last_end {
-                        self.backlog_bytes += u64::from(end - *last_end);
-                        *last_end = end;
-                    }
-                    return;
-                }
+        if let (Some(last), WorkKind::Data { next: start, end }) = (self.work.back_mut(), work.kind)
+            && let (true, WorkKind::Data { next: last_next, end: last_end }) = (last.key == work.key, &mut last.kind)
+            && start >= *last_next
+            && start <= *last_end
+        {
+            last.lost &= work.lost;
+            if end > *last_end {
+                self.backlog_bytes += u64::from(end - *last_end);
+                *last_end = end;
             }
+            return;
         }
         if let WorkKind::Data { next, end } = work.kind {
             self.backlog_bytes += u64::from(end - next);

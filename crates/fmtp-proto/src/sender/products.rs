@@ -39,13 +39,13 @@ impl Sender {
             self.release(key, ReleaseReason::DeadlinePassed);
         }
         self.close_due_run();
-        if let Some((at, key)) = self.tail_probe {
-            if at <= self.now {
-                self.tail_probe = None;
-                // A product waiting to be multicast will reveal the gap itself.
-                if self.multicast_queue.is_empty() {
-                    self.probe_tail(key);
-                }
+        if let Some((at, key)) = self.tail_probe
+            && at <= self.now
+        {
+            self.tail_probe = None;
+            // A product waiting to be multicast will reveal the gap itself.
+            if self.multicast_queue.is_empty() {
+                self.probe_tail(key);
             }
         }
     }

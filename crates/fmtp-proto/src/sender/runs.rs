@@ -119,10 +119,10 @@ impl Sender {
 
     /// Closes the open run if its time came.
     pub(super) fn close_due_run(&mut self) {
-        if let (Some(first), Some(at)) = (self.open_run, self.run_close_at()) {
-            if at <= self.now {
-                self.close_run(first);
-            }
+        if let (Some(first), Some(at)) = (self.open_run, self.run_close_at())
+            && at <= self.now
+        {
+            self.close_run(first);
         }
     }
 

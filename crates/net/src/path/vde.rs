@@ -426,7 +426,7 @@ pub const WIREFILTER_DELAY_MIN: Duration = Duration::from_millis(1);
 
 fn format_ms(delay: Duration) -> String {
     let micros = delay.as_micros();
-    if micros % 1000 == 0 { format!("{}", micros / 1000) } else { format!("{}", micros as f64 / 1000.0) }
+    if micros.is_multiple_of(1000) { format!("{}", micros / 1000) } else { format!("{}", micros as f64 / 1000.0) }
 }
 
 fn path_text(path: &Path) -> String {

@@ -591,10 +591,10 @@ impl Session<'_> {
         let mut options = ReceiverOptions::new(multicast, server);
         // An IPv6 source-specific group (ff3x::/32) is joined for its sender only (an MLDv2
         // INCLUDE report): the publisher multicasts from its FMTP server's address.
-        if let IpAddr::V6(v6) = group.ip() {
-            if v6.segments()[0] & 0xfff0 == 0xff30 {
-                options.source = Some(server.ip());
-            }
+        if let IpAddr::V6(v6) = group.ip()
+            && v6.segments()[0] & 0xfff0 == 0xff30
+        {
+            options.source = Some(server.ip());
         }
         options.parity_group = parity.map(|answer| SocketAddr::new(group.ip(), answer.port));
         options.mac_level = self.settings.mac_level;

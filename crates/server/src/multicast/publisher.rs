@@ -501,11 +501,11 @@ impl Multicaster {
     /// The running feed of a MULTICAST entry, started if needed.
     fn feed(&self, entry: &Multicast) -> Result<Arc<Feed>, SubscribeRefusal> {
         let mut feeds = self.feeds();
-        if let Some(feed) = feeds.get(&entry.feedtype.bits()) {
-            if feed.is_running() {
-                feed.subscribers.fetch_add(1, Ordering::Relaxed);
-                return Ok(feed.clone());
-            }
+        if let Some(feed) = feeds.get(&entry.feedtype.bits())
+            && feed.is_running()
+        {
+            feed.subscribers.fetch_add(1, Ordering::Relaxed);
+            return Ok(feed.clone());
         }
         let handle =
             self.runtime_handle().map_err(|source| SubscribeRefusal::Start { feed: entry.feedtype, source })?;
@@ -544,20 +544,20 @@ impl Multicaster {
     }
 
     fn release(self: &Arc<Self>, subscription: &Subscription) {
-        if let Some(endpoint) = &subscription.leg {
-            if let Some(path) = self.path().as_mut() {
-                match path.remove_leg(&subscription.feed.path_name, endpoint) {
-                    Ok(()) => tracing::info!(
-                        "{}: removed {endpoint} from the path {}",
-                        subscription.feed.name,
-                        subscription.feed.path_name
-                    ),
-                    Err(error) => tracing::warn!(
-                        "{}: cannot remove {endpoint} from the path {}: {error}",
-                        subscription.feed.name,
-                        subscription.feed.path_name
-                    ),
-                }
+        if let Some(endpoint) = &subscription.leg
+            && let Some(path) = self.path().as_mut()
+        {
+            match path.remove_leg(&subscription.feed.path_name, endpoint) {
+                Ok(()) => tracing::info!(
+                    "{}: removed {endpoint} from the path {}",
+                    subscription.feed.name,
+                    subscription.feed.path_name
+                ),
+                Err(error) => tracing::warn!(
+                    "{}: cannot remove {endpoint} from the path {}: {error}",
+                    subscription.feed.name,
+                    subscription.feed.path_name
+                ),
             }
         }
         subscription.feed.release(subscription.address, subscription.from_pool);
@@ -1244,13 +1244,13 @@ impl Feed {
                 }
                 tracing::info!(target: ldm7_io::log_target::PRODUCT, "Multicasted: prodIndex={}, prodInfo=\"{info}\"", index.0);
                 self.position.lock().unwrap_or_else(PoisonError::into_inner).handed(index, insertion);
-                if let Some(monitor) = &self.rate_control {
-                    if monitor.lock().unwrap_or_else(PoisonError::into_inner).handed(index, insertion) {
-                        tracing::warn!(
-                            "{}: rate monitor: too many products in flight to follow; some are not measured (counted)",
-                            self.name
-                        );
-                    }
+                if let Some(monitor) = &self.rate_control
+                    && monitor.lock().unwrap_or_else(PoisonError::into_inner).handed(index, insertion)
+                {
+                    tracing::warn!(
+                        "{}: rate monitor: too many products in flight to follow; some are not measured (counted)",
+                        self.name
+                    );
                 }
             }
             if runtime.block_on(products.send(OutgoingProduct::new(product, metadata))).is_err() {
@@ -1447,12 +1447,12 @@ impl CatchUp {
 /// socket is bound to it. Without `ip`, and for an IPv6 group, the kernel's choice (a UDP
 /// socket connected to the group; it sends nothing).
 fn interface_toward(group: SocketAddr) -> std::io::Result<IpAddr> {
-    if let SocketAddr::V4(group) = group {
-        if let Ok(Some(device)) = ldm7_net::hostcfg::route_device(None, *group.ip()) {
-            let found = ldm7_net::hostcfg::addresses(None, &device).ok();
-            if let Some(first) = found.and_then(|found| found.first().copied()) {
-                return Ok(IpAddr::V4(first.address));
-            }
+    if let SocketAddr::V4(group) = group
+        && let Ok(Some(device)) = ldm7_net::hostcfg::route_device(None, *group.ip())
+    {
+        let found = ldm7_net::hostcfg::addresses(None, &device).ok();
+        if let Some(first) = found.and_then(|found| found.first().copied()) {
+            return Ok(IpAddr::V4(first.address));
         }
     }
     let any: SocketAddr = if group.is_ipv4() {

@@ -121,12 +121,12 @@ pub(crate) fn serve(
         }
         if let (Some(publisher), Some(subscription)) = (inbound.publisher(), &subscription) {
             answer_requests(shared, publisher, subscription, &mut requests)?;
-            if let Some(current) = &mut backlog {
-                if send_backlog(shared, publisher, subscription, current)? {
-                    tracing::info!("{peer}: backlog of {} products sent", current.sent);
-                    publisher.end_backlog(Clock::now())?;
-                    backlog = None;
-                }
+            if let Some(current) = &mut backlog
+                && send_backlog(shared, publisher, subscription, current)?
+            {
+                tracing::info!("{peer}: backlog of {} products sent", current.sent);
+                publisher.end_backlog(Clock::now())?;
+                backlog = None;
             }
             if backlog.is_none() {
                 publisher.answer_fences(Clock::now())?;

@@ -1443,11 +1443,11 @@ fn wait_complete(
             eprintln!("ldm7 lab idd: still incomplete after {} s: {}", within.as_secs(), names.join(", "));
             break;
         }
-        if let Some(heartbeat) = heartbeat.as_mut() {
-            if beat.elapsed() >= HEARTBEAT_EVERY {
-                heartbeat();
-                beat = Instant::now();
-            }
+        if let Some(heartbeat) = heartbeat.as_mut()
+            && beat.elapsed() >= HEARTBEAT_EVERY
+        {
+            heartbeat();
+            beat = Instant::now();
         }
         sleep_unless_interrupted(Duration::from_secs(3))?;
     }

@@ -170,19 +170,20 @@ fn fmtp_payloads_are_the_xdr_products() {
     let mut previous = "";
     let mut seen = 0;
     for line in text.lines() {
-        if let Some(hex) = line.trim_start().strip_prefix("hex:") {
-            if previous.starts_with("UDP #") && previous.contains("MEM_DATA") {
-                let datagram = hex_words(hex);
-                let payload = &datagram[12..];
-                let (info, data) = decode_product(payload).expect("an XDR product");
-                assert_eq!(info.ident, format!("TEST/cap.{}", info.seqno));
-                assert_eq!(data, format!("hello {}\n", info.seqno).as_bytes());
-                assert_eq!(Signature::md5_of(data), info.signature);
-                let mut again = Vec::new();
-                encode_product(&mut again, &info, data);
-                assert_eq!(again, payload);
-                seen += 1;
-            }
+        if let Some(hex) = line.trim_start().strip_prefix("hex:")
+            && previous.starts_with("UDP #")
+            && previous.contains("MEM_DATA")
+        {
+            let datagram = hex_words(hex);
+            let payload = &datagram[12..];
+            let (info, data) = decode_product(payload).expect("an XDR product");
+            assert_eq!(info.ident, format!("TEST/cap.{}", info.seqno));
+            assert_eq!(data, format!("hello {}\n", info.seqno).as_bytes());
+            assert_eq!(Signature::md5_of(data), info.signature);
+            let mut again = Vec::new();
+            encode_product(&mut again, &info, data);
+            assert_eq!(again, payload);
+            seen += 1;
         }
         previous = line;
     }
