@@ -30,6 +30,11 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::wire::BLOCK_LEN;
 
+mod decode;
+mod engine;
+pub use engine::ParityEngine;
+use reed_solomon_simd::rate::{DefaultRateDecoder, DefaultRateEncoder, RateDecoder, RateEncoder};
+
 /// Parity repair settings, the same at the sender and its receivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParityConfig {
@@ -103,7 +108,7 @@ impl ParityConfig {
                 self.shards
             )));
         }
-        if self.block_len == 0 || self.block_len % 2 != 0 || self.block_len > BLOCK_LEN {
+        if self.block_len == 0 || !self.block_len.is_multiple_of(2) || self.block_len > BLOCK_LEN {
             return Err(ConfigError(format!(
                 "parity block length {}: must be even and at most {BLOCK_LEN}",
                 self.block_len
@@ -190,6 +195,7 @@ impl ParityConfig {
 pub fn prepare_tables() {
     // Building an engine builds the tables.
     drop(reed_solomon_simd::engine::DefaultEngine::new());
+    drop(ParityEngine::new());
 }
 
 /// Decodes group after group ([`ParityConfig::decode`]), keeping the Reed–Solomon working space
@@ -198,7 +204,8 @@ pub fn prepare_tables() {
 /// its CPU.
 #[derive(Default)]
 pub struct ParityDecoder {
-    decoder: Option<reed_solomon_simd::ReedSolomonDecoder>,
+    high_rate: decode::HighRateDecoder,
+    decoder: Option<DefaultRateDecoder<ParityEngine>>,
     scratch: Vec<u8>,
 }
 
@@ -218,12 +225,21 @@ impl ParityDecoder {
         shards: impl IntoIterator<Item = (u32, &'s [u8])>,
     ) -> Result<Vec<(u32, Vec<u8>)>, CodingError> {
         let (originals, recoveries) = (group.len().div_ceil(config.block_len), config.shards as usize);
+        if decode::high_rate(originals, recoveries) {
+            return Ok(self.high_rate.decode(config.block_len, recoveries, group, lost, shards)?);
+        }
         let decoder = match &mut self.decoder {
             Some(decoder) => {
                 decoder.reset(originals, recoveries, config.block_len)?;
                 decoder
             }
-            slot => slot.insert(reed_solomon_simd::ReedSolomonDecoder::new(originals, recoveries, config.block_len)?),
+            slot => slot.insert(DefaultRateDecoder::new(
+                originals,
+                recoveries,
+                config.block_len,
+                ParityEngine::new(),
+                None,
+            )?),
         };
         self.scratch.resize(config.block_len, 0);
         for (position, block) in group.chunks(config.block_len).enumerate() {
@@ -253,7 +269,7 @@ impl ParityDecoder {
 /// of a large simulation.
 #[derive(Default)]
 pub struct ParityEncoder {
-    encoder: Option<reed_solomon_simd::ReedSolomonEncoder>,
+    encoder: Option<DefaultRateEncoder<ParityEngine>>,
     scratch: Vec<u8>,
     group: Vec<u8>,
 }
@@ -273,7 +289,13 @@ impl ParityEncoder {
                 encoder.reset(originals, recoveries, config.block_len)?;
                 encoder
             }
-            slot => slot.insert(reed_solomon_simd::ReedSolomonEncoder::new(originals, recoveries, config.block_len)?),
+            slot => slot.insert(DefaultRateEncoder::new(
+                originals,
+                recoveries,
+                config.block_len,
+                ParityEngine::new(),
+                None,
+            )?),
         };
         self.scratch.resize(config.block_len, 0);
         for block in group.chunks(config.block_len) {
