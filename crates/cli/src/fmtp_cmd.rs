@@ -295,8 +295,12 @@ async fn recv(args: &RecvArgs) -> CmdResult {
     let protocol = &summary.report.protocol;
     if args.parity != ParityChoice::Off {
         println!(
-            "fmtp recv: parity: {} requests, {} shards taken, {} blocks recovered, {} groups asked for with RETX_REQ",
-            protocol.parity_requests, protocol.parity_shards, protocol.parity_blocks, protocol.parity_fallbacks
+            "fmtp recv: parity: {} requests ({} on a lost shard seen), {} shards taken, {} blocks recovered, {} groups asked for with RETX_REQ",
+            protocol.parity_requests,
+            protocol.parity_gap_requests,
+            protocol.parity_shards,
+            protocol.parity_blocks,
+            protocol.parity_fallbacks
         );
     }
     let dropped = [

@@ -428,6 +428,9 @@ pub struct ReceiverCounters {
     pub sink_failures: u64,
     /// PARITY_REQ sent.
     pub parity_requests: u64,
+    /// Of them, sent at once because a shard came above one asked for and not held (that one
+    /// lost), not at the retry timer.
+    pub parity_gap_requests: u64,
     /// Parity shards taken (held for a decode).
     pub parity_shards: u64,
     /// Parity shards not needed here (their group complete, or the product finished).

@@ -132,6 +132,7 @@ impl Receiver {
             return;
         }
         repair.asked_for = lost;
+        repair.asked_from = from;
         repair.rounds = repair.rounds.saturating_add(1);
         // Only a first request times the answer: a shard after a second one may answer either.
         // (Not a small product's: its answer waits for its run to close.)
@@ -203,11 +204,11 @@ impl Receiver {
             .chain(run_retry)
             .filter(|at| *at > now)
             .min();
-        if let Some(at) = next {
-            if product.parity_timer.is_none() {
-                product.parity_timer = Some(at);
-                self.add_timer((at, key, TimerKind::Parity));
-            }
+        if let Some(at) = next
+            && product.parity_timer.is_none()
+        {
+            product.parity_timer = Some(at);
+            self.add_timer((at, key, TimerKind::Parity));
         }
     }
 
@@ -241,13 +242,34 @@ impl Receiver {
         repair.shards.insert(shard, (!discard).then_some(data));
         // Timed when the answer is whole (as many shards as blocks were lost): what a retry
         // waits for is the last shard, which may queue behind data on a busy path.
-        if repair.shards.len() >= repair.asked_for as usize {
-            if let Some(asked) = repair.asked_at.take() {
-                self.parity_rtt.sample(self.now.saturating_duration_since(asked));
-            }
+        if repair.shards.len() >= repair.asked_for as usize
+            && let Some(asked) = repair.asked_at.take()
+        {
+            self.parity_rtt.sample(self.now.saturating_duration_since(asked));
         }
+        // The sender multicasts the shards of an answer in ascending order of index: a shard
+        // above one that this receiver's request may bring and that it lacks says that one
+        // was lost. Asked again now, not at the retry timer: the last product of a burst
+        // waited 30–60 ms for that timer whenever a shard of its last group was lost at one
+        // receiver (docs/benchmarks.md, issue #37). Not a round of its own (`rounds_max`
+        // bounds the timer's retries); each gap asks once, as the next request's `from` is
+        // above this shard.
+        let gap = repair.rounds > 0
+            && repair.shards.len() < repair.asked_for as usize
+            && (repair.asked_from..u32::from(shard)).any(|i| !repair.shards.contains(i as u8));
         self.counters.parity_shards += 1;
         self.try_decode(key, group);
+        if gap {
+            let Some(repair) = self.products.get_mut(&key).and_then(|product| product.parity.get_mut(&group)) else {
+                return;
+            };
+            if repair.fallback {
+                return;
+            }
+            repair.rounds -= 1;
+            self.counters.parity_gap_requests += 1;
+            self.send_parity_request(key, group, true);
+        }
     }
 
     /// Tries to decode the groups `[start, end)` touches (a block arrived there).
@@ -404,6 +426,8 @@ pub(super) struct GroupRepair {
     retry_at: Option<Instant>,
     /// When its first request went out, until its answer was whole ([`ParityRtt`]).
     asked_at: Option<Instant>,
+    /// The lowest shard index the last request may bring (its `from`).
+    asked_from: u32,
     /// Its lost blocks were asked for with RETX_REQ.
     pub(super) fallback: bool,
 }

@@ -113,7 +113,8 @@ pub(super) fn parity_body<'a>(parity: &ParityConfig, group: u16, shard: u8, shar
 /// The shards to queue (marked queued) for a receiver that needs `need` more of index `from` or
 /// above: as many as are not already on their way to it (queued, or multicast less than
 /// `on_its_way` ago), shards never multicast first, then shards multicast long enough ago
-/// that it lost them. Also how many it needs that no shard index is left to give.
+/// that it lost them, multicast in ascending order of index. Also how many it needs that no
+/// shard index is left to give.
 pub(super) fn choose_shards(
     sent: &mut [ShardState],
     need: u16,
@@ -134,7 +135,9 @@ pub(super) fn choose_shards(
     let want = usize::from(need).saturating_sub(on_the_way);
     let fresh = (from..shards).filter(|&j| sent[j] == ShardState::Unsent);
     let stale = (from..shards).filter(|&j| matches!(sent[j], ShardState::Sent(at) if now >= at + on_its_way));
-    let chosen: Vec<usize> = fresh.chain(stale).take(want).collect();
+    let mut chosen: Vec<usize> = fresh.chain(stale).take(want).collect();
+    // In ascending order: a receiver takes a shard above one it lacks as that one lost.
+    chosen.sort_unstable();
     for &j in &chosen {
         sent[j] = ShardState::Queued;
     }

@@ -530,3 +530,47 @@ proptest! {
         prop_assert_eq!(delivered + missed, receivers * sizes.len());
     }
 }
+
+/// A shard lost on its way is asked for again as soon as a shard above it comes (the sender
+/// multicasts an answer in ascending order of index), not after the retry wait; one lost last
+/// shard still waits for the timer.
+#[test]
+fn a_lost_shard_is_asked_again_at_the_next_shard_not_at_the_timer() {
+    for (lost_shard, early) in [(0u8, true), (1, true), (2, false)] {
+        let mut net = net(1, true);
+        // Three blocks of the first group lost, then shard `lost_shard` of its answer (0, 1, 2).
+        let mut shards_seen = 0u32;
+        net.drop = Box::new(move |_, message| match message.body {
+            Body::MemData { offset, .. } => [3, 10, 40].contains(&(offset / 1448)),
+            Body::Parity { shard, .. } if shard == lost_shard && shards_seen == 0 => {
+                shards_seen += 1;
+                true
+            }
+            _ => false,
+        });
+        net.enqueue(60 * 1448, 8);
+        net.settle(Duration::from_secs(5));
+        assert_eq!(net.check_accounted(), (1, 0), "shard {lost_shard}");
+        let asked = parity_requests(&net, 0);
+        assert_eq!(asked.len(), 2, "shard {lost_shard}: {asked:?}");
+        assert_eq!(asked[0], (0, 3, 0));
+        let times = parity_request_times(&net, 0);
+        let between = times[1].saturating_duration_since(times[0]);
+        let counters = net.nodes[0].receiver.counters();
+        if early {
+            // At the next shard: well within the retry wait (40 ms here).
+            assert!(between < Duration::from_millis(20), "shard {lost_shard}: asked again after {between:?}");
+            assert_eq!(counters.parity_gap_requests, 1);
+            // From above the shard that showed the gap, for the one still missing (the other
+            // shards of the answer may still be on their way: the sender counts them).
+            assert_eq!(asked[1].2, u16::from(lost_shard) + 2);
+        } else {
+            assert!(between >= Duration::from_millis(30), "shard {lost_shard}: asked again after {between:?}");
+            assert_eq!(counters.parity_gap_requests, 0);
+        }
+        assert_eq!(counters.parity_blocks, 3);
+        assert_eq!(counters.parity_fallbacks, 0);
+        // Every shard multicast once: the early request took none on its way.
+        assert_eq!(net.sender.counters().parity_datagrams, 4, "shard {lost_shard}");
+    }
+}
