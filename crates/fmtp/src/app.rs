@@ -568,6 +568,12 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
             ReceiverNotice::Delivered { delivery, product } => {
                 summary.delivered += 1;
                 summary.retransmitted_blocks += u64::from(delivery.retransmitted_blocks);
+                if options.count.is_some_and(|count| summary.delivered + summary.missed >= count) {
+                    // The last one: the receiver's held RETX_ENDs go out now, not after the
+                    // check of the products still queued for it (the sender releases the last
+                    // products of its burst as soon as they come: issue #37's goodput).
+                    receiver.stop();
+                }
                 if !verifier.check(delivery.metadata, product).await {
                     verifier.finish().await?; // Its error.
                 }
@@ -583,8 +589,11 @@ pub async fn recv(options: &RecvOptions, mut progress: impl FnMut(RecvProgress))
             ReceiverNotice::Event(_) => {}
         }
     }
+    // The receiver first: it stops at once (its held requests go out), while the check may
+    // still have products to hash.
+    let report = receiver.finish().await;
     summary.corrupt = verifier.finish().await?;
-    summary.report = receiver.finish().await.map_err(|error| match error {
+    summary.report = report.map_err(|error| match error {
         ReceiveError::Connect(ConnectError { addr, attempts, waited, last }) => {
             AppError::NoSender { addr, attempts, waited, last }
         }

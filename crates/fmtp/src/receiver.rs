@@ -458,6 +458,14 @@ impl FmtpReceiver {
         BufferReturn(self.shared.clone())
     }
 
+    /// Asks the receiver to stop, without waiting: the requests it holds go out (the
+    /// RETX_ENDs of products delivered, held up to 50 ms for others to go with
+    /// them, so that the sender releases those products now), then it ends. [`Self::finish`]
+    /// waits for the end and returns the totals.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
     /// Stops the receiver (if it still runs) and returns its totals, or why it ended.
     pub async fn finish(mut self) -> Result<ReceiverReport, ReceiveError> {
         self.notices.close();
@@ -973,15 +981,15 @@ impl ReceiverTask {
     /// The application's view of a protocol event: a delivery with its bytes.
     fn notice_of(&mut self, event: ReceiverEvent) -> ReceiverNotice {
         let ReceiverEvent::Delivered(mut delivery) = event else {
-            if let ReceiverEvent::BoundHit { bound, index } = &event {
-                if let Some(count) = self.bound_log.event(*bound, Clock::now()) {
-                    tracing::warn!(
-                        ?bound,
-                        index = index.map(|i| i.0),
-                        count,
-                        "FMTP receiver: protocol bound hit (logged at most once a minute)"
-                    );
-                }
+            if let ReceiverEvent::BoundHit { bound, index } = &event
+                && let Some(count) = self.bound_log.event(*bound, Clock::now())
+            {
+                tracing::warn!(
+                    ?bound,
+                    index = index.map(|i| i.0),
+                    count,
+                    "FMTP receiver: protocol bound hit (logged at most once a minute)"
+                );
             }
             return ReceiverNotice::Event(event);
         };
