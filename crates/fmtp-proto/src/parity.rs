@@ -31,8 +31,7 @@ use crate::ConfigError;
 use crate::wire::BLOCK_LEN;
 
 mod decode;
-mod engine;
-pub use engine::ParityEngine;
+pub use ldm7_gf16::ParityEngine;
 use reed_solomon_simd::rate::{DefaultRateDecoder, DefaultRateEncoder, RateDecoder, RateEncoder};
 
 /// Parity repair settings, the same at the sender and its receivers.

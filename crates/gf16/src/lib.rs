@@ -1,6 +1,8 @@
-//! The Reed–Solomon engine parity coding runs on: the `reed-solomon-simd` crate's own
-//! ([`DefaultEngine`], AVX2 at best), or on x86-64 CPUs with AVX-512 and GFNI an engine of ours
-//! that multiplies by a constant of GF(2¹⁶) with `GF2P8AFFINEQB`.
+//! The Reed–Solomon engine parity coding runs on (`ldm7_fmtp_proto::parity`, docs/parity.md):
+//! the `reed-solomon-simd` crate's own ([`DefaultEngine`], AVX2 at best), or on x86-64 CPUs
+//! with AVX-512 and GFNI an engine of ours that multiplies by a constant of GF(2¹⁶) with
+//! `GF2P8AFFINEQB`. A crate of its own: the protocol crates have no `unsafe`, and SIMD
+//! intrinsics need it.
 //!
 //! Why: a receiver decodes nearly every group at 1% loss, and in the goodput harness (four
 //! receivers sharing two vCPUs) the crate's AVX2 field multiplications (nibble table lookups)
@@ -15,7 +17,7 @@
 //! a vector with one matrix per 64-bit lane. So one 512-bit chunk is multiplied with two affine
 //! transforms (the chunk, and the chunk with its halves swapped) and one XOR, where the AVX2
 //! engine needs eight table lookups and their masks. The matrices of all 65536 constants are
-//! built once per process (2 MiB, [`super::prepare_tables`]).
+//! built once per process (2 MiB, on the first [`ParityEngine::new`]).
 
 use reed_solomon_simd::engine::{DefaultEngine, Engine, GF_ORDER, GfElement, ShardsRefMut};
 
@@ -56,7 +58,7 @@ impl ParityEngine {
     }
 
     /// `x = y · 2^log_m` for `y` of `x.len()` whole chunks as bytes.
-    pub(super) fn mul_from(&self, x: &mut [[u8; 64]], y: &[u8], log_m: GfElement) {
+    pub fn mul_from(&self, x: &mut [[u8; 64]], y: &[u8], log_m: GfElement) {
         match &self.0 {
             #[cfg(target_arch = "x86_64")]
             Inner::Affine(engine) => engine.mul_from(x, y, log_m),
@@ -70,7 +72,7 @@ impl ParityEngine {
     /// The formal derivative of a working space of `chunks` chunks a position: for each
     /// position `i` from 1 up, with `w` its lowest set bit, positions `i − w .. i` gain (XOR)
     /// positions `i .. i + w`. (The crate's decoders do this themselves, without SIMD.)
-    pub(super) fn formal_derivative(&self, work: &mut [[u8; 64]], chunks: usize) {
+    pub fn formal_derivative(&self, work: &mut [[u8; 64]], chunks: usize) {
         match &self.0 {
             #[cfg(target_arch = "x86_64")]
             Inner::Affine(engine) => engine.formal_derivative(work, chunks),
@@ -120,8 +122,8 @@ impl Engine for ParityEngine {
     }
 }
 
-// The one place in this crate with `unsafe`: SIMD intrinsics, measured necessary
-// (`cargo bench -p ldm7-fmtp-proto --bench parity`; docs/parity.md).
+// SIMD intrinsics, measured necessary (`cargo bench -p ldm7-fmtp-proto --bench parity`;
+// docs/parity.md).
 /// The formal derivative's passes from position `first` up (see
 /// [`ParityEngine::formal_derivative`]).
 #[inline(always)]
