@@ -18,9 +18,15 @@
 //! the [`ParityEngine`] in its profile (`cargo bench -p ldm7-fmtp-proto --bench parity`).
 
 use reed_solomon_simd::Error;
-use reed_solomon_simd::engine::{Engine, GF_MODULUS, ShardsRefMut, tables};
+use reed_solomon_simd::engine::{Engine, GF_MODULUS, GF_ORDER, ShardsRefMut, tables};
 
 use super::ParityEngine;
+
+/// Above this many table reads (positions × erased positions), the weights are computed as the
+/// crate computes them, by two Walsh–Hadamard transforms of 2¹⁶ points (about 2 million
+/// additions): 32,768 at the default coding, 8 million at the largest (32,768 blocks, 256
+/// shards).
+const DIRECT_WEIGHTS_MAX: usize = 1 << 21;
 
 /// Whether a group of `blocks` with `shards` is coded at the high rate, as the crate chooses
 /// (its encoder codes what this decodes).
@@ -100,15 +106,26 @@ impl HighRateDecoder {
         self.erased.clear();
         self.erased.extend((0..end).filter(|&i| !self.received[i]));
 
-        // The weights of the positions used.
-        let tables::ExpLog { log, .. } = tables::get_exp_log();
-        let log = |x: usize| if x == 0 { 0 } else { u32::from(log[x]) };
+        // The weights of the positions used: summed directly where that is cheaper than the
+        // crate's two transforms of 2¹⁶ points (every default coding), else by them.
         self.weights.clear();
-        self.weights.extend((0..end).map(|i| {
-            let sum: u32 = self.erased.iter().map(|&j| log(i ^ j)).sum();
-            // |E| ≤ 256 terms below 2¹⁶: no overflow; the remainder is below 65535.
-            (sum % u32::from(GF_MODULUS)) as u16
-        }));
+        if end * self.erased.len() <= DIRECT_WEIGHTS_MAX {
+            let tables::ExpLog { log, .. } = tables::get_exp_log();
+            let log = |x: usize| if x == 0 { 0 } else { u32::from(log[x]) };
+            self.weights.extend((0..end).map(|i| {
+                let sum: u32 = self.erased.iter().map(|&j| log(i ^ j)).sum();
+                // |E| ≤ 256 terms below 2¹⁶: no overflow; the remainder is below 65535.
+                (sum % u32::from(GF_MODULUS)) as u16
+            }));
+        } else {
+            let mut all = vec![0u16; GF_ORDER].into_boxed_slice();
+            for &j in &self.erased {
+                all[j] = 1;
+            }
+            let all: &mut [u16; GF_ORDER] = (&mut *all).try_into().expect("2¹⁶ elements");
+            ParityEngine::eval_poly(all, end);
+            self.weights.extend_from_slice(&all[..end]);
+        }
 
         // Received shards and blocks, weighted; the rest zero.
         let mut blocks_iter = group.chunks(block_len);
@@ -245,6 +262,8 @@ mod tests {
             (100, 4, 1000, 999, 3, 1),
             (65, 2, 2, 1, 1, 0),
             (17, 1, 64, 0, 1, 0),
+            // Weights by the transforms (16,256 positions × 200 or more erased).
+            (16_000, 256, 64, 0, 200, 0),
         ]
         .into_iter()
         .enumerate()

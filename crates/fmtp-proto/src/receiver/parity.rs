@@ -266,7 +266,7 @@ impl Receiver {
             if repair.fallback {
                 return;
             }
-            repair.rounds -= 1;
+            repair.rounds = repair.rounds.saturating_sub(1);
             self.counters.parity_gap_requests += 1;
             self.send_parity_request(key, group, true);
         }
