@@ -16,19 +16,7 @@ const BLOCK_LEN: usize = 1448;
 const LOST: usize = 10;
 
 fn group() -> Vec<Vec<u8>> {
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    (0..BLOCKS)
-        .map(|_| {
-            (0..BLOCK_LEN)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        })
-        .collect()
+    (0..BLOCKS).map(|block| ldm7_types::content::bytes(block as u64, BLOCK_LEN as u32)).collect()
 }
 
 /// A way to make an engine, by name.

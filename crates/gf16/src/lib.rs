@@ -227,6 +227,21 @@ mod gfni {
             }
         }
 
+        /// The butterfly factor of skew entry `at` (`None`: by zero, the butterfly only adds).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,gfni")]
+        fn skew_factor(&self, at: usize) -> Option<Factor> {
+            let log_m = self.skew[at];
+            (log_m != GF_MODULUS).then(|| self.factor(log_m))
+        }
+
+        /// The factors of two layers' butterflies at skew entry `base`: `m01`, `m02`, `m23`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,gfni")]
+        fn skew_factors(&self, base: usize, dist: usize) -> [Option<Factor>; 3] {
+            [self.skew_factor(base), self.skew_factor(base + dist), self.skew_factor(base + 2 * dist)]
+        }
+
         pub(super) fn mul(&self, x: &mut [[u8; 64]], log_m: GfElement) {
             // SAFETY: `Affine` exists only where the CPU has AVX-512 and GFNI.
             unsafe { mul_chunks(x, self.factor(log_m)) }
@@ -281,12 +296,10 @@ mod gfni {
             let mut dist = size / 4;
             while dist != 0 {
                 for r in (0..truncated_size).step_by(span) {
-                    let base = r + dist + skew_delta - 1;
-                    let [m01, m02, m23] = [self.skew[base], self.skew[base + dist], self.skew[base + 2 * dist]];
-                    let factors = [m01, m02, m23].map(|m| (m != GF_MODULUS).then(|| self.factor(m)));
+                    let factors = self.skew_factors(r + dist + skew_delta - 1, dist);
                     for i in r..r + dist {
                         let (s0, s1, s2, s3) = data.dist4_mut(pos + i, dist);
-                        fft_two_layers([s0, s1, s2, s3], factors);
+                        two_layers::<false>([s0, s1, s2, s3], factors);
                     }
                 }
                 span = dist;
@@ -295,10 +308,9 @@ mod gfni {
             // An odd number of layers: the last one alone.
             if span == 2 {
                 for r in (0..truncated_size).step_by(2) {
-                    let factor = self.skew[r + skew_delta];
-                    let factor = (factor != GF_MODULUS).then(|| self.factor(factor));
+                    let factor = self.skew_factor(r + skew_delta);
                     let (x, y) = data.dist2_mut(pos + r, 1);
-                    fft_layer(x, y, factor);
+                    layer::<false>(x, y, factor);
                 }
             }
         }
@@ -317,12 +329,10 @@ mod gfni {
             let mut span = 4;
             while span <= size {
                 for r in (0..truncated_size).step_by(span) {
-                    let base = r + dist + skew_delta - 1;
-                    let [m01, m02, m23] = [self.skew[base], self.skew[base + dist], self.skew[base + 2 * dist]];
-                    let factors = [m01, m02, m23].map(|m| (m != GF_MODULUS).then(|| self.factor(m)));
+                    let factors = self.skew_factors(r + dist + skew_delta - 1, dist);
                     for i in r..r + dist {
                         let (s0, s1, s2, s3) = data.dist4_mut(pos + i, dist);
-                        ifft_two_layers([s0, s1, s2, s3], factors);
+                        two_layers::<true>([s0, s1, s2, s3], factors);
                     }
                 }
                 dist = span;
@@ -330,11 +340,10 @@ mod gfni {
             }
             // An odd number of layers: the last one alone.
             if dist < size {
-                let factor = self.skew[dist + skew_delta - 1];
-                let factor = (factor != GF_MODULUS).then(|| self.factor(factor));
+                let factor = self.skew_factor(dist + skew_delta - 1);
                 let (mut low, mut high) = data.split_at_mut(pos + dist);
                 for i in 0..dist {
-                    ifft_layer(&mut low[pos + i], &mut high[i], factor);
+                    layer::<true>(&mut low[pos + i], &mut high[i], factor);
                 }
             }
         }
@@ -366,23 +375,19 @@ mod gfni {
         unsafe { _mm512_storeu_si512(chunk.as_mut_ptr().cast(), value) }
     }
 
-    /// The FFT's butterfly: `x += y · factor; y += x` (by zero: `y += x` only).
+    /// A butterfly of the FFT: `x += y · factor; y += x` (by zero: `y += x` only); of the
+    /// inverse FFT (`INVERSE`): `y += x; x += y · factor`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn fft_butterfly(x: &mut __m512i, y: &mut __m512i, factor: Option<Factor>) {
+    fn butterfly<const INVERSE: bool>(x: &mut __m512i, y: &mut __m512i, factor: Option<Factor>) {
+        if INVERSE {
+            *y = _mm512_xor_si512(*y, *x);
+        }
         if let Some(factor) = factor {
             *x = _mm512_xor_si512(*x, times(*y, factor));
         }
-        *y = _mm512_xor_si512(*y, *x);
-    }
-
-    /// The inverse FFT's butterfly: `y += x; x += y · factor`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn ifft_butterfly(x: &mut __m512i, y: &mut __m512i, factor: Option<Factor>) {
-        *y = _mm512_xor_si512(*y, *x);
-        if let Some(factor) = factor {
-            *x = _mm512_xor_si512(*x, times(*y, factor));
+        if !INVERSE {
+            *y = _mm512_xor_si512(*y, *x);
         }
     }
 
@@ -448,17 +453,25 @@ mod gfni {
         }
     }
 
-    /// Two FFT layers over four shards `dist` apart, chunk by chunk in registers: the pairs
-    /// (0, 2) and (1, 3) by `m02`, then (0, 1) by `m01` and (2, 3) by `m23`.
+    /// Two layers over four shards `dist` apart, chunk by chunk in registers. The FFT's: the
+    /// pairs (0, 2) and (1, 3) by `m02`, then (0, 1) by `m01` and (2, 3) by `m23`; the inverse's
+    /// (`INVERSE`) in the other order.
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn fft_two_layers(shards: [&mut [[u8; 64]]; 4], [m01, m02, m23]: [Option<Factor>; 3]) {
+    fn two_layers<const INVERSE: bool>(shards: [&mut [[u8; 64]]; 4], [m01, m02, m23]: [Option<Factor>; 3]) {
         let [s0, s1, s2, s3] = shards;
         for (((c0, c1), c2), c3) in s0.iter_mut().zip(s1.iter_mut()).zip(s2.iter_mut()).zip(s3.iter_mut()) {
             let [mut a, mut b, mut c, mut d] = [load(c0), load(c1), load(c2), load(c3)];
-            fft_butterfly(&mut a, &mut c, m02);
-            fft_butterfly(&mut b, &mut d, m02);
-            fft_butterfly(&mut a, &mut b, m01);
-            fft_butterfly(&mut c, &mut d, m23);
+            if INVERSE {
+                butterfly::<true>(&mut a, &mut b, m01);
+                butterfly::<true>(&mut c, &mut d, m23);
+                butterfly::<true>(&mut a, &mut c, m02);
+                butterfly::<true>(&mut b, &mut d, m02);
+            } else {
+                butterfly::<false>(&mut a, &mut c, m02);
+                butterfly::<false>(&mut b, &mut d, m02);
+                butterfly::<false>(&mut a, &mut b, m01);
+                butterfly::<false>(&mut c, &mut d, m23);
+            }
             store(c0, a);
             store(c1, b);
             store(c2, c);
@@ -466,39 +479,12 @@ mod gfni {
         }
     }
 
-    /// Two inverse FFT layers over four shards `dist` apart: (0, 1) by `m01` and (2, 3) by
-    /// `m23`, then (0, 2) and (1, 3) by `m02`.
+    /// One layer's butterflies between two shards (the last of an odd number of layers).
     #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn ifft_two_layers(shards: [&mut [[u8; 64]]; 4], [m01, m02, m23]: [Option<Factor>; 3]) {
-        let [s0, s1, s2, s3] = shards;
-        for (((c0, c1), c2), c3) in s0.iter_mut().zip(s1.iter_mut()).zip(s2.iter_mut()).zip(s3.iter_mut()) {
-            let [mut a, mut b, mut c, mut d] = [load(c0), load(c1), load(c2), load(c3)];
-            ifft_butterfly(&mut a, &mut b, m01);
-            ifft_butterfly(&mut c, &mut d, m23);
-            ifft_butterfly(&mut a, &mut c, m02);
-            ifft_butterfly(&mut b, &mut d, m02);
-            store(c0, a);
-            store(c1, b);
-            store(c2, c);
-            store(c3, d);
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn fft_layer(x: &mut [[u8; 64]], y: &mut [[u8; 64]], factor: Option<Factor>) {
+    fn layer<const INVERSE: bool>(x: &mut [[u8; 64]], y: &mut [[u8; 64]], factor: Option<Factor>) {
         for (cx, cy) in x.iter_mut().zip(y.iter_mut()) {
             let [mut a, mut b] = [load(cx), load(cy)];
-            fft_butterfly(&mut a, &mut b, factor);
-            store(cx, a);
-            store(cy, b);
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,gfni")]
-    fn ifft_layer(x: &mut [[u8; 64]], y: &mut [[u8; 64]], factor: Option<Factor>) {
-        for (cx, cy) in x.iter_mut().zip(y.iter_mut()) {
-            let [mut a, mut b] = [load(cx), load(cy)];
-            ifft_butterfly(&mut a, &mut b, factor);
+            butterfly::<INVERSE>(&mut a, &mut b, factor);
             store(cx, a);
             store(cy, b);
         }
@@ -513,15 +499,7 @@ mod tests {
     use super::ParityEngine;
 
     fn bytes(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        ldm7_types::content::bytes(seed, u32::try_from(len).expect("a test's sizes"))
     }
 
     #[test]

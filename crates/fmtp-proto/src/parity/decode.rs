@@ -218,15 +218,7 @@ mod tests {
     use crate::parity::ParityEngine;
 
     fn bytes(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        ldm7_types::content::bytes(seed, u32::try_from(len).expect("a test's sizes"))
     }
 
     /// The crate's encoder's shards of `group` (blocks of `block_len`, the last one padded).
