@@ -82,15 +82,16 @@ impl PlanArgs {
     }
 
     /// What repairs add to a data rate, and the receive buffer a subscriber needs at the
-    /// resulting path rate (docs/planning.md "Repairs").
-    fn repair_lines(&self, data_rate_bps: f64) -> String {
+    /// resulting path rate (docs/planning.md "Repairs"). `at_ceiling`: the rate is the ceiling
+    /// because W could not be met, which the lines say (a buffer for the ceiling is no plan).
+    fn repair_lines(&self, data_rate_bps: f64, at_ceiling: bool) -> String {
         let (how, budget) = self.repairs();
         let path_rate = data_rate_bps * (1.0 + budget.share);
         let buffer = ldm7_plan::repair::receive_buffer_bytes(path_rate, self.receive_gap.as_secs_f64())
             .max(4.0 * 1024.0 * 1024.0);
         format!(
             "repairs   {} subscribers at {}% loss, {how}: {:.2}% of the data ({:.2}% by unicast); the path needs \
-             {} Mbit/s for {} of data; HTB repair share (lab retx_share) {:.3}\n\
+             {} Mbit/s for {} Mbit/s of data; HTB repair share (lab retx_share) {:.3}\n\
              receive   each subscriber's buffer for a {} gap at {} Mbit/s: {:.1} MB (receive_gap in ldm7.toml; \
              above net.core.rmem_max it needs root, else `sysctl -w net.core.rmem_max={}`)\n",
             self.subscribers,
@@ -104,7 +105,11 @@ impl PlanArgs {
             mbit(path_rate),
             buffer / 1e6,
             buffer.ceil() as u64
-        )
+        ) + if at_ceiling {
+            "          (for the ceiling, as W is not met: give a larger --wait to plan these for the rate the feed needs)\n"
+        } else {
+            ""
+        }
     }
 }
 
@@ -150,7 +155,8 @@ pub fn run(args: &PlanArgs) -> CmdResult {
     let sweep = ldm7_plan::sweep(&offered.arrivals, &rates).map_err(bad_input)?;
     print!("{}", summary(&offered, args, &plans, &sweep));
     let busiest = plans.iter().map(|plan| plan.held_rate_bps).fold(0.0, f64::max);
-    print!("\n{}", args.repair_lines(busiest));
+    let at_ceiling = plans.iter().any(|plan| plan.rate_bps.is_none());
+    print!("\n{}", args.repair_lines(busiest, at_ceiling));
     if let Some(path) = &args.csv {
         write_csv(path, &[(None, offered.start, &plans)]).map_err(runtime)?;
         println!("intervals written to {}", path.display());
@@ -286,7 +292,7 @@ fn plan_feeds(args: &PlanArgs, config: &PlanConfig, feeds: &[Offered]) -> CmdRes
         );
     }
     // Each feed is its own group and path: the repairs scale each; summed here.
-    print!("{}", args.repair_lines(rate_sum));
+    print!("{}", args.repair_lines(rate_sum, unmet > 0));
     if let Some(path) = &args.csv {
         let rows: Vec<(Option<&str>, Timestamp, &[IntervalPlan])> =
             feeds.iter().zip(&planned).map(|(feed, plans)| (feed.feed, feed.start, plans.as_slice())).collect();

@@ -121,6 +121,11 @@ fn the_repair_budget_and_the_receive_buffer_are_planned() {
     let buffer = ok(&[&base[..], &["--receive-gap", "2s", "--rate-max", "400M", "--rate-min", "400M"]].concat());
     // 400 Mbit/s × 1.0x for 2 s: about 100 MB.
     assert!(buffer.contains("each subscriber's buffer for a 2s gap at 4"), "{buffer}");
+    // A plan that meets W says nothing of the ceiling; one that cannot (W = 1 s under a
+    // ceiling of 4 Mbit/s, where a 1 MB product takes 2 s) says its repair figures are for it.
+    assert!(!parity.contains("for the ceiling"), "{parity}");
+    let unmet = ok(&[&base[..], &["--rate-max", "4M"]].concat());
+    assert!(unmet.contains("cannot meet W") && unmet.contains("for the ceiling, as W is not met"), "{unmet}");
     let bad = ldm7(&[&base[..], &["--parity", "100/3"]].concat());
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("power of two"), "{}", String::from_utf8_lossy(&bad.stderr));
